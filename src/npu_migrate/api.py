@@ -1,0 +1,120 @@
+"""What torch_npu offers, per version: the data tables the rules consult.
+
+`transforms/data/torch_npu_api.toml` is generated from the torch_npu wheels on PyPI
+(`scripts/generate_api_tables.py`); `transforms/data/cuda_api.toml` holds the hand-kept renames,
+behaviour differences and advice. Both are read once per process.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+
+
+class UnknownVersionError(ValueError):
+    pass
+
+
+class Kind(enum.Enum):
+    SAME = "same"  # torch.npu.<same name>
+    RENAMED = "renamed"
+    CAVEAT = "caveat"  # exists, behaves differently: report, never rewrite
+    MISSING = "missing"  # no counterpart in the chosen torch_npu version
+    UNKNOWN = "unknown"  # not a name we know from torch.cuda either
+    OWNED = "owned"  # another rule family handles it
+
+
+@dataclass(frozen=True)
+class Mapping:
+    kind: Kind
+    target: str | None = None
+    advice: str = ""
+
+
+@functools.cache
+def _load(name: str) -> dict:
+    data = resources.files("npu_migrate.transforms").joinpath("data", name).read_bytes()
+    return tomllib.loads(data.decode("utf-8"))
+
+
+def _version_key(version: str) -> tuple:
+    main, _, post = version.partition(".post")
+    return (*(int(p) for p in main.split(".")), int(post or 0))
+
+
+def available_versions() -> list[str]:
+    return sorted(_load("torch_npu_api.toml")["versions"], key=_version_key)
+
+
+def default_version() -> str:
+    return _load("torch_npu_api.toml")["meta"]["default"]
+
+
+class NpuApi:
+    """The torch_npu API surface of one version, and how torch.cuda names map onto it."""
+
+    def __init__(self, version: str | None = None) -> None:
+        tables = _load("torch_npu_api.toml")
+        self.version = version or tables["meta"]["default"]
+        if self.version not in tables["versions"]:
+            known = ", ".join(available_versions())
+            raise UnknownVersionError(f"unknown torch_npu version {self.version!r}; known versions: {known}")
+        entry = tables["versions"][self.version]
+        self.npu_names = frozenset(entry["npu_all"]) | frozenset(entry.get("npu_attributes", ()))
+        self.npu_amp = frozenset(entry.get("npu_amp", ()))
+        self.distributed = frozenset(entry.get("distributed", ()))
+        self.fused_ops = frozenset(entry.get("fused_ops", ()))
+        self.cuda_names = frozenset(tables["torch_cuda"]["all"])
+        curated = _load("cuda_api.toml")
+        self._owned = tuple(curated["owned"]["prefixes"])
+        self._renamed: dict[str, str] = curated["renamed"]
+        self._caveats: dict[str, str] = curated["caveats"]
+        self._no_equivalent: dict[str, str] = curated["no_equivalent"]
+
+    def has_npu(self, name: str) -> bool:
+        return name in self.npu_names
+
+    def map_cuda(self, qualname: str) -> Mapping:
+        """How `torch.cuda.<...>` maps for this torch_npu version."""
+        assert qualname == "torch.cuda" or qualname.startswith("torch.cuda.")
+        if qualname == "torch.cuda":
+            return Mapping(Kind.SAME, "torch.npu")
+        if any(qualname == p or qualname.startswith(p + ".") for p in self._owned):
+            return Mapping(Kind.OWNED)
+        parts = qualname.split(".")
+        # Longest curated prefix wins: torch.cuda.nvtx.range_push before torch.cuda.nvtx.
+        for depth in range(len(parts), 2, -1):
+            prefix = ".".join(parts[:depth])
+            suffix = parts[depth:]
+            if prefix in self._renamed:
+                target = ".".join([self._renamed[prefix], *suffix])
+                return self._check_target(qualname, target, Kind.RENAMED)
+            if prefix in self._caveats:
+                return Mapping(Kind.CAVEAT, advice=self._caveats[prefix])
+            if prefix in self._no_equivalent:
+                return Mapping(Kind.MISSING, advice=self._no_equivalent[prefix])
+        name = parts[2]
+        if name in self.npu_names:
+            return Mapping(Kind.SAME, ".".join(["torch", "npu", *parts[2:]]))
+        if name in self.cuda_names:
+            return Mapping(
+                Kind.MISSING,
+                advice=f"torch.cuda.{name} has no counterpart in torch_npu {self.version}.",
+            )
+        return Mapping(
+            Kind.UNKNOWN,
+            advice=f"torch.cuda.{name} is not a public torch.cuda API known to npu-migrate; check it by hand.",
+        )
+
+    def _check_target(self, qualname: str, target: str, kind: Kind) -> Mapping:
+        parts = target.split(".")
+        if parts[:2] == ["torch", "npu"] and parts[2] not in self.npu_names:
+            return Mapping(
+                Kind.MISSING,
+                advice=f"{qualname} maps to {'.'.join(parts[:3])}, which torch_npu {self.version} does not have; "
+                "choose a newer --torch-npu-version if your cluster has one.",
+            )
+        return Mapping(kind, target)

@@ -1,0 +1,219 @@
+"""The `npu-migrate` command line. Thin: it parses options and hands over to the engine.
+
+Exit codes (all commands): 0 done or nothing to do; 1 changes needed (`apply --check`);
+2 error (bad usage, a path that does not exist, a file that could not be read or parsed).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(
+    name="npu-migrate",
+    help=(
+        "Migrate a PyTorch code base from NVIDIA GPUs (CUDA) to Huawei Ascend NPUs (torch_npu).\n\n"
+        "Exit codes: 0 done or nothing to do, 1 changes needed (apply --check), 2 error."
+    ),
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+
+
+class OutputFormat(str, enum.Enum):
+    text = "text"
+    json = "json"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"npu-migrate: error: {message}", err=True)
+    return typer.Exit(EXIT_ERROR)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from npu_migrate import __version__
+
+        typer.echo(f"npu-migrate {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_callback, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """npu-migrate: CUDA -> Ascend NPU migration."""
+
+
+def _display(path: Path, root: Path) -> str:
+    """Paths in diffs and findings: relative to the current folder (so `git apply` works from the
+    repository root), else relative to the common root of the inputs."""
+    resolved = path.resolve()
+    for base in (Path.cwd().resolve(), root):
+        try:
+            return resolved.relative_to(base).as_posix()
+        except ValueError:
+            continue
+    return path.as_posix()
+
+
+def _common_root(paths: list[Path]) -> Path:
+    dirs = [p.resolve() if p.is_dir() else p.resolve().parent for p in paths]
+    return Path(os.path.commonpath([str(d) for d in dirs]))
+
+
+@app.command()
+def apply(
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders to migrate.", show_default=False)],
+    diff: Annotated[bool, typer.Option("--diff", help="Print unified diffs; write nothing.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Write nothing; exit 1 if any file would change (CI, pre-commit).")
+    ] = False,
+    output: Annotated[
+        Optional[Path],
+        typer.Option("--output", "-o", help="Write a migrated copy of the tree here (plus change_list.csv)."),
+    ] = None,
+    select: Annotated[
+        Optional[list[str]], typer.Option("--select", help="Rule ids or prefixes to run (default: ALL).")
+    ] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", help="Rule ids or prefixes to skip.")] = None,
+    exclude: Annotated[
+        Optional[list[str]], typer.Option("--exclude", help="Glob of paths to skip (repeatable).")
+    ] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")] = None,
+    torch_npu_version: Annotated[
+        Optional[str], typer.Option("--torch-npu-version", help="torch_npu version to target (default: newest known).")
+    ] = None,
+    output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
+    no_gitignore: Annotated[bool, typer.Option("--no-gitignore", help="Also migrate files git ignores.")] = False,
+) -> None:
+    """Rewrite CUDA code for Ascend NPUs: in place, into --output, or as a --diff / --check dry run."""
+    from npu_migrate.api import NpuApi, UnknownVersionError
+    from npu_migrate.discovery import discover
+    from npu_migrate.pipeline import Job, Mode, Plan, Status
+    from npu_migrate.registry import SelectionError, select_rules, split_codes
+    from npu_migrate.report import Summary, format_finding, write_change_list, write_json
+    from npu_migrate.runner import run, with_progress
+
+    if output is not None and (diff or check):
+        raise _fail("--output cannot be combined with --diff or --check")
+    try:
+        enabled = select_rules(split_codes(select), split_codes(ignore))
+        NpuApi(torch_npu_version)
+    except (SelectionError, UnknownVersionError) as exc:
+        raise _fail(str(exc)) from None
+
+    found = discover(paths, frozenset({".py"}), excludes=split_codes(exclude), respect_gitignore=not no_gitignore)
+    for path, reason in found.errors:
+        typer.echo(f"{path}: error: {reason}", err=True)
+
+    root = _common_root(paths) if paths else Path.cwd()
+    if output is not None:
+        out = output.resolve()
+        for given in paths:
+            g = given.resolve()
+            if given.is_dir() and (out == g or g in out.parents):
+                raise _fail(f"--output {output} is inside the input tree {given}; choose a folder outside it")
+        _copy_tree_skeleton(paths, root, out)
+
+    mode = Mode.OUTPUT if output is not None else (Mode.DIFF if diff or check else Mode.IN_PLACE)
+    plan = Plan(enabled, torch_npu_version, mode)
+    job_list = [
+        Job(
+            path=f,
+            display=_display(f, root),
+            destination=(output.resolve() / f.resolve().relative_to(root)) if output is not None else None,
+        )
+        for f in found.files
+    ]
+
+    summary = Summary()
+    results = []
+    all_findings = []
+    as_json = output_format is OutputFormat.json
+    for result in with_progress(run(job_list, plan, jobs), len(job_list), enabled=not as_json):
+        summary.add(result)
+        all_findings.extend(result.findings)
+        if as_json:
+            results.append(result)
+            continue
+        if result.status is Status.FAILED:
+            typer.echo(f"{result.display}: error: {result.error}", err=True)
+        if mode is Mode.DIFF and result.diff:
+            sys.stdout.write(result.diff)
+        elif result.status is Status.CHANGED and not check:
+            typer.echo(f"migrated {result.display}", err=mode is Mode.DIFF)
+        # With --diff the patch owns stdout (so it can be saved and `git apply`-ed); findings go to stderr.
+        for finding in result.findings:
+            if not finding.fixed:
+                typer.echo(format_finding(finding), err=mode is Mode.DIFF)
+
+    if output is not None:
+        write_change_list(output.resolve() / "change_list.csv", all_findings)
+    if as_json:
+        write_json(sys.stdout, "apply", results, summary)
+    else:
+        for line in summary.lines(dry_run=mode is Mode.DIFF):
+            typer.echo(line, err=True)
+
+    if found.errors or summary.failed:
+        raise typer.Exit(EXIT_ERROR)
+    if check and summary.changed:
+        raise typer.Exit(EXIT_CHANGES)
+
+
+def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
+    """Copy the non-Python files of the input into the output tree, so that it is a complete copy."""
+    from npu_migrate.discovery import _is_skipped_dir
+
+    for given in paths:
+        if given.is_file():
+            continue
+        for dirpath, dirnames, filenames in os.walk(given, followlinks=False):
+            folder = Path(dirpath)
+            dirnames[:] = [d for d in dirnames if not _is_skipped_dir(folder / d)]
+            for name in filenames:
+                source = folder / name
+                if source.suffix == ".py" or source.is_symlink():
+                    continue
+                target = out / source.resolve().relative_to(root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target)
+
+
+@app.command()
+def rules(
+    rule_id: Annotated[Optional[str], typer.Argument(help="Show the documentation of this rule.")] = None,
+) -> None:
+    """List every rule, or show one rule's documentation."""
+    from npu_migrate.registry import all_rules, family_of
+
+    known = all_rules()
+    if rule_id is None:
+        for rule in known:
+            fix = "fix" if rule.fixable else "report"
+            typer.echo(f"{rule.id}  {family_of(rule.id):<16} {fix:<6} {rule.summary}")
+        return
+    for rule in known:
+        if rule.id == rule_id.upper() or rule.name == rule_id:
+            typer.echo(f"{rule.id} ({rule.name}): {rule.summary}\n")
+            typer.echo(f"family: {family_of(rule.id)}; severity: {rule.severity.value}; "
+                       f"{'rewrites code' if rule.fixable else 'reports only'}\n")
+            typer.echo(rule.documentation)
+            return
+    raise _fail(f"unknown rule {rule_id!r}; `npu-migrate rules` lists them")
+
+
+def main() -> None:
+    app()

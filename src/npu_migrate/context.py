@@ -1,0 +1,157 @@
+"""Per-file state shared by the rules of one run: name resolution, reported findings, pending fixes.
+
+Fixes come in two kinds. A plain fix rewrites the node it was reported on. A fix that `requires` an
+import binding (code that reaches `torch.cuda` through `from torch import cuda`) is only valid if that
+import is rewritten too, and the import may only be rewritten if *every* use through it can be: one
+unmappable use vetoes the binding, and all fixes that required it fall back to findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import libcst as cst
+
+from npu_migrate.findings import Severity
+from npu_migrate.imports import Binding, ImportTable
+
+if TYPE_CHECKING:
+    from npu_migrate.api import NpuApi
+    from npu_migrate.rule import Rule
+
+Fix = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel]
+
+
+@dataclass(eq=False)
+class Report:
+    rule: Rule
+    node: cst.CSTNode
+    message: str
+    severity: Severity
+    fix: Fix | None = None
+    requires: Binding | None = None
+    applied: bool = False  # decided by `FileContext.resolve`
+
+
+@dataclass(eq=False)
+class BindingPlan:
+    binding: Binding
+    target: str  # the qualified name the import should bind instead
+    rule: Rule
+    vetoes: list[str] = field(default_factory=list)
+
+
+class FileContext:
+    def __init__(self, module: cst.Module, path: str, api: NpuApi) -> None:
+        self.module = module
+        self.path = path
+        self.api = api
+        self.imports = ImportTable.of(module)
+        self.reports: list[Report] = []
+        self._plans: dict[int, BindingPlan] = {}
+        self._vetoes: dict[int, list[str]] = {}
+        self._reported: set[tuple[str, int]] = set()
+        self._claimed: set[int] = set()
+
+    # -- used by rules ------------------------------------------------------------------------------
+
+    def resolve(self, expr: cst.BaseExpression) -> tuple[str | None, Binding | None]:
+        return self.imports.resolve(expr)
+
+    def qualname(self, expr: cst.BaseExpression) -> str | None:
+        return self.imports.resolve(expr)[0]
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+    def claim(self, node: cst.CSTNode) -> None:
+        """Mark a node as handled, so that a rule visiting it later (an inner part of a chain) skips it."""
+        self._claimed.add(id(node))
+
+    def claimed(self, node: cst.CSTNode) -> bool:
+        return id(node) in self._claimed
+
+    def report(
+        self,
+        rule: Rule,
+        node: cst.CSTNode,
+        message: str,
+        *,
+        fix: Fix | None = None,
+        severity: Severity | None = None,
+        requires: Binding | None = None,
+    ) -> None:
+        key = (rule.id, id(node))
+        if key in self._reported:  # two contexts matched the same literal: one finding
+            return
+        self._reported.add(key)
+        self.reports.append(
+            Report(
+                rule, node, message, severity or rule.severity, fix=fix, requires=requires,
+                applied=fix is not None and requires is None,
+            )
+        )
+
+    def rebind(self, rule: Rule, binding: Binding, target: str) -> None:
+        """Ask for import `binding` to bind `target` instead (unless some use vetoes it)."""
+        plan = self._plans.get(id(binding))
+        if plan is None:
+            self._plans[id(binding)] = BindingPlan(binding, target, rule)
+        elif plan.target != target:
+            plan.vetoes.append(f"its uses need both {plan.target} and {target}")
+
+    def veto(self, binding: Binding, reason: str) -> None:
+        """Forbid rewriting import `binding`: some use through it has no NPU equivalent."""
+        self._vetoes.setdefault(id(binding), []).append(reason)
+
+    # -- used by the engine -------------------------------------------------------------------------
+
+    def resolve_plans(self) -> None:
+        """Decide which fixes stand, once every rule has seen the whole file."""
+        for key, reasons in self._vetoes.items():
+            if key in self._plans:
+                self._plans[key].vetoes.extend(reasons)
+        accepted = {key: plan for key, plan in self._plans.items() if not plan.vetoes}
+        for report in self.reports:
+            if report.fix is None and report.requires is None:
+                continue
+            if report.requires is not None and id(report.requires) not in accepted:
+                vetoes = self._vetoes.get(id(report.requires)) or ["its import could not be rewritten"]
+                why = "; ".join(vetoes)
+                report.message += f" (not rewritten: `{report.requires.local}` is also used where {why})"
+                report.severity = Severity.WARNING
+                continue
+            report.applied = report.fix is not None or report.requires is not None
+        # One import edit per statement, covering every accepted alias in it.
+        by_statement: dict[tuple[int, int], list[BindingPlan]] = {}
+        for plan in accepted.values():
+            b = plan.binding
+            by_statement.setdefault((id(b.line), b.line.body.index(b.stmt)), []).append(plan)
+        from npu_migrate.imports import rebind_import
+
+        for (_, stmt_index), plans in by_statement.items():
+            line = plans[0].binding.line
+            targets = {p.binding.index: p.target for p in plans}
+            names = ", ".join(f"`{p.binding.local}`" for p in plans)
+            report = Report(
+                plans[0].rule, line, f"import of {names} rewritten for torch_npu", Severity.INFO,
+                fix=lambda updated, i=stmt_index, t=targets: rebind_import(updated, i, t),
+            )
+            report.applied = True
+            self.reports.append(report)
+        for plan in self._plans.values():
+            if plan.vetoes:
+                self.reports.append(
+                    Report(
+                        plan.rule, plan.binding.line,
+                        f"import of `{plan.binding.local}` left as is: it is used where "
+                        + "; ".join(plan.vetoes),
+                        Severity.WARNING,
+                    )
+                )
+
+    @property
+    def has_fixes(self) -> bool:
+        return any(r.applied for r in self.reports)

@@ -1,0 +1,123 @@
+"""Finding the files to migrate under the paths the user gave.
+
+Walks directories without following symbolic links, skips version-control, virtualenv, build and cache
+folders, honours `.gitignore` inside a git work tree (through `git check-ignore`, so the rules are
+exactly git's), and applies `--exclude` globs. Paths named explicitly are taken as given, except that a
+missing path is an error.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+SKIPPED_DIRS = frozenset(
+    {
+        ".git", ".hg", ".svn", ".venv", "venv", ".env", "env", "site-packages", "dist-packages",
+        "__pycache__", "build", "dist", ".eggs", ".tox", ".nox", ".mypy_cache", ".pytest_cache",
+        ".ruff_cache", ".hypothesis", "node_modules", ".ipynb_checkpoints",
+    }
+)
+
+
+@dataclass
+class Discovery:
+    files: list[Path] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+
+
+def _is_skipped_dir(path: Path) -> bool:
+    name = path.name
+    if name in SKIPPED_DIRS or name.endswith(".egg-info"):
+        return True
+    # A virtualenv under any name: it holds third-party code that is not the user's to migrate.
+    return (path / "pyvenv.cfg").is_file()
+
+
+def _excluded(path: Path, excludes: list[str]) -> bool:
+    if not excludes:
+        return False
+    posix = PurePosixPath(path.as_posix())
+    candidates = [posix.as_posix(), *posix.parts]
+    return any(fnmatch.fnmatch(c, pattern) or posix.match(pattern) for pattern in excludes for c in candidates)
+
+
+def _git_ignored(files: list[Path]) -> set[Path]:
+    """The subset of `files` that git ignores; empty when git is missing or a file is outside a work tree."""
+    by_root: dict[Path, list[Path]] = {}
+    for f in files:
+        by_root.setdefault(f.parent, []).append(f)
+    ignored: set[Path] = set()
+    for folder, group in by_root.items():
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(folder), "check-ignore", "--stdin", "-z"],
+                input=b"\0".join(os.fsencode(p.name) for p in group),
+                capture_output=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return set()
+        if proc.returncode not in (0, 1):  # 128: not a git work tree
+            continue
+        names = {os.fsdecode(n) for n in proc.stdout.split(b"\0") if n}
+        ignored.update(p for p in group if p.name in names)
+    return ignored
+
+
+def _in_git_work_tree(path: Path) -> bool:
+    for parent in [path, *path.parents]:
+        if (parent / ".git").exists():
+            return True
+    return False
+
+
+def discover(
+    paths: list[Path],
+    suffixes: frozenset[str],
+    *,
+    excludes: list[str] | None = None,
+    respect_gitignore: bool = True,
+) -> Discovery:
+    """Files under `paths` whose suffix is in `suffixes`, sorted, each once."""
+    excludes = list(excludes or [])
+    result = Discovery()
+    walked: list[Path] = []
+    explicit: list[Path] = []
+    for given in paths:
+        if given.is_symlink() and not given.exists():
+            result.errors.append((str(given), "broken symbolic link"))
+            continue
+        if not given.exists():
+            result.errors.append((str(given), "no such file or directory"))
+            continue
+        if given.is_file():
+            # Named explicitly (pre-commit passes file names): taken even if a folder rule would skip it.
+            if given.suffix in suffixes and not _excluded(given, excludes):
+                explicit.append(given)
+            continue
+        for dirpath, dirnames, filenames in os.walk(given, followlinks=False):
+            folder = Path(dirpath)
+            dirnames[:] = sorted(
+                d for d in dirnames
+                if not _is_skipped_dir(folder / d) and not _excluded(folder / d, excludes)
+            )
+            for name in filenames:
+                candidate = folder / name
+                if candidate.suffix not in suffixes or candidate.is_symlink():
+                    continue  # a symlink may lead out of the tree; never read or written through
+                if not _excluded(candidate, excludes):
+                    walked.append(candidate)
+    if respect_gitignore and walked and any(_in_git_work_tree(p) for p in paths if p.is_dir()):
+        ignored = _git_ignored(walked)
+        walked = [p for p in walked if p not in ignored]
+    seen: set[Path] = set()
+    for f in sorted(explicit + walked):
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            result.files.append(f)
+    return result

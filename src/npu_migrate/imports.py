@@ -1,0 +1,275 @@
+"""Name resolution without scope analysis, and the import edits the engine makes.
+
+libcst's QualifiedNameProvider costs about six parses per file; the rules only need to know what the
+imported names of a file refer to. `ImportTable` walks the statements once (never expressions), records
+every import binding (`import torch as th`, `from torch import cuda`, `from torch.cuda import
+synchronize as sync`) and every other way the file binds a name (assignments, parameters, loops, defs).
+A name that is both imported and rebound is not trusted: the rules leave code through it alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+
+def dotted_name(node: cst.BaseExpression) -> str | None:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted_name(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    return None
+
+
+def dotted_node(name: str) -> cst.Attribute | cst.Name:
+    parts = name.split(".")
+    node: cst.Attribute | cst.Name = cst.Name(parts[0])
+    for part in parts[1:]:
+        node = cst.Attribute(value=node, attr=cst.Name(part))
+    return node
+
+
+@dataclass(eq=False)
+class Binding:
+    """A name bound by an import statement."""
+
+    local: str
+    qualname: str
+    line: cst.SimpleStatementLine
+    stmt: cst.Import | cst.ImportFrom
+    index: int  # position of the alias in the statement
+
+    @property
+    def is_from_import(self) -> bool:
+        return isinstance(self.stmt, cst.ImportFrom)
+
+
+@dataclass
+class ImportTable:
+    bindings: dict[str, Binding] = field(default_factory=dict)
+    #: Imported names that are bound in another way too: not resolvable without real scope analysis.
+    shadowed: dict[str, str] = field(default_factory=dict)
+    modules: set[str] = field(default_factory=set)  # every module an import statement loads
+    functions: set[str] = field(default_factory=set)  # names of every def, methods included
+    top_level_imports: list[tuple[int, cst.SimpleStatementLine]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, module: cst.Module) -> ImportTable:
+        table = cls()
+        rebound: set[str] = set()
+        imported: dict[str, list[Binding]] = {}
+        _walk(module.body, table, rebound, imported, top=True)
+        for local, found in imported.items():
+            targets = {b.qualname for b in found}
+            if local in rebound or len(targets) > 1:
+                table.shadowed[local] = sorted(targets)[0]
+            else:
+                table.bindings[local] = found[0]
+        return table
+
+    def resolve(self, expr: cst.BaseExpression) -> tuple[str | None, Binding | None]:
+        """Qualified name of a Name/Attribute chain and the import binding at its root, if resolvable."""
+        if isinstance(expr, cst.Name):
+            binding = self.bindings.get(expr.value)
+            return (binding.qualname, binding) if binding else (None, None)
+        if isinstance(expr, cst.Attribute):
+            base, binding = self.resolve(expr.value)
+            if base is not None:
+                return f"{base}.{expr.attr.value}", binding
+        return None, None
+
+    def shadowed_root(self, expr: cst.BaseExpression) -> str | None:
+        """The qualified name an expression would have if its untrusted root name were the import."""
+        if isinstance(expr, cst.Name):
+            return self.shadowed.get(expr.value)
+        if isinstance(expr, cst.Attribute):
+            base = self.shadowed_root(expr.value)
+            return None if base is None else f"{base}.{expr.attr.value}"
+        return None
+
+    @property
+    def uses_torch(self) -> bool:
+        return any(m == "torch" or m.startswith("torch.") for m in self.modules)
+
+    @property
+    def imports_torch_npu(self) -> bool:
+        return any(m == "torch_npu" or m.startswith("torch_npu.") for m in self.modules)
+
+
+def _bind_names(target: cst.BaseExpression, rebound: set[str]) -> None:
+    if isinstance(target, cst.Name):
+        rebound.add(target.value)
+    elif isinstance(target, (cst.Tuple, cst.List)):
+        for element in target.elements:
+            _bind_names(element.value, rebound)
+    elif isinstance(target, cst.StarredElement):
+        _bind_names(target.value, rebound)
+
+
+def _record_import(stmt, line, table, imported) -> None:
+    if isinstance(stmt, cst.Import):
+        for index, alias in enumerate(stmt.names):
+            full = dotted_name(alias.name)
+            if full is None:
+                continue
+            table.modules.add(full)
+            if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                local, qualname = alias.asname.name.value, full
+            else:
+                local = qualname = full.split(".")[0]
+            imported.setdefault(local, []).append(Binding(local, qualname, line, stmt, index))
+    elif isinstance(stmt, cst.ImportFrom):
+        if stmt.relative or stmt.module is None:
+            return
+        module = dotted_name(stmt.module)
+        if module is None:
+            return
+        table.modules.add(module)
+        if isinstance(stmt.names, cst.ImportStar):
+            return
+        for index, alias in enumerate(stmt.names):
+            name = dotted_name(alias.name)
+            if name is None:
+                continue
+            local = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else name
+            imported.setdefault(local, []).append(Binding(local, f"{module}.{name}", line, stmt, index))
+
+
+def _walk(body, table: ImportTable, rebound: set[str], imported, *, top: bool) -> None:
+    for position, stmt in enumerate(body):
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)):
+                    _record_import(small, stmt, table, imported)
+                    if top:
+                        table.top_level_imports.append((position, stmt))
+                elif isinstance(small, cst.Assign):
+                    for target in small.targets:
+                        _bind_names(target.target, rebound)
+                elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
+                    _bind_names(small.target, rebound)
+            continue
+        if isinstance(stmt, cst.FunctionDef):
+            table.functions.add(stmt.name.value)
+            rebound.add(stmt.name.value)
+            params = stmt.params
+            for param in (*params.posonly_params, *params.params, *params.kwonly_params):
+                rebound.add(param.name.value)
+            for star in (params.star_arg, params.star_kwarg):
+                if isinstance(star, cst.Param):
+                    rebound.add(star.name.value)
+        elif isinstance(stmt, cst.ClassDef):
+            rebound.add(stmt.name.value)
+        elif isinstance(stmt, cst.For):
+            _bind_names(stmt.target, rebound)
+        elif isinstance(stmt, cst.With):
+            for item in stmt.items:
+                if item.asname is not None:
+                    _bind_names(item.asname.name, rebound)
+        # Recurse into every nested block: imports inside functions and try/except count too.
+        for child in _blocks(stmt):
+            _walk(child, table, rebound, imported, top=False)
+
+
+def _blocks(stmt: cst.BaseCompoundStatement):
+    """The statement lists directly nested in a compound statement."""
+    body = getattr(stmt, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        yield body.body
+    for attr in ("orelse", "finalbody"):
+        extra = getattr(stmt, attr, None)
+        if extra is not None:
+            inner = getattr(extra, "body", None)
+            if isinstance(inner, cst.IndentedBlock):
+                yield inner.body
+            elif isinstance(extra, cst.If):  # elif chains
+                yield from _blocks(extra)
+    for handler in getattr(stmt, "handlers", ()):
+        if isinstance(handler.body, cst.IndentedBlock):
+            yield handler.body.body
+    for case in getattr(stmt, "cases", ()):
+        if isinstance(case.body, cst.IndentedBlock):
+            yield case.body.body
+
+
+# --- edits -------------------------------------------------------------------------------------------
+
+#: `torch.npu` is registered in sys.modules by `import torch_npu`, but its submodules are not: importing
+#: `torch.npu.memory` would load a second copy of the module. Import statements name the real package.
+def import_path(module: str) -> str:
+    if module.startswith("torch.npu."):
+        return "torch_npu.npu." + module[len("torch.npu."):]
+    return module
+
+
+def rebind_import(line: cst.SimpleStatementLine, stmt_index: int, targets: dict[int, str]):
+    """Rewrite the aliases `targets` (alias index -> new qualified name) of one import statement.
+
+    The local names stay the same (`from torch.cuda import CUDAGraph` becomes
+    `from torch.npu import NPUGraph as CUDAGraph`), so no use site needs to change.
+    """
+    stmt = line.body[stmt_index]
+    if isinstance(stmt, cst.Import):
+        names = list(stmt.names)
+        for index, qualname in targets.items():
+            names[index] = names[index].with_changes(name=dotted_node(import_path(qualname)))
+        return line.with_changes(body=[*line.body[:stmt_index], stmt.with_changes(names=names), *line.body[stmt_index + 1:]])
+
+    old_module = dotted_name(stmt.module)
+    groups: list[tuple[str, list[cst.ImportAlias]]] = []
+    for index, alias in enumerate(stmt.names):
+        if index in targets:
+            parent, _, name = targets[index].rpartition(".")
+            parent = import_path(parent)
+            local = alias.asname.name.value if alias.asname else dotted_name(alias.name)
+            alias = alias.with_changes(
+                name=cst.Name(name),
+                asname=None if local == name else cst.AsName(name=cst.Name(local)),
+            )
+        else:
+            parent = old_module
+        if groups and groups[-1][0] == parent:
+            groups[-1][1].append(alias)
+        else:
+            groups.append((parent, [alias]))
+    new_stmts = []
+    for parent, aliases in groups:
+        aliases[-1] = aliases[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT) if len(groups) > 1 else aliases[-1]
+        new_stmts.append(stmt.with_changes(module=dotted_node(parent), names=aliases))
+    if len(new_stmts) == 1 or len(line.body) > 1:
+        return line.with_changes(body=[*line.body[:stmt_index], *new_stmts, *line.body[stmt_index + 1:]])
+    lines = [line.with_changes(body=[new_stmts[0]])]
+    lines += [cst.SimpleStatementLine(body=[s], trailing_whitespace=line.trailing_whitespace) for s in new_stmts[1:]]
+    return cst.FlattenSentinel(lines)
+
+
+def insertion_index(module: cst.Module) -> int:
+    """Where an import may go: after the module docstring and any `from __future__` imports."""
+    index = 0
+    body = module.body
+    if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1:
+        first = body[0].body[0]
+        if isinstance(first, cst.Expr) and isinstance(first.value, (cst.SimpleString, cst.ConcatenatedString)):
+            index = 1
+    while index < len(body):
+        stmt = body[index]
+        if isinstance(stmt, cst.SimpleStatementLine) and all(
+            isinstance(s, cst.ImportFrom) and s.module is not None and dotted_name(s.module) == "__future__"
+            for s in stmt.body
+        ):
+            index += 1
+        else:
+            break
+    return index
+
+
+def add_module_import(module: cst.Module, name: str, after: int | None) -> cst.Module:
+    """Insert `import name` right after top-level statement `after` (the file's first torch import)
+    when given, else after the docstring and `__future__` imports. Comments that open the file live in
+    `Module.header` and stay first either way."""
+    body = list(module.body)
+    index = insertion_index(module) if after is None else after + 1
+    body.insert(index, cst.parse_statement(f"import {name}\n"))
+    return module.with_changes(body=body)

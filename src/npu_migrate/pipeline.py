@@ -1,0 +1,218 @@
+"""One file through the migration: read -> prefilter -> parse -> rules -> fixes -> validate -> diff/write.
+
+Everything here runs inside a worker process, so it takes and returns plain picklable data.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from npu_migrate.api import NpuApi
+from npu_migrate.context import FileContext, Report
+from npu_migrate.findings import Finding
+from npu_migrate.rule import Checker
+from npu_migrate.source import SourceError, SourceFile, atomic_write, read_source
+
+
+class Status(str, enum.Enum):
+    UNCHANGED = "unchanged"
+    CHANGED = "changed"
+    FAILED = "failed"
+
+
+class Mode(str, enum.Enum):
+    DIFF = "diff"  # report and diff only; write nothing (--diff, --check, analyze)
+    IN_PLACE = "in-place"
+    OUTPUT = "output"  # write migrated files into an output tree
+
+
+@dataclass(frozen=True)
+class Job:
+    path: Path  # where to read
+    display: str  # how to name it to the user and in diffs (relative, POSIX)
+    destination: Path | None = None  # where to write in OUTPUT mode
+
+
+@dataclass
+class FileResult:
+    display: str
+    status: Status
+    findings: list[Finding] = field(default_factory=list)
+    diff: str = ""
+    error: str = ""
+    parsed: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every worker needs to know: the enabled rules, the torch_npu version, the mode."""
+
+    enabled: frozenset[str]
+    torch_npu_version: str | None
+    mode: Mode
+
+    def checkers(self) -> list[type[Checker]]:
+        from npu_migrate.registry import all_checkers
+
+        return [c for c in all_checkers() if any(r.id in self.enabled for r in c.rules)]
+
+
+class FixApplier(cst.CSTTransformer):
+    """Applies every accepted fix in one pass; a fix sees its node with the children already rewritten."""
+
+    def __init__(self, reports: list[Report]) -> None:
+        super().__init__()
+        self.fixes: dict[int, list[Report]] = {}
+        for report in reports:
+            if report.applied and report.fix is not None:
+                self.fixes.setdefault(id(report.node), []).append(report)
+        self.results: dict[int, cst.CSTNode | cst.FlattenSentinel] = {}
+
+    def on_leave(self, original_node, updated_node):
+        reports = self.fixes.get(id(original_node))
+        if not reports:
+            return updated_node
+        for report in reports:
+            updated_node = report.fix(updated_node)
+        self.results[id(original_node)] = updated_node
+        return updated_node
+
+
+def _node_code(node) -> str:
+    empty = cst.Module(body=[])
+    if isinstance(node, cst.FlattenSentinel):
+        return "".join(empty.code_for_node(n) for n in node.nodes)
+    return empty.code_for_node(node)
+
+
+def unified_diff(display: str, before: str, after: str) -> str:
+    """A patch that `git apply` and `patch -p1` accept, newline style and missing final newline included."""
+    a_lines = before.splitlines(keepends=True)
+    b_lines = after.splitlines(keepends=True)
+    out = []
+    for line in difflib.unified_diff(a_lines, b_lines, f"a/{display}", f"b/{display}", n=3):
+        out.append(line)
+        if not line.endswith(("\n", "\r")):
+            out.append("\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def migrate_source(source: SourceFile, display: str, plan: Plan, api: NpuApi) -> tuple[str, list[Finding], bool]:
+    """The migrated text of one file and its findings. Raises SourceError for unparsable input."""
+    text = source.text
+    # The prefilter: a checker whose markers are all absent cannot match, so the file is not parsed for it.
+    checkers = plan.checkers()
+    active = [checker for checker in checkers if any(m in text for m in checker.markers)]
+    if not active:
+        return text, [], False
+    active += [c for c in checkers if getattr(c, "follows_others", False)]
+    try:
+        module = cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise SourceError(f"syntax error at line {exc.raw_line}, column {exc.raw_column}: {exc.message}") from None
+    except RecursionError:
+        raise SourceError("too deeply nested for the parser (recursion limit)") from None
+    ctx = FileContext(module, display, api)
+    visitors = [checker(ctx, plan.enabled) for checker in active]
+    cst.visit_batched(module, visitors)
+    for visitor in visitors:
+        visitor.finish()
+    ctx.resolve_plans()
+    for visitor in visitors:
+        visitor.finalize()
+    if not ctx.reports:
+        return text, [], True
+
+    applier = FixApplier(ctx.reports)
+    new_module = module.visit(applier) if applier.fixes else module
+    new_text = new_module.code
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    findings = []
+    for report in ctx.reports:
+        pos = positions.get(report.node)
+        line, col = (pos.start.line, pos.start.column + 1) if pos else (1, 1)
+        replacement = applier.results.get(id(report.node))
+        findings.append(
+            Finding(
+                rule_id=report.rule.id,
+                path=display,
+                line=line,
+                col=col,
+                message=report.message,
+                severity=report.severity,
+                fixed=report.applied and new_text != text,
+                original=ctx.code(report.node).strip() if report.applied else "",
+                replacement=_node_code(replacement).strip() if replacement is not None else "",
+            )
+        )
+    findings.sort(key=lambda f: (f.line, f.col, f.rule_id))
+    return new_text, findings, True
+
+
+def validate(text: str, display: str) -> None:
+    """Never write code that does not parse: an engine bug must fail the file, not corrupt it."""
+    try:
+        ast.parse(text, filename=display)
+    except SyntaxError as exc:
+        raise SourceError(f"internal error: the migrated code does not parse ({exc.msg}, line {exc.lineno}); file left untouched") from None
+
+
+def process(job: Job, plan: Plan) -> FileResult:
+    try:
+        source = read_source(job.path)
+        api = _api(plan.torch_npu_version)
+        new_text, findings, parsed = migrate_source(source, job.display, plan, api)
+        if new_text == source.text:
+            if plan.mode is Mode.OUTPUT and job.destination is not None:
+                atomic_write(job.destination, source.raw)
+            return FileResult(job.display, Status.UNCHANGED, findings, parsed=parsed)
+        validate(new_text, job.display)
+        diff = unified_diff(job.display, source.text, new_text)
+        data = source.encode(new_text)
+        if plan.mode is Mode.IN_PLACE:
+            atomic_write(job.path, data, expected=source.raw)
+        elif plan.mode is Mode.OUTPUT and job.destination is not None:
+            atomic_write(job.destination, data)
+        return FileResult(job.display, Status.CHANGED, findings, diff=diff, parsed=True)
+    except SourceError as exc:
+        return FileResult(job.display, Status.FAILED, error=str(exc))
+    except RecursionError:
+        return FileResult(job.display, Status.FAILED, error="too deeply nested (recursion limit); file left untouched")
+    except Exception as exc:  # a bug in a rule must cost one file, never the run
+        return FileResult(job.display, Status.FAILED, error=f"internal error ({type(exc).__name__}: {exc}); file left untouched")
+
+
+_API_CACHE: dict[str | None, NpuApi] = {}
+
+
+def _api(version: str | None) -> NpuApi:
+    if version not in _API_CACHE:
+        _API_CACHE[version] = NpuApi(version)
+    return _API_CACHE[version]
+
+
+def migrate_text(
+    text: str,
+    *,
+    path: str = "<string>",
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+    torch_npu_version: str | None = None,
+) -> tuple[str, list[Finding]]:
+    """Migrate source text in memory: the Python API used by tests, `analyze` and editors."""
+    from npu_migrate.registry import select_rules
+    from npu_migrate.source import decode_source
+
+    plan = Plan(select_rules(select, ignore), torch_npu_version, Mode.DIFF)
+    source = decode_source(Path(path), text.encode("utf-8"))
+    new_text, findings, _ = migrate_source(source, path, plan, _api(torch_npu_version))
+    if new_text != text:
+        validate(new_text, path)
+    return new_text, findings

@@ -1,0 +1,67 @@
+"""The rule contract.
+
+A `Rule` is a declaration: a stable id (`NPU101`), a name, a one-line summary, a severity, and its user
+documentation with a before/after example (`npu-migrate rules NPU101`). A `Checker` is the libcst
+visitor that finds the sites of one family of rules; one visitor serves several related rules so that a
+file is walked once per family, not once per rule.
+
+A checker never edits the tree. It calls `self.report(rule, node, message, fix=...)`, where `fix` is a
+function from the node (with its children already rewritten) to its replacement, given only when the
+rewrite is provably equivalent. The engine applies all fixes in one pass after every checker has seen
+the file, so fixes compose, and `analyze` reports the same findings without applying anything.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import libcst as cst
+
+from npu_migrate.findings import Severity
+
+if TYPE_CHECKING:
+    from npu_migrate.context import FileContext
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    name: str
+    summary: str
+    doc: str
+    severity: Severity = Severity.INFO
+    fixable: bool = True  # false for rules that only report
+
+    @property
+    def documentation(self) -> str:
+        return inspect.cleandoc(self.doc)
+
+
+class Checker(cst.BatchableCSTVisitor):
+    """Base class of the visitors in `transforms/`."""
+
+    rules: ClassVar[tuple[Rule, ...]]
+    #: Substrings of which a file must contain at least one for this checker to run: the cheap prefilter.
+    markers: ClassVar[tuple[str, ...]] = ("cuda",)
+
+    def __init__(self, ctx: FileContext, enabled: frozenset[str]) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.enabled = enabled
+
+    def report(self, rule: Rule, node: cst.CSTNode, message: str, **kwargs) -> None:
+        """Report a finding of `rule` (dropped when the rule is not selected)."""
+        if rule.id in self.enabled:
+            self.ctx.report(rule, node, message, **kwargs)
+
+    def finish(self) -> None:
+        """Called once after the whole file was visited, before the engine decides which fixes stand."""
+
+    def finalize(self) -> None:
+        """Called after fix decisions, for reports that depend on whether the file changes at all."""
+
+    @classmethod
+    def family(cls) -> str:
+        return cls.__module__.rsplit(".", 1)[-1]

@@ -1,0 +1,97 @@
+"""Reading and writing source files without losing a byte.
+
+A file is decoded the way Python itself would (PEP 263 coding cookie, UTF-8 BOM) and encoded back the
+same way; newlines are never translated, so CRLF and mixed-newline files come back exactly as they were.
+Writes are atomic: a temporary file in the same folder, fsync, then rename over the original.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import tempfile
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SourceError(Exception):
+    """A file that cannot be processed; the message is the one-line reason shown to the user."""
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path
+    raw: bytes
+    text: str
+    encoding: str
+
+    def encode(self, text: str) -> bytes:
+        # "utf-8-sig" writes the BOM back, so a BOM file keeps its BOM.
+        return text.encode(self.encoding)
+
+
+def decode_source(path: Path, raw: bytes) -> SourceFile:
+    if b"\x00" in raw:
+        raise SourceError("binary file (contains NUL bytes), not Python source")
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    except SyntaxError as exc:
+        raise SourceError(f"bad coding cookie: {exc}") from None
+    try:
+        text = raw.decode(encoding)
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise SourceError(f"cannot decode as {encoding}: {exc}") from None
+    return SourceFile(path=path, raw=raw, text=text, encoding=encoding)
+
+
+def read_source(path: Path) -> SourceFile:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SourceError(f"cannot read: {exc.strerror or exc}") from None
+    return decode_source(path, raw)
+
+
+def atomic_write(path: Path, data: bytes, *, expected: bytes | None = None) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new file, never a mix.
+
+    With `expected`, the file must still hold exactly those bytes: a file edited while the run was in
+    flight is not overwritten.
+    """
+    if path.is_symlink():
+        raise SourceError("is a symbolic link; not written through")
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    if expected is not None:
+        try:
+            current = path.read_bytes()
+        except OSError as exc:
+            raise SourceError(f"cannot re-read before writing: {exc.strerror or exc}") from None
+        if current != expected:
+            raise SourceError("changed on disk while npu-migrate was running; not overwritten")
+    if st is not None and not os.access(path, os.W_OK):
+        raise SourceError("file is read-only; not written")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npu-migrate.tmp")
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        if st is not None:
+            os.chmod(tmp_name, stat.S_IMODE(st.st_mode))
+            try:
+                os.chown(tmp_name, st.st_uid, st.st_gid)
+            except (PermissionError, AttributeError):
+                pass  # only root may give a file away; keeping the mode is what matters then
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise

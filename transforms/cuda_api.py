@@ -1,0 +1,240 @@
+"""`torch.cuda.*` APIs: renamed to `torch.npu.*` where torch_npu has them, reported where it does not.
+
+Driven by the per-version tables in `data/torch_npu_api.toml` (generated from the torch_npu wheels) and
+the hand-kept renames and advice in `data/cuda_api.toml`. Names are resolved through the file's imports,
+so `import torch as th`, `from torch import cuda`, `import torch.cuda as tc` and
+`from torch.cuda import synchronize as sync` are all recognised, while `torch.version.cuda`, a local
+variable called `cuda` or an `args.cuda` flag are not.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from npu_migrate.api import Kind
+from npu_migrate.findings import Severity
+from npu_migrate.imports import Binding
+from npu_migrate.rule import Checker, Rule
+
+SAME_NAME = Rule(
+    id="NPU201",
+    name="torch-cuda-api",
+    summary="`torch.cuda.X` becomes `torch.npu.X` where the chosen torch_npu version has X",
+    doc='''
+    torch_npu registers `torch.npu` with the same API as `torch.cuda` for most names (device
+    management, streams, events, memory statistics, RNG, graphs, the legacy `torch.cuda.FloatTensor`
+    types). Which names exist depends on the torch_npu version (`--torch-npu-version`).
+
+    Imports are rewritten in place and keep their local names, so the code that uses them is untouched.
+
+    Before:
+        import torch
+        from torch.cuda import synchronize as sync
+        torch.cuda.set_device(local_rank)
+        print(torch.cuda.max_memory_allocated())
+    After:
+        import torch
+        import torch_npu
+        from torch.npu import synchronize as sync
+        torch.npu.set_device(local_rank)
+        print(torch.npu.max_memory_allocated())
+    ''',
+)
+
+RENAMED = Rule(
+    id="NPU202",
+    name="torch-cuda-renamed-api",
+    summary="CUDA APIs whose NPU counterpart has another name (`CUDAGraph` -> `NPUGraph`, nvtx -> mstx)",
+    doc='''
+    Renames that are the same operation under another name: `torch.cuda.CUDAGraph` ->
+    `torch.npu.NPUGraph`, `CUDAPluggableAllocator` -> `NPUPluggableAllocator`,
+    `torch.cuda.OutOfMemoryError` -> `torch.OutOfMemoryError`, and `torch.cuda.nvtx.range_push`,
+    `range_pop`, `mark` -> `torch.npu.mstx.*`. (Huawei's msFmkTransplt writes `torch.npu.CUDAGraph`
+    and `torch.npu.nvtx`, which do not exist.)
+
+    Before:
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.nvtx.range_push("forward")
+    After:
+        graph = torch.npu.NPUGraph()
+        torch.npu.mstx.range_push("forward")
+    ''',
+)
+
+NO_EQUIVALENT = Rule(
+    id="NPU203",
+    name="torch-cuda-no-equivalent",
+    summary="`torch.cuda` APIs with no NPU counterpart (in the chosen torch_npu version) are reported",
+    doc='''
+    `torch.cuda.nccl`, `jiterator`, `nvtx.range`, `get_arch_list`, the CUDA profiler API and others have
+    no NPU counterpart, and names added in later torch_npu versions are missing from older ones. The
+    code is left as it is and the finding says what to use instead.
+
+    Example:
+        torch.cuda.nccl.all_reduce(tensors)
+    reports: use torch.distributed collectives with the hccl backend.
+    ''',
+    severity=Severity.ERROR,
+    fixable=False,
+)
+
+BEHAVIOUR_DIFFERS = Rule(
+    id="NPU204",
+    name="torch-cuda-behaviour-differs",
+    summary="APIs that exist on NPU but behave differently (`get_device_capability` returns None) are reported",
+    doc='''
+    A rename would run but give wrong answers: `torch.npu.get_device_capability()` returns None, so
+    `get_device_capability()[0] >= 8` crashes; `get_device_properties()` has no `major` / `minor`;
+    float64 tensor types are mostly unsupported. The code is left as it is and the finding explains what
+    to do.
+
+    Example:
+        if torch.cuda.get_device_capability()[0] >= 8:
+            use_bf16 = True
+    reports: returns None on NPU; gate the feature on torch.npu.is_available() or the SoC name.
+    ''',
+    severity=Severity.ERROR,
+    fixable=False,
+)
+
+UNKNOWN_API = Rule(
+    id="NPU205",
+    name="torch-cuda-unknown-api",
+    summary="`torch.cuda` names npu-migrate does not know (private or newer APIs) are reported",
+    doc='''
+    A `torch.cuda` name that is neither in torch's public `torch.cuda` API nor in torch_npu (for
+    example the private `torch.cuda._lazy_init`) is left alone and reported so a human can decide.
+    ''',
+    severity=Severity.WARNING,
+    fixable=False,
+)
+
+_KIND_RULE = {Kind.MISSING: NO_EQUIVALENT, Kind.CAVEAT: BEHAVIOUR_DIFFERS, Kind.UNKNOWN: UNKNOWN_API}
+
+
+def _chain(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.Attribute]]:
+    """Split `a.b.c` into its root expression and the Attribute nodes from the root outwards."""
+    attrs: list[cst.Attribute] = []
+    while isinstance(node, cst.Attribute):
+        attrs.append(node)
+        node = node.value
+    attrs.reverse()
+    return node, attrs
+
+
+def _rebuilt(updated: cst.BaseExpression, tail: list[str]) -> cst.BaseExpression:
+    """`updated` with every attribute name after its root replaced by `tail`."""
+    node, _ = _chain(updated)
+    for name in tail:
+        node = cst.Attribute(value=node, attr=cst.Name(name))
+    return node
+
+
+class CudaApiChecker(Checker):
+    rules = (SAME_NAME, RENAMED, NO_EQUIVALENT, BEHAVIOUR_DIFFERS, UNKNOWN_API)
+    markers = ("cuda",)
+
+    def __init__(self, ctx, enabled) -> None:
+        super().__init__(ctx, enabled)
+        self.api = ctx.api
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.ctx.claim(node.attr)  # `x.cuda`: the attribute name is not a use of an imported `cuda`
+        if self.ctx.claimed(node):
+            return
+        qualname, binding = self.ctx.resolve(node)
+        if qualname is None:
+            shadowed = self.ctx.imports.shadowed_root(node)
+            if shadowed and shadowed.startswith("torch.cuda."):
+                self._claim_chain(node)
+                self.report(
+                    UNKNOWN_API, node,
+                    f"`{self.ctx.code(node)}` looks like {shadowed} but its name is also rebound in this file; "
+                    "not rewritten, check it by hand",
+                )
+            return
+        if not qualname.startswith("torch.cuda."):
+            return
+        self._claim_chain(node)
+        self._use(node, qualname, binding)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        # A name imported from torch.cuda used on its own (`sync()` after `from torch.cuda import synchronize as sync`).
+        binding = self.ctx.imports.bindings.get(node.value)
+        if binding is None or not binding.qualname.startswith("torch.cuda") or self.ctx.claimed(node):
+            return
+        self._use(node, binding.qualname, binding)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self.ctx.claim(node.keyword)
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        # Names inside import statements are not uses; the import is rewritten through its binding.
+        self._claim_chain(node.name)
+        if node.asname is not None:
+            self.ctx.claim(node.asname.name)
+
+    def _claim_chain(self, node: cst.BaseExpression) -> None:
+        while isinstance(node, cst.Attribute):
+            self.ctx.claim(node)
+            node = node.value
+        self.ctx.claim(node)
+
+    def _use(self, node: cst.BaseExpression, qualname: str, binding: Binding | None) -> None:
+        mapping = self.api.map_cuda(qualname)
+        if mapping.kind is Kind.OWNED:
+            if binding is not None and binding.qualname.startswith("torch.cuda"):
+                self.ctx.veto(binding, f"`{qualname}` is migrated by another rule family")
+            return
+        if mapping.kind in _KIND_RULE:
+            rule = _KIND_RULE[mapping.kind]
+            self.report(rule, node, f"`{qualname}`: {mapping.advice}")
+            if binding is not None and binding.qualname.startswith("torch.cuda"):
+                self.ctx.veto(binding, f"`{qualname}` has no direct NPU counterpart")
+            return
+        rule = RENAMED if mapping.kind is Kind.RENAMED else SAME_NAME
+        target = mapping.target
+        if rule.id not in self.enabled:
+            if binding is not None and binding.qualname.startswith("torch.cuda"):
+                self.ctx.veto(binding, f"rule {rule.id} is not selected")
+            return
+        if binding is None or not binding.qualname.startswith("torch.cuda"):
+            # Reached through `torch` itself: rewrite the attribute chain at the use site.
+            root_parts = len(binding.qualname.split(".")) if binding else 1
+            tail = target.split(".")[root_parts:]
+            self.report(
+                rule, node, f"`{qualname}` -> `{target}`", fix=lambda updated, t=tail: _rebuilt(updated, t)
+            )
+            return
+        # Reached through an import of torch.cuda (or a name from it): the import is rebound, and the use
+        # site only changes if the names below the import differ.
+        bound_target = self.api.map_cuda(binding.qualname)
+        if bound_target.kind not in (Kind.SAME, Kind.RENAMED):
+            self.ctx.veto(binding, f"`{binding.qualname}` has no direct NPU counterpart")
+            return
+        self.ctx.rebind(rule, binding, bound_target.target)
+        old_tail = qualname.split(".")[len(binding.qualname.split(".")):]
+        new_tail = target.split(".")[len(bound_target.target.split(".")):]
+        if bound_target.target.split(".") + new_tail != target.split("."):
+            self.ctx.veto(binding, f"`{qualname}` maps to `{target}`, outside what the import can provide")
+        elif old_tail != new_tail:
+            self.report(
+                rule, node, f"`{qualname}` -> `{target}`", requires=binding,
+                fix=lambda updated, t=new_tail: _rebuilt(updated, t),
+            )
+
+    def finish(self) -> None:
+        # Imports from torch.cuda that nothing else touched still move to torch.npu.
+        for binding in self.ctx.imports.bindings.values():
+            if not binding.qualname.startswith("torch.cuda"):
+                continue
+            mapping = self.api.map_cuda(binding.qualname)
+            if mapping.kind in (Kind.SAME, Kind.RENAMED):
+                rule = RENAMED if mapping.kind is Kind.RENAMED else SAME_NAME
+                if rule.id in self.enabled:
+                    self.ctx.rebind(rule, binding, mapping.target)
+            elif mapping.kind in _KIND_RULE:
+                self.ctx.veto(binding, f"`{binding.qualname}` has no direct NPU counterpart")
+                self.report(_KIND_RULE[mapping.kind], binding.line, f"`{binding.qualname}`: {mapping.advice}")
+

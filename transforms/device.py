@@ -1,0 +1,335 @@
+"""Device placement: `.cuda()`, `"cuda"` device strings, `.is_cuda`, device-type comparisons.
+
+`.cuda()` and `"cuda"` are matched only where they place data on a device. Text that merely mentions
+CUDA (docstrings, comments, log messages, argparse help, dictionary keys) is never touched.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from npu_migrate.findings import Severity
+from npu_migrate.rule import Checker, Rule
+
+CUDA_METHOD = Rule(
+    id="NPU101",
+    name="cuda-method",
+    summary="`.cuda(...)` becomes `.npu(...)`",
+    doc='''
+    Moves tensors and modules to the NPU instead of the GPU. Arguments are kept: `.cuda(i)`,
+    `.cuda(device=...)` and `.cuda(non_blocking=True)` become the same `.npu(...)` call.
+
+    Not rewritten when the file defines a function or method called `cuda` itself: the call may be to
+    it. Then a finding asks you to check the call by hand.
+
+    Before:
+        model = Net().cuda()
+        batch = batch.cuda(non_blocking=True)
+    After:
+        model = Net().npu()
+        batch = batch.npu(non_blocking=True)
+    ''',
+)
+
+DEVICE_STRING = Rule(
+    id="NPU102",
+    name="device-string",
+    summary="`'cuda'` / `'cuda:N'` / `f'cuda:{i}'` device strings become `'npu'` ones",
+    doc='''
+    Rewrites device strings where they select a device: `torch.device(...)`, `.to(...)`,
+    `device=` / `map_location=` / `pin_memory_device=` arguments (including `map_location` dicts),
+    variables, attributes, dictionary entries and parameters whose name mentions "device",
+    argparse `--device` defaults and choices, and `'cuda' if torch.cuda.is_available() else 'cpu'`.
+    f-strings (`f"cuda:{rank}"`), `"cuda:{}".format(i)` and `"cuda:%d" % i` are handled too.
+
+    Strings that only mention CUDA are left alone.
+
+    Before:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        x = torch.zeros(3, device=f"cuda:{rank}")
+        state = torch.load(path, map_location="cuda:0")
+    After:
+        device = "npu" if torch.npu.is_available() else "cpu"
+        x = torch.zeros(3, device=f"npu:{rank}")
+        state = torch.load(path, map_location="npu:0")
+    ''',
+)
+
+IS_CUDA = Rule(
+    id="NPU103",
+    name="is-cuda",
+    summary="`tensor.is_cuda` becomes `tensor.is_npu`",
+    doc='''
+    `Tensor.is_cuda` is False for every tensor on an NPU; `is_npu` is the NPU counterpart.
+
+    Not rewritten when the file assigns an attribute called `is_cuda` itself (then it is the program's
+    own flag, not the tensor property): a finding asks you to check.
+
+    Before:
+        if x.is_cuda:
+            torch.cuda.synchronize()
+    After:
+        if x.is_npu:
+            torch.npu.synchronize()
+    ''',
+)
+
+DEVICE_COMPARISON = Rule(
+    id="NPU104",
+    name="device-comparison",
+    summary="`x.device.type == 'cuda'` and `'cuda' in device` compare against `'npu'`",
+    doc='''
+    After migration tensors live on `npu` devices, so a comparison with `"cuda"` silently becomes
+    False and the code takes its CPU branch. Comparisons whose other side is visibly a device
+    (`.device`, `.type`, a name containing "device") are rewritten; other comparisons with `"cuda"`
+    (`backend == "cuda"`) are reported for review, not rewritten.
+
+    Before:
+        if hidden.device.type == "cuda":
+            ...
+    After:
+        if hidden.device.type == "npu":
+            ...
+    ''',
+)
+
+DEVICE_LITERAL = re.compile(r"cuda(:\d+)?")
+DEVICE_TEMPLATE = re.compile(r"cuda:(\{\d*\}|%[dis])")
+DEVICE_KEYWORDS = frozenset({"device", "map_location", "pin_memory_device", "output_device"})
+OTHER_DEVICES = frozenset({"cpu", "mps", "meta", "xpu"})
+
+
+def _string_value(node: cst.CSTNode) -> str | None:
+    if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
+        try:
+            value = node.evaluated_value
+        except Exception:  # malformed escapes: not our business
+            return None
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _swap_quoted(node: cst.SimpleString) -> cst.SimpleString:
+    prefix_len = len(node.prefix) + len(node.quote)
+    body = node.value[prefix_len:]
+    return node.with_changes(value=node.value[:prefix_len] + body.replace("cuda", "npu", 1))
+
+
+def device_literal(node: cst.CSTNode) -> cst.CSTNode | None:
+    """The string node to rewrite if `node` is a CUDA device spelled as a literal, else None.
+
+    Accepts "cuda", "cuda:0", f"cuda:{i}", "cuda:{}".format(i) and "cuda:%d" % i.
+    """
+    value = _string_value(node)
+    if value is not None:
+        return node if DEVICE_LITERAL.fullmatch(value) else None
+    if isinstance(node, cst.FormattedString):
+        parts = node.parts
+        if (
+            len(parts) >= 2
+            and isinstance(parts[0], cst.FormattedStringText)
+            and parts[0].value == "cuda:"
+            and all(isinstance(p, cst.FormattedStringExpression) for p in parts[1:])
+        ):
+            return node
+        return None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
+        template = _string_value(node.func.value)
+        return node.func.value if template is not None and DEVICE_TEMPLATE.fullmatch(template) else None
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+        template = _string_value(node.left)
+        return node.left if template is not None and DEVICE_TEMPLATE.fullmatch(template) else None
+    return None
+
+
+def rewrite_device_literal(node: cst.CSTNode) -> cst.CSTNode:
+    """The fix for a node returned by `device_literal`."""
+    if isinstance(node, cst.SimpleString):
+        return _swap_quoted(node)
+    assert isinstance(node, cst.FormattedString)
+    first = node.parts[0]
+    return node.with_changes(parts=[first.with_changes(value="npu:"), *node.parts[1:]])
+
+
+def _mentions_device(name: str) -> bool:
+    return "device" in name.lower()
+
+
+def _target_name(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        return node.attr.value
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        key = node.slice[0].slice
+        if isinstance(key, cst.Index):
+            return _string_value(key.value) or ""
+    return ""
+
+
+class DeviceChecker(Checker):
+    rules = (CUDA_METHOD, DEVICE_STRING, IS_CUDA, DEVICE_COMPARISON)
+    markers = ("cuda",)
+
+    def __init__(self, ctx, enabled) -> None:
+        super().__init__(ctx, enabled)
+        self._is_cuda_reads: list[cst.Attribute] = []
+        self._is_cuda_is_own_attribute = False
+
+    # -- device strings ------------------------------------------------------------------------------
+
+    def _device_value(self, node: cst.BaseExpression | None, where: str) -> None:
+        """Rewrite `node` if it is a device literal, or a conditional / container of them."""
+        if node is None:
+            return
+        if isinstance(node, cst.IfExp):
+            self._device_value(node.body, where)
+            self._device_value(node.orelse, where)
+            return
+        if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+            for element in node.elements:
+                self._device_value(element.value, where)
+            return
+        if isinstance(node, cst.Dict):  # map_location={"cuda:1": "cuda:0"}
+            for element in node.elements:
+                if isinstance(element, cst.DictElement):
+                    self._device_value(element.key, where)
+                    self._device_value(element.value, where)
+            return
+        literal = device_literal(node)
+        if literal is not None:
+            self.report(
+                DEVICE_STRING, literal, f"device string in {where} now names the NPU", fix=rewrite_device_literal
+            )
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        qualname = self.ctx.qualname(func)
+        if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and qualname is None:
+            self._cuda_method(node, func)
+        positional = [arg for arg in node.args if arg.keyword is None and arg.star == ""]
+        if qualname in ("torch.device", "torch.set_default_device") and positional:
+            self._device_value(positional[0].value, f"`{qualname}(...)`")
+        elif isinstance(func, cst.Attribute) and func.attr.value in ("to", "to_empty") and qualname is None:
+            for arg in positional:
+                self._device_value(arg.value, f"`.{func.attr.value}(...)`")
+        elif isinstance(func, cst.Attribute) and func.attr.value == "add_argument":
+            self._argparse_device(node, positional)
+        for arg in node.args:
+            if arg.keyword is not None and arg.keyword.value in DEVICE_KEYWORDS:
+                self._device_value(arg.value, f"`{arg.keyword.value}=`")
+            elif arg.keyword is not None and arg.keyword.value == "type" and qualname == "torch.device":
+                self._device_value(arg.value, "`torch.device(type=...)`")
+
+    def _argparse_device(self, node: cst.Call, positional: list[cst.Arg]) -> None:
+        flags = [_string_value(arg.value) or "" for arg in positional]
+        if not any(_mentions_device(flag) for flag in flags):
+            return
+        for arg in node.args:
+            if arg.keyword is not None and arg.keyword.value in ("default", "choices"):
+                self._device_value(arg.value, f"the `{flags[0]}` option's {arg.keyword.value}")
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            if _mentions_device(_target_name(target.target)):
+                self._device_value(node.value, f"`{_target_name(target.target)}`")
+            if isinstance(target.target, cst.Attribute) and target.target.attr.value == "is_cuda":
+                self._is_cuda_is_own_attribute = True
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if _mentions_device(_target_name(node.target)):
+            self._device_value(node.value, f"`{_target_name(node.target)}`")
+        if isinstance(node.target, cst.Attribute) and node.target.attr.value == "is_cuda":
+            self._is_cuda_is_own_attribute = True
+
+    def visit_Param(self, node: cst.Param) -> None:
+        if _mentions_device(node.name.value):
+            self._device_value(node.default, f"the default of `{node.name.value}`")
+
+    def visit_DictElement(self, node: cst.DictElement) -> None:
+        key = _string_value(node.key)
+        if key is not None and _mentions_device(key):
+            self._device_value(node.value, f'the "{key}" entry')
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        # `"cuda" if torch.cuda.is_available() else "cpu"`: a device choice wherever it is assigned.
+        other = [_string_value(node.body), _string_value(node.orelse)]
+        if "cuda" in self.ctx.code(node.test) or any(v in OTHER_DEVICES for v in other if v):
+            self._device_value(node.body, "a device choice")
+            self._device_value(node.orelse, "a device choice")
+
+    # -- .cuda() --------------------------------------------------------------------------------------
+
+    def _cuda_method(self, node: cst.Call, func: cst.Attribute) -> None:
+        if "cuda" in self.ctx.imports.functions:
+            self.report(
+                CUDA_METHOD, func,
+                "`.cuda()` not rewritten: this file defines its own `cuda` function or method, and the call "
+                "may be to it; use `.npu()` where it moves a tensor or module",
+                severity=Severity.WARNING,
+            )
+            return
+        self.report(
+            CUDA_METHOD, func, "`.cuda()` now moves to the NPU: `.npu()`",
+            fix=lambda updated: updated.with_changes(attr=cst.Name("npu")),
+        )
+
+    # -- .is_cuda ------------------------------------------------------------------------------------
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "is_cuda" and self.ctx.qualname(node.value) is None:
+            self._is_cuda_reads.append(node)
+
+    def finish(self) -> None:
+        for node in self._is_cuda_reads:
+            if self._is_cuda_is_own_attribute:
+                self.report(
+                    IS_CUDA, node,
+                    "`.is_cuda` not rewritten: this file assigns its own `is_cuda` attribute; use `.is_npu` "
+                    "where it asks whether a tensor is on the device",
+                    severity=Severity.WARNING,
+                )
+            else:
+                self.report(
+                    IS_CUDA, node, "`.is_cuda` is False on NPU: `.is_npu`",
+                    fix=lambda updated: updated.with_changes(attr=cst.Name("is_npu")),
+                )
+
+    # -- comparisons -----------------------------------------------------------------------------------
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        operands = [node.left, *(t.comparator for t in node.comparisons)]
+        for index, target in enumerate(node.comparisons):
+            if not isinstance(target.operator, (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)):
+                continue
+            left, right = operands[index], operands[index + 1]
+            for literal_side, other in ((left, right), (right, left)):
+                literals = self._literals(literal_side)
+                if not literals:
+                    continue
+                other_code = self.ctx.code(other)
+                if _mentions_device(other_code) or other_code.endswith(".type"):
+                    for literal in literals:
+                        self.report(
+                            DEVICE_COMPARISON, literal,
+                            "comparison with the device type now tests for the NPU",
+                            fix=rewrite_device_literal,
+                        )
+                else:
+                    for literal in literals:
+                        self.report(
+                            DEVICE_COMPARISON, literal,
+                            f"comparison of `{other_code}` with a CUDA device string: if it is a device, "
+                            'compare with "npu" instead',
+                            severity=Severity.WARNING,
+                        )
+
+    @staticmethod
+    def _literals(node: cst.BaseExpression) -> list[cst.CSTNode]:
+        if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+            found = [device_literal(e.value) for e in node.elements]
+            return [f for f in found if f is not None]
+        found = device_literal(node)
+        return [found] if found is not None else []
