@@ -180,19 +180,24 @@ class DeviceChecker(Checker):
 
     # -- device strings ------------------------------------------------------------------------------
 
-    def _device_value(self, node: cst.BaseExpression | None, where: str) -> None:
-        """Rewrite `node` if it is a device literal, or a conditional / container of them."""
+    def _device_value(self, node: cst.BaseExpression | None, where: str, *, containers: bool = False) -> None:
+        """Rewrite `node` if it is a device literal or a conditional choosing between them.
+
+        Only where every element is a device (`map_location={"cuda:1": "cuda:0"}`, argparse `choices`)
+        are lists and dicts entered: elsewhere a collection of names (`SUPPORTED_DEVICES = ["cuda",
+        "npu"]`, `{"cuda": "CUDAGraph"}`) is data about devices, and rewriting it would change it.
+        """
         if node is None:
             return
         if isinstance(node, cst.IfExp):
             self._device_value(node.body, where)
             self._device_value(node.orelse, where)
             return
-        if isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+        if containers and isinstance(node, (cst.List, cst.Tuple, cst.Set)):
             for element in node.elements:
                 self._device_value(element.value, where)
             return
-        if isinstance(node, cst.Dict):  # map_location={"cuda:1": "cuda:0"}
+        if containers and isinstance(node, cst.Dict):
             for element in node.elements:
                 if isinstance(element, cst.DictElement):
                     self._device_value(element.key, where)
@@ -219,7 +224,7 @@ class DeviceChecker(Checker):
             self._argparse_device(node, positional)
         for arg in node.args:
             if arg.keyword is not None and arg.keyword.value in DEVICE_KEYWORDS:
-                self._device_value(arg.value, f"`{arg.keyword.value}=`")
+                self._device_value(arg.value, f"`{arg.keyword.value}=`", containers=arg.keyword.value == "map_location")
             elif arg.keyword is not None and arg.keyword.value == "type" and qualname == "torch.device":
                 self._device_value(arg.value, "`torch.device(type=...)`")
 
@@ -229,7 +234,7 @@ class DeviceChecker(Checker):
             return
         for arg in node.args:
             if arg.keyword is not None and arg.keyword.value in ("default", "choices"):
-                self._device_value(arg.value, f"the `{flags[0]}` option's {arg.keyword.value}")
+                self._device_value(arg.value, f"the `{flags[0]}` option's {arg.keyword.value}", containers=True)
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:

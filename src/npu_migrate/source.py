@@ -38,6 +38,8 @@ def decode_source(path: Path, raw: bytes) -> SourceFile:
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
     except SyntaxError as exc:
+        if "invalid or missing encoding declaration" in str(exc):
+            raise SourceError("cannot decode as utf-8 and no coding cookie says otherwise") from None
         raise SourceError(f"bad coding cookie: {exc}") from None
     try:
         text = raw.decode(encoding)

@@ -1,0 +1,63 @@
+"""Fixture pairs, one folder per rule: `fixtures/rules/<RULE>/<case>.in.py` -> `<case>.out.py`.
+
+Each case runs with only its folder's rule selected (or the rules listed in the folder's `select.txt`,
+for rules that act only together with others). A case without `.out.py` must stay byte-identical
+(a negative: a look-alike the rule must not touch). `<case>.findings.txt`, when present, pins the
+findings as `line:col RULE fixed|open` lines. Every case is also checked for idempotency.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from npu_migrate.pipeline import migrate_text
+from npu_migrate.registry import all_rules
+
+from conftest import FIXTURES
+
+RULES_DIR = FIXTURES / "rules"
+CASES = sorted(RULES_DIR.glob("*/*.in.py"))
+
+
+def _findings_text(findings) -> str:
+    return "".join(f"{f.line}:{f.col} {f.rule_id} {'fixed' if f.fixed else 'open'}\n" for f in findings)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.name[:-6]}" for c in CASES])
+def test_fixture(case, update_fixtures):
+    rule_id = case.parent.name
+    select_file = case.parent / "select.txt"
+    select = select_file.read_text().strip().split(",") if select_file.exists() else [rule_id]
+    source = case.read_text(encoding="utf-8")
+    out_path = case.with_name(case.name[:-6] + ".out.py")
+    findings_path = case.with_name(case.name[:-6] + ".findings.txt")
+
+    migrated, findings = migrate_text(source, path=case.name, select=select)
+    if update_fixtures:
+        if migrated != source:
+            out_path.write_text(migrated, encoding="utf-8")
+        if findings or findings_path.exists():
+            findings_path.write_text(_findings_text(findings), encoding="utf-8")
+
+    expected = out_path.read_text(encoding="utf-8") if out_path.exists() else source
+    assert migrated == expected
+    if findings_path.exists():
+        assert _findings_text(findings) == findings_path.read_text(encoding="utf-8")
+    again, _ = migrate_text(migrated, path=case.name, select=select)
+    assert again == migrated, "a second apply must change nothing"
+
+
+@pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.id)
+def test_every_rule_has_positive_and_negative_fixtures(rule):
+    folder = RULES_DIR / rule.id
+    cases = sorted(folder.glob("*.in.py"))
+    assert cases, f"no fixtures for {rule.id} in {folder}"
+    positives = [c for c in cases if c.with_name(c.name[:-6] + ".out.py").exists()]
+    negatives = [c for c in cases if c not in positives]
+    if rule.fixable:
+        assert positives, f"{rule.id} rewrites code but has no .out.py fixture"
+    else:
+        assert any(c.with_name(c.name[:-6] + ".findings.txt").exists() for c in cases), (
+            f"{rule.id} only reports, so a fixture must pin its findings"
+        )
+    assert negatives, f"{rule.id} has no negative fixture (a look-alike that must stay untouched)"

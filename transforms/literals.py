@@ -1,0 +1,68 @@
+"""Small helpers the rule families share: reading and replacing string literals, naming imported modules."""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from importlib import resources
+
+import libcst as cst
+
+from npu_migrate.context import FileContext
+
+
+@functools.cache
+def load_table(name: str) -> dict:
+    """A TOML table from `transforms/data/`, read once per process."""
+    data = resources.files("npu_migrate.transforms").joinpath("data", name).read_bytes()
+    return tomllib.loads(data.decode("utf-8"))
+
+
+def string_value(node: cst.CSTNode | None) -> str | None:
+    """The value of a plain (non-bytes, non-f) string literal, else None."""
+    if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
+        try:
+            value = node.evaluated_value
+        except Exception:  # malformed escapes: not ours to judge
+            return None
+        return value if isinstance(value, str) else None
+    return None
+
+
+def replaceable(node: cst.CSTNode | None) -> str | None:
+    """Like `string_value`, but only for literals spelled without escapes, whose body can be swapped verbatim."""
+    value = string_value(node)
+    if value is None:
+        return None
+    prefix_len = len(node.prefix) + len(node.quote)
+    return value if node.value[prefix_len:-len(node.quote)] == value else None
+
+
+def with_value(node: cst.SimpleString, value: str) -> cst.SimpleString:
+    """`node` holding `value` instead, with its prefix and quotes kept."""
+    prefix_len = len(node.prefix) + len(node.quote)
+    return node.with_changes(value=node.value[:prefix_len] + value + node.quote)
+
+
+def module_alias(ctx: FileContext, module: str) -> str | None:
+    """The local name under which the file imports `module` itself (`import torch as th` -> "th")."""
+    for local, binding in ctx.imports.bindings.items():
+        if binding.qualname == module and not binding.is_from_import and "." not in local:
+            return local
+    return None
+
+
+def torch_npu_root(ctx: FileContext, enabled: frozenset[str]) -> str | None:
+    """The name through which code in this file can reach `torch_npu`, or None when nothing binds it.
+
+    Rule NPU001 adds `import torch_npu` to every changed file that imports torch and lacks it, so the plain
+    name is safe when that rule runs; a file that imports torch_npu only as `from torch_npu import x`
+    gets no such import and must be edited by hand.
+    """
+    alias = module_alias(ctx, "torch_npu")
+    if alias is not None:
+        return alias
+    imports = ctx.imports
+    if "NPU001" in enabled and imports.uses_torch and not imports.imports_torch_npu and "torch_npu" not in imports.shadowed:
+        return "torch_npu"
+    return None
