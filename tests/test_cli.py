@@ -158,3 +158,26 @@ def test_bundled_example_migrates_end_to_end(tmp_path):
     assert "NPU204" in result.stdout
     assert (tmp_path / "example" / "model.py").read_bytes() == (EXAMPLE / "model.py").read_bytes()
     compile(train, "train.py", "exec")
+
+
+def test_the_tool_never_imports_torch(project):
+    """Static by design: migrating must work where torch (and torch_npu) are not installed."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # any `import torch` now raises ImportError\n"
+        "sys.argv = ['npu-migrate', 'apply', '--diff', 'pkg']\n"
+        "from npu_migrate.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    sys.exit(exc.code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "+x = torch.ones(2).npu()" in result.stdout
+
+
+def test_many_files_through_the_process_pool_keep_input_order(tmp_path):
+    for i in range(12):
+        (tmp_path / f"m{i:02d}.py").write_text(f"import torch\nx{i} = torch.ones(1).cuda()\n")
+    result = run_cli("apply", "--diff", "--jobs", "2", ".", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    headers = [line for line in result.stdout.splitlines() if line.startswith("--- a/")]
+    assert headers == [f"--- a/m{i:02d}.py" for i in range(12)]

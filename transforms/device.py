@@ -212,12 +212,14 @@ class DeviceChecker(Checker):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         qualname = self.ctx.qualname(func)
-        if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and qualname is None:
+        # Any receiver, imported names included (`from app import net; net.cuda()`); only the module
+        # `torch.cuda` itself is not a tensor or module.
+        if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and qualname != "torch.cuda":
             self._cuda_method(node, func)
         positional = [arg for arg in node.args if arg.keyword is None and arg.star == ""]
         if qualname in ("torch.device", "torch.set_default_device") and positional:
             self._device_value(positional[0].value, f"`{qualname}(...)`")
-        elif isinstance(func, cst.Attribute) and func.attr.value in ("to", "to_empty") and qualname is None:
+        elif isinstance(func, cst.Attribute) and func.attr.value in ("to", "to_empty"):
             for arg in positional:
                 self._device_value(arg.value, f"`.{func.attr.value}(...)`")
         elif isinstance(func, cst.Attribute) and func.attr.value == "add_argument":
@@ -284,7 +286,7 @@ class DeviceChecker(Checker):
     # -- .is_cuda ------------------------------------------------------------------------------------
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
-        if node.attr.value == "is_cuda" and self.ctx.qualname(node.value) is None:
+        if node.attr.value == "is_cuda":
             self._is_cuda_reads.append(node)
 
     def finish(self) -> None:
