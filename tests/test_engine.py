@@ -120,7 +120,7 @@ def test_discovery_skips_environments_caches_symlinks_and_excludes(tmp_path):
     outside = tmp_path.parent / f"{tmp_path.name}-outside.py"
     outside.write_text("x = 1\n")
     (tmp_path / "pkg" / "link.py").symlink_to(outside)
-    found = discover([tmp_path], PY, excludes=["pkg/tests"])
+    found = discover([tmp_path], PY, excludes=[("pkg/tests", tmp_path)])
     names = sorted(p.relative_to(tmp_path).as_posix() for p in found.files)
     assert names == ["a.py", "pkg/b.py"]
 

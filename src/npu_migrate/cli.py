@@ -7,6 +7,7 @@ Exit codes (all commands): 0 done or nothing to do; 1 changes needed (`apply --c
 from __future__ import annotations
 
 import enum
+import json
 import os
 import shutil
 import sys
@@ -32,6 +33,8 @@ EXIT_OK, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 class OutputFormat(str, enum.Enum):
     text = "text"
     json = "json"
+    sarif = "sarif"
+    github = "github"
 
 
 def _fail(message: str) -> typer.Exit:
@@ -68,6 +71,13 @@ def _display(path: Path, root: Path) -> str:
     return path.as_posix()
 
 
+def _relative_to(path: Path, base: Path) -> str:
+    try:
+        return path.resolve().relative_to(base.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
 def _common_root(paths: list[Path]) -> Path:
     dirs = [p.resolve() if p.is_dir() else p.resolve().parent for p in paths]
     return Path(os.path.commonpath([str(d) for d in dirs]))
@@ -91,30 +101,38 @@ def apply(
     exclude: Annotated[
         Optional[list[str]], typer.Option("--exclude", help="Glob of paths to skip (repeatable).")
     ] = None,
-    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")] = None,
+    jobs: Annotated[
+        Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")
+    ] = None,
     torch_npu_version: Annotated[
         Optional[str], typer.Option("--torch-npu-version", help="torch_npu version to target (default: newest known).")
     ] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
+    annotate: Annotated[
+        bool, typer.Option("--annotate", help="Insert a TODO comment above each finding a human must act on.")
+    ] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Rewrite files in place even if they have uncommitted git changes.")
+    ] = False,
+    config_file: Annotated[
+        Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from PATHS upwards).")
+    ] = None,
     no_gitignore: Annotated[bool, typer.Option("--no-gitignore", help="Also migrate files git ignores.")] = False,
 ) -> None:
     """Rewrite CUDA code for Ascend NPUs: in place, into --output, or as a --diff / --check dry run."""
-    from npu_migrate.api import NpuApi, UnknownVersionError
-    from npu_migrate.discovery import discover
+    from npu_migrate.discovery import discover, uncommitted
     from npu_migrate.pipeline import Job, Mode, Plan, Status
-    from npu_migrate.registry import SelectionError, select_rules, split_codes
-    from npu_migrate.report import Summary, format_finding, write_change_list, write_json
+    from npu_migrate.report import (
+        Summary, colour_diff, format_finding, github_annotation, sarif_document, write_change_list, write_json,
+    )
     from npu_migrate.runner import run, with_progress
 
     if output is not None and (diff or check):
         raise _fail("--output cannot be combined with --diff or --check")
-    try:
-        enabled = select_rules(split_codes(select), split_codes(ignore))
-        NpuApi(torch_npu_version)
-    except (SelectionError, UnknownVersionError) as exc:
-        raise _fail(str(exc)) from None
+    config, enabled, version = _settings(paths, config_file, select, ignore, torch_npu_version)
 
-    found = discover(paths, frozenset({".py"}), excludes=split_codes(exclude), respect_gitignore=not no_gitignore)
+    excludes = [(p, config.root) for p in config.exclude] + [(p, Path.cwd()) for p in split_codes(exclude)]
+    found = discover(paths, frozenset({".py"}), excludes=excludes, respect_gitignore=not no_gitignore)
     for path, reason in found.errors:
         typer.echo(f"{path}: error: {reason}", err=True)
 
@@ -128,30 +146,37 @@ def apply(
         _copy_tree_skeleton(paths, root, out)
 
     mode = Mode.OUTPUT if output is not None else (Mode.DIFF if diff or check else Mode.IN_PLACE)
-    plan = Plan(enabled, torch_npu_version, mode)
+    dirty = uncommitted(paths, found.files) if mode is Mode.IN_PLACE and config.require_clean_git and not force else set()
+    plan = Plan(enabled, version, mode, annotate=annotate)
     job_list = [
         Job(
             path=f,
             display=_display(f, root),
             destination=(output.resolve() / f.resolve().relative_to(root)) if output is not None else None,
+            ignore=config.ignored_for(_relative_to(f, config.root)),
+            dirty=f in dirty,
         )
         for f in found.files
     ]
 
     summary = Summary()
-    results = []
-    all_findings = []
-    as_json = output_format is OutputFormat.json
-    for result in with_progress(run(job_list, plan, jobs), len(job_list), enabled=not as_json):
+    results, all_findings = [], []
+    text = output_format is OutputFormat.text
+    colour = text and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    for result in with_progress(run(job_list, plan, jobs), len(job_list), enabled=text):
         summary.add(result)
         all_findings.extend(result.findings)
-        if as_json:
-            results.append(result)
-            continue
+        results.append(result) if output_format is OutputFormat.json else None
         if result.status is Status.FAILED:
             typer.echo(f"{result.display}: error: {result.error}", err=True)
+        if output_format is OutputFormat.github:
+            for finding in result.findings:
+                typer.echo(github_annotation(finding))
+            continue
+        if not text:
+            continue
         if mode is Mode.DIFF and result.diff:
-            sys.stdout.write(result.diff)
+            sys.stdout.write(colour_diff(result.diff) if colour else result.diff)
         elif result.status is Status.CHANGED and not check:
             typer.echo(f"migrated {result.display}", err=mode is Mode.DIFF)
         # With --diff the patch owns stdout (so it can be saved and `git apply`-ed); findings go to stderr.
@@ -161,16 +186,46 @@ def apply(
 
     if output is not None:
         write_change_list(output.resolve() / "change_list.csv", all_findings)
-    if as_json:
+    if output_format is OutputFormat.json:
         write_json(sys.stdout, "apply", results, summary)
-    else:
+    elif output_format is OutputFormat.sarif:
+        json.dump(sarif_document(all_findings), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    if output_format is not OutputFormat.json:
         for line in summary.lines(dry_run=mode is Mode.DIFF):
             typer.echo(line, err=True)
+    if dirty and summary.failed:
+        typer.echo("some files have uncommitted changes and were left as they are; see above", err=True)
 
     if found.errors or summary.failed:
         raise typer.Exit(EXIT_ERROR)
     if check and summary.changed:
         raise typer.Exit(EXIT_CHANGES)
+
+
+def _settings(paths, config_file, select, ignore, torch_npu_version):
+    """Configuration file merged with the command line (which wins), validated; exits 2 on any error."""
+    from npu_migrate.api import NpuApi, UnknownVersionError
+    from npu_migrate.config import ConfigError, discover_config
+    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules
+
+    try:
+        config = discover_config(paths, config_file)
+        chosen_select = split_codes(select) or list(config.select or ["ALL"])
+        chosen_ignore = split_codes(ignore) if ignore else list(config.ignore)
+        chosen_ignore += config.fused_ignores(fused_rule_names())
+        enabled = select_rules(chosen_select, chosen_ignore)
+        version = torch_npu_version or config.torch_npu_version
+        NpuApi(version)
+    except (ConfigError, SelectionError, UnknownVersionError) as exc:
+        raise _fail(str(exc)) from None
+    return config, enabled, version
+
+
+def split_codes(values):
+    from npu_migrate.registry import split_codes as split
+
+    return split(values)
 
 
 def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
@@ -195,21 +250,31 @@ def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
 @app.command()
 def rules(
     rule_id: Annotated[Optional[str], typer.Argument(help="Show the documentation of this rule.")] = None,
+    config_file: Annotated[
+        Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from here upwards).")
+    ] = None,
 ) -> None:
-    """List every rule, or show one rule's documentation."""
+    """List every rule (and whether the current configuration enables it), or show one rule's documentation."""
     from npu_migrate.registry import all_rules, family_of
 
+    config, enabled, _ = _settings([Path.cwd()], config_file, None, None, None)
     known = all_rules()
     if rule_id is None:
+        if config.path is not None:
+            typer.echo(f"configuration: {config.path}")
         for rule in known:
-            fix = "fix" if rule.fixable else "report"
-            typer.echo(f"{rule.id}  {family_of(rule.id):<16} {fix:<6} {rule.summary}")
+            state = "on" if rule.id in enabled else "off"
+            kind = "fix" if rule.fixable else "report"
+            typer.echo(f"{rule.id}  {state:<3} {family_of(rule.id):<16} {kind:<6} {rule.summary}")
         return
     for rule in known:
         if rule.id == rule_id.upper() or rule.name == rule_id:
+            state = "enabled" if rule.id in enabled else "disabled by the current configuration"
             typer.echo(f"{rule.id} ({rule.name}): {rule.summary}\n")
-            typer.echo(f"family: {family_of(rule.id)}; severity: {rule.severity.value}; "
-                       f"{'rewrites code' if rule.fixable else 'reports only'}\n")
+            typer.echo(
+                f"family: {family_of(rule.id)}; severity: {rule.severity.value}; "
+                f"{'rewrites code' if rule.fixable else 'reports only'}; {state}\n"
+            )
             typer.echo(rule.documentation)
             return
     raise _fail(f"unknown rule {rule_id!r}; `npu-migrate rules` lists them")

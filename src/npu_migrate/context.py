@@ -54,6 +54,8 @@ class FileContext:
         self._vetoes: dict[int, list[str]] = {}
         self._reported: set[tuple[str, int]] = set()
         self._claimed: set[int] = set()
+        #: Engine edits that are not findings of their own (inline TODO comments).
+        self.edits: list[tuple[cst.CSTNode, Fix]] = []
 
     # -- used by rules ------------------------------------------------------------------------------
 
@@ -107,6 +109,26 @@ class FileContext:
         self._vetoes.setdefault(id(binding), []).append(reason)
 
     # -- used by the engine -------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> bool:
+        """Whether anything was reported or any import rewrite was asked for."""
+        return bool(self.reports or self._plans)
+
+    def suppress(self, covers: Callable[[cst.CSTNode, str], bool]) -> None:
+        """Drop what `# npu-migrate: ignore` comments cover; an import on a suppressed line stays as is,
+        and so do the uses that depend on it."""
+        kept = []
+        for report in self.reports:
+            if covers(report.node, report.rule.id):
+                if report.requires is not None:
+                    self.veto(report.requires, "a use of it is suppressed by a comment")
+            else:
+                kept.append(report)
+        self.reports = kept
+        for plan in self._plans.values():
+            if covers(plan.binding.line, plan.rule.id):
+                self.veto(plan.binding, "its import is suppressed by a comment")
 
     def resolve_plans(self) -> None:
         """Decide which fixes stand, once every rule has seen the whole file."""

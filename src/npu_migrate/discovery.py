@@ -37,12 +37,20 @@ def _is_skipped_dir(path: Path) -> bool:
     return (path / "pyvenv.cfg").is_file()
 
 
-def _excluded(path: Path, excludes: list[str]) -> bool:
-    if not excludes:
-        return False
-    posix = PurePosixPath(path.as_posix())
-    candidates = [posix.as_posix(), *posix.parts]
-    return any(fnmatch.fnmatch(c, pattern) or posix.match(pattern) for pattern in excludes for c in candidates)
+def _excluded(path: Path, excludes: list[tuple[str, Path]]) -> bool:
+    """Whether a glob excludes `path`. Each glob is relative to its base folder (the current folder for
+    --exclude, the configuration's folder for `exclude`); a glob without "/" also matches any single
+    path component, so `third_party` skips every folder of that name."""
+    for pattern, base in excludes:
+        try:
+            rel = PurePosixPath(path.resolve().relative_to(base).as_posix())
+        except ValueError:
+            rel = PurePosixPath(path.as_posix())
+        if fnmatch.fnmatch(rel.as_posix(), pattern) or rel.match(pattern):
+            return True
+        if "/" not in pattern and any(fnmatch.fnmatch(part, pattern) for part in rel.parts):
+            return True
+    return False
 
 
 def _git_ignored(files: list[Path]) -> set[Path]:
@@ -79,11 +87,14 @@ def discover(
     paths: list[Path],
     suffixes: frozenset[str],
     *,
-    excludes: list[str] | None = None,
+    excludes: list[tuple[str, Path]] | None = None,
     respect_gitignore: bool = True,
 ) -> Discovery:
-    """Files under `paths` whose suffix is in `suffixes`, sorted, each once."""
-    excludes = list(excludes or [])
+    """Files under `paths` whose suffix is in `suffixes`, sorted, each once.
+
+    `excludes` are (glob, base folder) pairs.
+    """
+    excludes = [(pattern, base.resolve()) for pattern, base in excludes or []]
     result = Discovery()
     walked: list[Path] = []
     explicit: list[Path] = []
@@ -121,3 +132,31 @@ def discover(
             seen.add(key)
             result.files.append(f)
     return result
+
+
+def uncommitted(roots: list[Path], files: list[Path]) -> set[Path]:
+    """Those of `files` with changes git could not give back (modified, staged or untracked) in the git
+    work trees that hold `roots`. An in-place apply over them would mix our rewrite with unsaved work."""
+    tops: set[Path] = set()
+    for root in roots:
+        folder = root if root.is_dir() else root.parent
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(folder), "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return set()
+        if proc.returncode == 0:
+            tops.add(Path(proc.stdout.strip()))
+    changed: set[Path] = set()
+    for top in tops:
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(top), "status", "--porcelain=v1", "-z", "--untracked-files=all"],
+                capture_output=True, timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        # Entries are "XY path"; a rename's original path follows as an entry of its own.
+        changed.update((top / os.fsdecode(e[3:])).resolve() for e in proc.stdout.split(b"\0") if len(e) > 3)
+    return {f for f in files if f.resolve() in changed}

@@ -16,7 +16,8 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from npu_migrate.api import NpuApi
 from npu_migrate.context import FileContext, Report
-from npu_migrate.findings import Finding
+from npu_migrate.findings import Finding, Severity
+from npu_migrate.lines import StatementIndex, Suppressions, add_todo, line_of, todo_comment
 from npu_migrate.rule import Checker
 from npu_migrate.source import SourceError, SourceFile, atomic_write, read_source
 
@@ -38,6 +39,8 @@ class Job:
     path: Path  # where to read
     display: str  # how to name it to the user and in diffs (relative, POSIX)
     destination: Path | None = None  # where to write in OUTPUT mode
+    ignore: tuple[str, ...] = ()  # rule ids or prefixes switched off for this file (per-file-ignores)
+    dirty: bool = False  # has uncommitted changes in git, and --force was not given
 
 
 @dataclass
@@ -57,30 +60,39 @@ class Plan:
     enabled: frozenset[str]
     torch_npu_version: str | None
     mode: Mode
+    annotate: bool = False  # insert `# TODO(npu-migrate ...)` above open findings
 
-    def checkers(self) -> list[type[Checker]]:
-        from npu_migrate.registry import all_checkers
+    def enabled_for(self, job_ignore: tuple[str, ...]) -> frozenset[str]:
+        if not job_ignore:
+            return self.enabled
+        return frozenset(r for r in self.enabled if not any(r.startswith(code) for code in job_ignore))
 
-        return [c for c in all_checkers() if any(r.id in self.enabled for r in c.rules)]
+
+def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
+    from npu_migrate.registry import all_checkers
+
+    return [c for c in all_checkers() if any(r.id in enabled for r in c.rules)]
 
 
 class FixApplier(cst.CSTTransformer):
     """Applies every accepted fix in one pass; a fix sees its node with the children already rewritten."""
 
-    def __init__(self, reports: list[Report]) -> None:
+    def __init__(self, reports: list[Report], edits) -> None:
         super().__init__()
-        self.fixes: dict[int, list[Report]] = {}
+        self.fixes: dict[int, list] = {}
         for report in reports:
             if report.applied and report.fix is not None:
-                self.fixes.setdefault(id(report.node), []).append(report)
+                self.fixes.setdefault(id(report.node), []).append(report.fix)
+        for node, fix in edits:
+            self.fixes.setdefault(id(node), []).append(fix)
         self.results: dict[int, cst.CSTNode | cst.FlattenSentinel] = {}
 
     def on_leave(self, original_node, updated_node):
-        reports = self.fixes.get(id(original_node))
-        if not reports:
+        fixes = self.fixes.get(id(original_node))
+        if not fixes:
             return updated_node
-        for report in reports:
-            updated_node = report.fix(updated_node)
+        for fix in fixes:
+            updated_node = fix(updated_node)
         self.results[id(original_node)] = updated_node
         return updated_node
 
@@ -104,11 +116,14 @@ def unified_diff(display: str, before: str, after: str) -> str:
     return "".join(out)
 
 
-def migrate_source(source: SourceFile, display: str, plan: Plan, api: NpuApi) -> tuple[str, list[Finding], bool]:
+def migrate_source(
+    source: SourceFile, display: str, plan: Plan, api: NpuApi, job_ignore: tuple[str, ...] = ()
+) -> tuple[str, list[Finding], bool]:
     """The migrated text of one file and its findings. Raises SourceError for unparsable input."""
     text = source.text
+    enabled = plan.enabled_for(job_ignore)
     # The prefilter: a checker whose markers are all absent cannot match, so the file is not parsed for it.
-    checkers = plan.checkers()
+    checkers = _checkers(enabled)
     active = [checker for checker in checkers if any(m in text for m in checker.markers)]
     if not active:
         return text, [], False
@@ -120,20 +135,35 @@ def migrate_source(source: SourceFile, display: str, plan: Plan, api: NpuApi) ->
     except RecursionError:
         raise SourceError("too deeply nested for the parser (recursion limit)") from None
     ctx = FileContext(module, display, api)
-    visitors = [checker(ctx, plan.enabled) for checker in active]
+    visitors = [checker(ctx, enabled) for checker in active]
     cst.visit_batched(module, visitors)
     for visitor in visitors:
         visitor.finish()
+    if not ctx.pending:
+        return text, [], True
+
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    index: list[StatementIndex] = []
+
+    def statements() -> StatementIndex:
+        if not index:
+            index.append(StatementIndex(positions))
+        return index[0]
+
+    suppressions = Suppressions.scan(text, statements)
+    if suppressions.ranges:
+        ctx.suppress(lambda node, rule_id: suppressions.covers(line_of(positions, node), rule_id))
     ctx.resolve_plans()
     for visitor in visitors:
         visitor.finalize()
     if not ctx.reports:
         return text, [], True
+    if plan.annotate:
+        _annotate(ctx, positions, statements())
 
-    applier = FixApplier(ctx.reports)
+    applier = FixApplier(ctx.reports, ctx.edits)
     new_module = module.visit(applier) if applier.fixes else module
     new_text = new_module.code
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     findings = []
     for report in ctx.reports:
         pos = positions.get(report.node)
@@ -156,6 +186,16 @@ def migrate_source(source: SourceFile, display: str, plan: Plan, api: NpuApi) ->
     return new_text, findings, True
 
 
+def _annotate(ctx: FileContext, positions, statements: StatementIndex) -> None:
+    """`--annotate`: a TODO comment above each statement with a finding a human must act on."""
+    for report in ctx.reports:
+        if report.applied or report.severity is Severity.INFO:
+            continue
+        statement = statements.innermost(line_of(positions, report.node))
+        if statement is not None:
+            ctx.edits.append((statement, add_todo(statement, todo_comment(report.rule.id, report.message))))
+
+
 def validate(text: str, display: str) -> None:
     """Never write code that does not parse: an engine bug must fail the file, not corrupt it."""
     try:
@@ -168,7 +208,7 @@ def process(job: Job, plan: Plan) -> FileResult:
     try:
         source = read_source(job.path)
         api = _api(plan.torch_npu_version)
-        new_text, findings, parsed = migrate_source(source, job.display, plan, api)
+        new_text, findings, parsed = migrate_source(source, job.display, plan, api, job.ignore)
         if new_text == source.text:
             if plan.mode is Mode.OUTPUT and job.destination is not None:
                 atomic_write(job.destination, source.raw)
@@ -177,6 +217,11 @@ def process(job: Job, plan: Plan) -> FileResult:
         diff = unified_diff(job.display, source.text, new_text)
         data = source.encode(new_text)
         if plan.mode is Mode.IN_PLACE:
+            if job.dirty:
+                raise SourceError(
+                    "has uncommitted changes; commit or stash them first so git can undo the migration "
+                    "(or pass --force)"
+                )
             atomic_write(job.path, data, expected=source.raw)
         elif plan.mode is Mode.OUTPUT and job.destination is not None:
             atomic_write(job.destination, data)
@@ -205,12 +250,13 @@ def migrate_text(
     select: list[str] | None = None,
     ignore: list[str] | None = None,
     torch_npu_version: str | None = None,
+    annotate: bool = False,
 ) -> tuple[str, list[Finding]]:
     """Migrate source text in memory: the Python API used by tests, `analyze` and editors."""
     from npu_migrate.registry import select_rules
     from npu_migrate.source import decode_source
 
-    plan = Plan(select_rules(select, ignore), torch_npu_version, Mode.DIFF)
+    plan = Plan(select_rules(select, ignore), torch_npu_version, Mode.DIFF, annotate=annotate)
     source = decode_source(Path(path), text.encode("utf-8"))
     new_text, findings, _ = migrate_source(source, path, plan, _api(torch_npu_version))
     if new_text != text:

@@ -46,3 +46,13 @@ def select_rules(select: list[str] | None = None, ignore: list[str] | None = Non
 def split_codes(values: list[str] | None) -> list[str]:
     """`--select NPU1,NPU201 --select NPU3` -> ["NPU1", "NPU201", "NPU3"]."""
     return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
+
+
+def fused_rule_names() -> dict[str, str]:
+    """Rule name -> id for the fused-operator family, which `fused = {...}` in the configuration names."""
+    return {
+        rule.name: rule.id
+        for checker in all_checkers()
+        if checker.__module__.startswith("npu_migrate.transforms.fused")
+        for rule in checker.rules
+    }

@@ -96,3 +96,85 @@ def write_json(stream: TextIO, command: str, results: list[FileResult], summary:
     }
     json.dump(document, stream, indent=2)
     stream.write("\n")
+
+
+_SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
+_GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
+
+
+def sarif_document(findings: list[Finding]) -> dict:
+    """SARIF 2.1.0, so code-scanning UIs show the findings inline."""
+    from npu_migrate.registry import all_rules
+
+    rules = all_rules()
+    index = {rule.id: i for i, rule in enumerate(rules)}
+    return {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "npu-migrate",
+                        "version": __version__,
+                        "rules": [
+                            {
+                                "id": rule.id,
+                                "name": rule.name,
+                                "shortDescription": {"text": rule.summary},
+                                "fullDescription": {"text": rule.documentation},
+                                "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity.value]},
+                            }
+                            for rule in rules
+                        ],
+                    }
+                },
+                "results": [
+                    {
+                        "ruleId": f.rule_id,
+                        "ruleIndex": index[f.rule_id],
+                        "level": "note" if f.fixed else _SARIF_LEVEL[f.severity.value],
+                        "message": {"text": f.message},
+                        "locations": [
+                            {
+                                "physicalLocation": {
+                                    "artifactLocation": {"uri": f.path},
+                                    "region": {"startLine": f.line, "startColumn": f.col},
+                                }
+                            }
+                        ],
+                    }
+                    for f in findings
+                ],
+            }
+        ],
+    }
+
+
+def github_annotation(f: Finding) -> str:
+    """A GitHub Actions workflow command: the finding shows on the pull request's diff."""
+
+    def escape(text: str) -> str:
+        return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+    level = "notice" if f.fixed else _GITHUB_LEVEL[f.severity.value]
+    title = f"{f.rule_id}{' (fixable)' if f.fixed else ''}"
+    return f"::{level} file={f.path},line={f.line},col={f.col},title={title}::{escape(f.message)}"
+
+
+def colour_diff(diff: str) -> str:
+    import typer
+
+    out = []
+    for line in diff.splitlines(keepends=True):
+        if line.startswith(("+++", "---")):
+            out.append(typer.style(line, bold=True))
+        elif line.startswith("+"):
+            out.append(typer.style(line, fg="green"))
+        elif line.startswith("-"):
+            out.append(typer.style(line, fg="red"))
+        elif line.startswith("@@"):
+            out.append(typer.style(line, fg="cyan"))
+        else:
+            out.append(line)
+    return "".join(out)

@@ -1,0 +1,133 @@
+"""Project configuration: `[tool.npu-migrate]` in the target project's pyproject.toml.
+
+Found like ruff finds its settings: the nearest pyproject.toml with a `[tool.npu-migrate]` table, walking
+up from the first path given. Command-line options override the file. Unknown keys and bad values are
+errors that name the file and the key, never silently ignored.
+
+    [tool.npu-migrate]
+    select = ["ALL"]                 # rule ids or prefixes
+    ignore = ["NPU104"]
+    exclude = ["third_party/*"]      # globs, relative to this file's folder
+    torch-npu-version = "2.5.1.post1"
+    fused = true                     # or false, or per op: { rms-norm = true, attention = false }
+    per-file-ignores = { "tests/*" = ["NPU1"] }
+    require-clean-git = true         # in-place apply refuses files with uncommitted changes (--force)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+SECTION = "npu-migrate"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    select: tuple[str, ...] | None = None
+    ignore: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    torch_npu_version: str | None = None
+    fused: bool | dict[str, bool] = True
+    per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    require_clean_git: bool = True
+    path: Path | None = None  # the pyproject.toml it came from
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    def fused_ignores(self, fused_rule_names: dict[str, str]) -> list[str]:
+        """Rule ids to ignore because of `fused` (`fused_rule_names`: rule name -> id)."""
+        if self.fused is True:
+            return []
+        if self.fused is False:
+            return list(fused_rule_names.values())
+        unknown = sorted(set(self.fused) - set(fused_rule_names))
+        if unknown:
+            raise ConfigError(
+                f"{self.path}: [tool.{SECTION}] fused: unknown op {unknown[0]!r} "
+                f"(known: {', '.join(sorted(fused_rule_names))})"
+            )
+        return [fused_rule_names[name] for name, on in self.fused.items() if not on]
+
+    def ignored_for(self, display_path: str) -> tuple[str, ...]:
+        """Rules `per-file-ignores` switches off for one file (its path relative to the project)."""
+        posix = PurePosixPath(display_path)
+        codes: list[str] = []
+        for pattern, ignored in self.per_file_ignores.items():
+            if fnmatch.fnmatch(display_path, pattern) or posix.match(pattern):
+                codes.extend(ignored)
+        return tuple(codes)
+
+
+def find_pyproject(paths: list[Path]) -> Path | None:
+    start = (paths[0] if paths else Path.cwd()).resolve()
+    if not start.is_dir():
+        start = start.parent
+    for folder in [start, *start.parents]:
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            try:
+                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+                raise ConfigError(f"{candidate}: cannot read: {exc}") from None
+            if SECTION in data.get("tool", {}):
+                return candidate
+    return None
+
+
+def _strings(path: Path, key: str, value) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{path}: [tool.{SECTION}] {key}: expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def load_config(path: Path | None) -> Config:
+    if path is None:
+        return Config()
+    data = tomllib.loads(path.read_text(encoding="utf-8"))["tool"][SECTION]
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: [tool.{SECTION}] must be a table")
+    known = {"select", "ignore", "exclude", "torch-npu-version", "fused", "per-file-ignores", "require-clean-git"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(
+                f"{path}: [tool.{SECTION}] unknown key {key!r} (known keys: {', '.join(sorted(known))})"
+            )
+    fused = data.get("fused", True)
+    if not isinstance(fused, bool) and not (
+        isinstance(fused, dict) and all(isinstance(v, bool) for v in fused.values())
+    ):
+        raise ConfigError(f"{path}: [tool.{SECTION}] fused: expected true, false or a table of op = true/false")
+    version = data.get("torch-npu-version")
+    if version is not None and not isinstance(version, str):
+        raise ConfigError(f"{path}: [tool.{SECTION}] torch-npu-version: expected a string like \"2.5.1\"")
+    per_file = data.get("per-file-ignores", {})
+    if not isinstance(per_file, dict):
+        raise ConfigError(f"{path}: [tool.{SECTION}] per-file-ignores: expected a table of glob = [rule ids]")
+    clean = data.get("require-clean-git", True)
+    if not isinstance(clean, bool):
+        raise ConfigError(f"{path}: [tool.{SECTION}] require-clean-git: expected true or false")
+    return Config(
+        select=_strings(path, "select", data["select"]) if "select" in data else None,
+        ignore=_strings(path, "ignore", data.get("ignore", [])),
+        exclude=_strings(path, "exclude", data.get("exclude", [])),
+        torch_npu_version=version,
+        fused=fused,
+        per_file_ignores={k: _strings(path, f"per-file-ignores.{k}", v) for k, v in per_file.items()},
+        require_clean_git=clean,
+        path=path,
+    )
+
+
+def discover_config(paths: list[Path], explicit: Path | None = None) -> Config:
+    return load_config(explicit if explicit is not None else find_pyproject(paths))

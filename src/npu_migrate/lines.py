@@ -1,0 +1,101 @@
+"""Line-level features on top of the syntax tree: `# npu-migrate: ignore` comments and inline TODOs.
+
+Both need to know which statement a line belongs to. Positions cost about two parses, so they are only
+computed for files that have findings, and the statement index only when a file has suppression
+comments or `--annotate` is on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.metadata import CodeRange
+
+SUPPRESSION = re.compile(
+    r"#\s*(?:npu-migrate:\s*ignore(?:\[(?P<codes>[A-Za-z0-9,\s]*)\])?|noqa:\s*(?P<noqa>NPU[0-9A-Za-z,\s]*))"
+)
+TODO_PREFIX = "# TODO(npu-migrate "
+
+_STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
+
+
+class StatementIndex:
+    """Statements by the lines they span."""
+
+    def __init__(self, positions) -> None:
+        self.spans: list[tuple[int, int, cst.CSTNode]] = sorted(
+            ((r.start.line, r.end.line, node) for node, r in positions.items() if isinstance(node, _STATEMENTS)),
+            key=lambda item: (item[0], -item[1]),
+        )
+
+    def starting_at(self, line: int) -> list[tuple[int, int, cst.CSTNode]]:
+        return [span for span in self.spans if span[0] == line]
+
+    def innermost(self, line: int) -> cst.CSTNode | None:
+        """The smallest statement containing `line`; for a compound statement only its header line counts,
+        so a finding in an `if` test is annotated above the `if`, one in its body above the body line."""
+        best = None
+        for start, end, node in self.spans:
+            if start <= line <= end and (best is None or start >= best[0]):
+                best = (start, end, node)
+        return best[2] if best else None
+
+
+@dataclass
+class Suppressions:
+    #: (first line, last line, codes or None for all) per suppression comment
+    ranges: list[tuple[int, int, frozenset[str] | None]]
+
+    @classmethod
+    def scan(cls, text: str, index_factory) -> Suppressions:
+        if "npu-migrate:" not in text and "noqa" not in text:
+            return cls([])
+        found = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            match = SUPPRESSION.search(line)
+            if match:
+                raw = match.group("codes") if match.group("noqa") is None else match.group("noqa")
+                codes = frozenset(c.strip().upper() for c in raw.split(",") if c.strip()) if raw else None
+                found.append((number, codes or None))
+        if not found:
+            return cls([])
+        index: StatementIndex = index_factory()
+        ranges = []
+        for number, codes in found:
+            spans = index.starting_at(number)
+            end = max((s[1] for s in spans), default=number)  # a comment on a block header covers the block
+            ranges.append((number, end, codes))
+        return cls(ranges)
+
+    def covers(self, line: int, rule_id: str) -> bool:
+        return any(
+            start <= line <= end and (codes is None or any(rule_id.startswith(c) for c in codes))
+            for start, end, codes in self.ranges
+        )
+
+
+def todo_comment(rule_id: str, message: str) -> str:
+    """One line: the finding's first clause, and where the rest is documented."""
+    first = re.split(r"(?<=[.;])\s", message.split("\n")[0], maxsplit=1)[0].rstrip(".;")
+    return f"{TODO_PREFIX}{rule_id}): {first} (see `npu-migrate rules {rule_id}`)"
+
+
+def add_todo(statement: cst.CSTNode, comment: str):
+    """A fix: `comment` as the last line above `statement`, unless a TODO for that rule is there already."""
+    rule_tag = comment.split(")")[0]
+
+    def fix(updated):
+        lines = list(getattr(updated, "leading_lines", ()))
+        if any(line.comment and line.comment.value.startswith(rule_tag) for line in lines):
+            return updated
+        lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(comment)))
+        return updated.with_changes(leading_lines=lines)
+
+    return fix
+
+
+def line_of(positions, node: cst.CSTNode) -> int:
+    position: CodeRange | None = positions.get(node)
+    return position.start.line if position else 1

@@ -1,0 +1,183 @@
+"""How npu-migrate fits a team's workflow: configuration, suppression comments, inline TODOs, git safety."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from npu_migrate.pipeline import migrate_text
+
+from test_cli import run_cli
+
+CUDA = "import torch\n\nx = torch.ones(2).cuda()\ntorch.cuda.synchronize()\n"
+
+
+# -- suppressions ---------------------------------------------------------------------------------------
+
+
+def test_suppression_comment_on_a_line_leaves_that_line_alone():
+    source = "import torch\nx = torch.ones(1).cuda()  # npu-migrate: ignore\ny = torch.ones(1).cuda()\n"
+    migrated, _ = migrate_text(source)
+    assert "x = torch.ones(1).cuda()  # npu-migrate: ignore\n" in migrated
+    assert "y = torch.ones(1).npu()\n" in migrated
+
+
+def test_suppression_with_codes_only_silences_those_rules():
+    source = "import torch\nx = torch.ones(1, device='cuda').cuda()  # npu-migrate: ignore[NPU101]\n"
+    migrated, findings = migrate_text(source)
+    assert "x = torch.ones(1, device='npu').cuda()" in migrated
+    assert "NPU101" not in {f.rule_id for f in findings}
+
+
+def test_noqa_with_our_codes_is_honoured_and_a_bare_noqa_is_not():
+    source = "import torch\nx = torch.ones(1).cuda()  # noqa: NPU101\ny = torch.ones(1).cuda()  # noqa\n"
+    migrated, _ = migrate_text(source)
+    assert "x = torch.ones(1).cuda()  # noqa: NPU101" in migrated
+    assert "y = torch.ones(1).npu()  # noqa" in migrated
+
+
+def test_suppression_on_a_block_header_covers_the_block():
+    source = (
+        "import torch\n\n"
+        "def legacy():  # npu-migrate: ignore\n"
+        "    torch.cuda.synchronize()\n"
+        "    return torch.ones(1).cuda()\n\n"
+        "def new():\n"
+        "    return torch.ones(1).cuda()\n"
+    )
+    migrated, _ = migrate_text(source)
+    assert "    torch.cuda.synchronize()\n    return torch.ones(1).cuda()\n" in migrated
+    assert "def new():\n    return torch.ones(1).npu()\n" in migrated
+
+
+def test_suppressed_import_is_not_rebound_and_its_uses_stay():
+    source = "from torch.cuda import synchronize as sync  # npu-migrate: ignore\nsync()\n"
+    migrated, _ = migrate_text(source)
+    assert migrated == source
+
+
+# -- inline TODOs -------------------------------------------------------------------------------------------
+
+
+def test_annotate_inserts_one_todo_above_each_open_finding_and_is_idempotent():
+    source = (
+        "import torch\n\n"
+        "def pick():\n"
+        "    if torch.cuda.get_device_capability()[0] >= 8:\n"
+        "        return torch.bfloat16\n"
+        "    return torch.float16\n"
+    )
+    migrated, _ = migrate_text(source, annotate=True)
+    lines = migrated.splitlines()
+    todo = lines.index("    if torch.cuda.get_device_capability()[0] >= 8:") - 1
+    assert lines[todo].startswith("    # TODO(npu-migrate NPU204): `torch.cuda.get_device_capability`: ")
+    assert lines[todo].endswith("(see `npu-migrate rules NPU204`)")
+    assert migrated.count("TODO(npu-migrate") == 1
+    again, _ = migrate_text(migrated, annotate=True)
+    assert again == migrated
+
+
+def test_without_annotate_open_findings_do_not_change_the_file():
+    source = "import torch\nprops = torch.cuda.get_device_properties(0)\n"
+    migrated, findings = migrate_text(source)
+    assert migrated == source and [f.rule_id for f in findings] == ["NPU204"]
+
+
+# -- configuration ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def configured(tmp_path):
+    (tmp_path / "src" / "tests").mkdir(parents=True)
+    (tmp_path / "src" / "train.py").write_text(CUDA)
+    (tmp_path / "src" / "tests" / "test_train.py").write_text(CUDA)
+    (tmp_path / "src" / "vendored.py").write_text(CUDA)
+    (tmp_path / "pyproject.toml").write_text(
+        "[project]\nname = 'demo'\n\n"
+        "[tool.npu-migrate]\n"
+        "ignore = ['NPU001']\n"
+        "exclude = ['src/vendored.py']\n"
+        "per-file-ignores = { 'src/tests/*' = ['NPU2'] }\n"
+    )
+    return tmp_path
+
+
+def test_configuration_is_found_from_the_paths_upwards_and_applied(configured):
+    result = run_cli("apply", "--diff", ".", cwd=configured / "src")  # pyproject.toml is one level up
+    assert result.returncode == 0, result.stderr
+    assert "import torch_npu" not in result.stdout  # ignore = NPU001
+    assert "vendored.py" not in result.stdout  # exclude, relative to the configuration's folder
+    test, train = result.stdout.split("--- a/train.py")
+    assert test.startswith("--- a/tests/test_train.py")
+    assert "+x = torch.ones(2).npu()" in test and "torch.npu.synchronize" not in test  # per-file-ignores
+    assert "+torch.npu.synchronize()" in train
+
+
+def test_command_line_overrides_the_configuration(configured):
+    result = run_cli("apply", "--diff", "--ignore", "NPU2", "src", cwd=configured)
+    assert "+import torch_npu" in result.stdout  # --ignore replaced the file's ignore list
+    assert "torch.npu.synchronize" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("colour = 'red'\n", "unknown key 'colour'"),
+        ("select = 3\n", "select: expected a list of strings"),
+        ("fused = 'maybe'\n", "fused: expected true, false or a table"),
+        ("select = ['NPU9']\n", "unknown rule or prefix 'NPU9'"),
+        ("torch-npu-version = '0.1'\n", "unknown torch_npu version '0.1'"),
+        ("require-clean-git = 'yes'\n", "require-clean-git: expected true or false"),
+    ],
+)
+def test_bad_configuration_is_an_error_naming_the_file_and_key(tmp_path, body, message):
+    (tmp_path / "pyproject.toml").write_text("[tool.npu-migrate]\n" + body)
+    (tmp_path / "m.py").write_text(CUDA)
+    result = run_cli("apply", "--diff", "m.py", cwd=tmp_path)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    if "unknown key" in message or "expected" in message:
+        assert "pyproject.toml" in result.stderr
+
+
+def test_rules_shows_what_the_configuration_enables(configured):
+    listing = run_cli("rules", cwd=configured).stdout
+    assert "configuration: " in listing
+    assert any(line.startswith("NPU001  off") for line in listing.splitlines())
+    assert any(line.startswith("NPU101  on") for line in listing.splitlines())
+
+
+# -- git safety ---------------------------------------------------------------------------------------------
+
+
+def git(*args, cwd):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_in_place_apply_refuses_files_with_uncommitted_changes_unless_forced(tmp_path):
+    git("init", "-q", cwd=tmp_path)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "root", cwd=tmp_path)
+    (tmp_path / "committed.py").write_text(CUDA)
+    git("add", "committed.py", cwd=tmp_path)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "add", cwd=tmp_path)
+    (tmp_path / "draft.py").write_text(CUDA)  # untracked: git could not give it back
+
+    result = run_cli("apply", ".", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "draft.py: error: has uncommitted changes" in result.stderr
+    assert (tmp_path / "draft.py").read_text() == CUDA
+    assert ".npu()" in (tmp_path / "committed.py").read_text()
+
+    forced = run_cli("apply", "--force", ".", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert ".npu()" in (tmp_path / "draft.py").read_text()
+
+
+def test_require_clean_git_can_be_switched_off(tmp_path):
+    git("init", "-q", cwd=tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[tool.npu-migrate]\nrequire-clean-git = false\n")
+    (tmp_path / "draft.py").write_text(CUDA)
+    assert run_cli("apply", ".", cwd=tmp_path).returncode == 0
+    assert ".npu()" in (tmp_path / "draft.py").read_text()
