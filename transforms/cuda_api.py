@@ -15,6 +15,7 @@ from npu_migrate.api import Kind
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
 from npu_migrate.rule import Checker, Rule
+from npu_migrate.transforms.literals import with_tail
 
 SAME_NAME = Rule(
     id="NPU201",
@@ -122,14 +123,6 @@ def _chain(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.Attri
     return node, attrs
 
 
-def _rebuilt(updated: cst.BaseExpression, tail: list[str]) -> cst.BaseExpression:
-    """`updated` with every attribute name after its root replaced by `tail`."""
-    node, _ = _chain(updated)
-    for name in tail:
-        node = cst.Attribute(value=node, attr=cst.Name(name))
-    return node
-
-
 class CudaApiChecker(Checker):
     rules = (SAME_NAME, RENAMED, NO_EQUIVALENT, BEHAVIOUR_DIFFERS, UNKNOWN_API)
     markers = ("cuda",)
@@ -184,7 +177,13 @@ class CudaApiChecker(Checker):
     def _use(self, node: cst.BaseExpression, qualname: str, binding: Binding | None) -> None:
         mapping = self.api.map_cuda(qualname)
         if mapping.kind is Kind.OWNED:
-            if binding is not None and binding.qualname.startswith("torch.cuda"):
+            # `import torch.cuda as tc; tc.amp.autocast()`: the import must stay for the owning family's
+            # rewrite; an import of the owned module itself (`from torch.cuda.amp import x`) is theirs.
+            if (
+                binding is not None
+                and binding.qualname.startswith("torch.cuda")
+                and self.api.map_cuda(binding.qualname).kind is not Kind.OWNED
+            ):
                 self.ctx.veto(binding, f"`{qualname}` is migrated by another rule family")
             return
         if mapping.kind in _KIND_RULE:
@@ -204,7 +203,7 @@ class CudaApiChecker(Checker):
             root_parts = len(binding.qualname.split(".")) if binding else 1
             tail = target.split(".")[root_parts:]
             self.report(
-                rule, node, f"`{qualname}` -> `{target}`", fix=lambda updated, t=tail: _rebuilt(updated, t)
+                rule, node, f"`{qualname}` -> `{target}`", fix=lambda updated, t=tail: with_tail(updated, t)
             )
             return
         # Reached through an import of torch.cuda (or a name from it): the import is rebound, and the use
@@ -221,7 +220,7 @@ class CudaApiChecker(Checker):
         elif old_tail != new_tail:
             self.report(
                 rule, node, f"`{qualname}` -> `{target}`", requires=binding,
-                fix=lambda updated, t=new_tail: _rebuilt(updated, t),
+                fix=lambda updated, t=new_tail: with_tail(updated, t),
             )
 
     def finish(self) -> None:

@@ -12,6 +12,7 @@ import libcst as cst
 
 from npu_migrate.findings import Severity
 from npu_migrate.rule import Checker, Rule
+from npu_migrate.transforms.literals import string_value
 
 CUDA_METHOD = Rule(
     id="NPU101",
@@ -101,16 +102,6 @@ DEVICE_KEYWORDS = frozenset({"device", "map_location", "pin_memory_device", "out
 OTHER_DEVICES = frozenset({"cpu", "mps", "meta", "xpu"})
 
 
-def _string_value(node: cst.CSTNode) -> str | None:
-    if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
-        try:
-            value = node.evaluated_value
-        except Exception:  # malformed escapes: not our business
-            return None
-        return value if isinstance(value, str) else None
-    return None
-
-
 def _swap_quoted(node: cst.SimpleString) -> cst.SimpleString:
     prefix_len = len(node.prefix) + len(node.quote)
     body = node.value[prefix_len:]
@@ -122,7 +113,7 @@ def device_literal(node: cst.CSTNode) -> cst.CSTNode | None:
 
     Accepts "cuda", "cuda:0", f"cuda:{i}", "cuda:{}".format(i) and "cuda:%d" % i.
     """
-    value = _string_value(node)
+    value = string_value(node)
     if value is not None:
         return node if DEVICE_LITERAL.fullmatch(value) else None
     if isinstance(node, cst.FormattedString):
@@ -136,10 +127,10 @@ def device_literal(node: cst.CSTNode) -> cst.CSTNode | None:
             return node
         return None
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
-        template = _string_value(node.func.value)
+        template = string_value(node.func.value)
         return node.func.value if template is not None and DEVICE_TEMPLATE.fullmatch(template) else None
     if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
-        template = _string_value(node.left)
+        template = string_value(node.left)
         return node.left if template is not None and DEVICE_TEMPLATE.fullmatch(template) else None
     return None
 
@@ -165,7 +156,7 @@ def _target_name(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         key = node.slice[0].slice
         if isinstance(key, cst.Index):
-            return _string_value(key.value) or ""
+            return string_value(key.value) or ""
     return ""
 
 
@@ -231,7 +222,7 @@ class DeviceChecker(Checker):
                 self._device_value(arg.value, "`torch.device(type=...)`")
 
     def _argparse_device(self, node: cst.Call, positional: list[cst.Arg]) -> None:
-        flags = [_string_value(arg.value) or "" for arg in positional]
+        flags = [string_value(arg.value) or "" for arg in positional]
         if not any(_mentions_device(flag) for flag in flags):
             return
         for arg in node.args:
@@ -256,13 +247,13 @@ class DeviceChecker(Checker):
             self._device_value(node.default, f"the default of `{node.name.value}`")
 
     def visit_DictElement(self, node: cst.DictElement) -> None:
-        key = _string_value(node.key)
+        key = string_value(node.key)
         if key is not None and _mentions_device(key):
             self._device_value(node.value, f'the "{key}" entry')
 
     def visit_IfExp(self, node: cst.IfExp) -> None:
         # `"cuda" if torch.cuda.is_available() else "cpu"`: a device choice wherever it is assigned.
-        other = [_string_value(node.body), _string_value(node.orelse)]
+        other = [string_value(node.body), string_value(node.orelse)]
         if "cuda" in self.ctx.code(node.test) or any(v in OTHER_DEVICES for v in other if v):
             self._device_value(node.body, "a device choice")
             self._device_value(node.orelse, "a device choice")

@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-import tomllib
-from importlib import resources
-
 import libcst as cst
 
+from npu_migrate.api import load_table  # noqa: F401  (re-exported for the rule families)
 from npu_migrate.context import FileContext
-
-
-@functools.cache
-def load_table(name: str) -> dict:
-    """A TOML table from `transforms/data/`, read once per process."""
-    data = resources.files("npu_migrate.transforms").joinpath("data", name).read_bytes()
-    return tomllib.loads(data.decode("utf-8"))
 
 
 def string_value(node: cst.CSTNode | None) -> str | None:
@@ -66,3 +56,18 @@ def torch_npu_root(ctx: FileContext, enabled: frozenset[str]) -> str | None:
     if "NPU001" in enabled and imports.uses_torch and not imports.imports_torch_npu and "torch_npu" not in imports.shadowed:
         return "torch_npu"
     return None
+
+
+def with_tail(expr: cst.BaseExpression, tail: list[str]) -> cst.BaseExpression:
+    """The root name of the chain `expr` followed by the names `tail` (`torch.cuda.x`, [amp, y] -> `torch.amp.y`)."""
+    while isinstance(expr, cst.Attribute):
+        expr = expr.value
+    for name in tail:
+        expr = cst.Attribute(value=expr, attr=cst.Name(name))
+    return expr
+
+
+def torch_version(ctx: FileContext) -> tuple[int, int]:
+    """The torch release the chosen torch_npu version is built for (torch_npu 2.5.1.post1 -> torch 2.5)."""
+    major, minor = ctx.api.version.split(".")[:2]
+    return int(major), int(minor)

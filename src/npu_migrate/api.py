@@ -35,7 +35,8 @@ class Mapping:
 
 
 @functools.cache
-def _load(name: str) -> dict:
+def load_table(name: str) -> dict:
+    """A TOML table from `transforms/data/`, read once per process."""
     data = resources.files("npu_migrate.transforms").joinpath("data", name).read_bytes()
     return tomllib.loads(data.decode("utf-8"))
 
@@ -46,18 +47,18 @@ def _version_key(version: str) -> tuple:
 
 
 def available_versions() -> list[str]:
-    return sorted(_load("torch_npu_api.toml")["versions"], key=_version_key)
+    return sorted(load_table("torch_npu_api.toml")["versions"], key=_version_key)
 
 
 def default_version() -> str:
-    return _load("torch_npu_api.toml")["meta"]["default"]
+    return load_table("torch_npu_api.toml")["meta"]["default"]
 
 
 class NpuApi:
     """The torch_npu API surface of one version, and how torch.cuda names map onto it."""
 
     def __init__(self, version: str | None = None) -> None:
-        tables = _load("torch_npu_api.toml")
+        tables = load_table("torch_npu_api.toml")
         self.version = version or tables["meta"]["default"]
         if self.version not in tables["versions"]:
             known = ", ".join(available_versions())
@@ -68,7 +69,7 @@ class NpuApi:
         self.distributed = frozenset(entry.get("distributed", ()))
         self.fused_ops = frozenset(entry.get("fused_ops", ()))
         self.cuda_names = frozenset(tables["torch_cuda"]["all"])
-        curated = _load("cuda_api.toml")
+        curated = load_table("cuda_api.toml")
         self._owned = tuple(curated["owned"]["prefixes"])
         self._renamed: dict[str, str] = curated["renamed"]
         self._caveats: dict[str, str] = curated["caveats"]

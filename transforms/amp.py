@@ -1,0 +1,356 @@
+"""Automatic mixed precision: `torch.cuda.amp` becomes the device-generic `torch.amp` on the NPU.
+
+`torch.cuda.amp.autocast(...)`, `GradScaler(...)`, `custom_fwd` and `custom_bwd` become their `torch.amp`
+counterparts with the NPU as device, whether reached through `torch` or through imports of
+`torch.cuda.amp` (which are rewritten together with every use, or not at all). Device-type arguments of
+`torch.autocast` and friends become "npu". Driven by `data/amp.toml`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from npu_migrate.findings import Severity
+from npu_migrate.imports import Binding, rebind_import
+from npu_migrate.rule import Checker, Rule
+from npu_migrate.transforms.device import device_literal, rewrite_device_literal
+from npu_migrate.transforms.distributed import argument
+from npu_migrate.transforms.literals import load_table, torch_version, with_tail
+
+CUDA_AMP = Rule(
+    id="NPU401",
+    name="cuda-amp",
+    summary='`torch.cuda.amp.autocast` / `GradScaler` / `custom_fwd` / `custom_bwd` become `torch.amp` ones on "npu"',
+    doc='''
+    `torch.cuda.amp.autocast(...)` -> `torch.amp.autocast("npu", ...)` (positional `enabled`, `dtype`,
+    `cache_enabled` become keywords; like torch's own replacement the dtype then defaults to
+    `torch.get_autocast_dtype("npu")`, float16 unless changed), `torch.cuda.amp.GradScaler(...)` ->
+    `torch.amp.GradScaler("npu", ...)`, and the `custom_fwd` / `custom_bwd` decorators ->
+    `torch.amp.custom_fwd(..., device_type="npu")`. Imports from `torch.cuda.amp` are rebound to
+    `torch.amp` and their uses rewritten, only if every use can be. For torch_npu versions whose torch
+    lacks the `torch.amp` name, the name moves to `torch.npu.amp`, which keeps the CUDA signature.
+
+    Before:
+        from torch.cuda.amp import autocast, GradScaler
+        scaler = GradScaler()
+        with autocast(dtype=torch.bfloat16):
+            loss = model(x)
+    After:
+        from torch.amp import autocast, GradScaler
+        scaler = GradScaler("npu")
+        with autocast("npu", dtype=torch.bfloat16):
+            loss = model(x)
+    ''',
+)
+
+AMP_DEVICE = Rule(
+    id="NPU402",
+    name="amp-device-type",
+    summary='`torch.autocast("cuda")`, `torch.amp.GradScaler("cuda")` and other AMP device types become `"npu"`',
+    doc='''
+    The device type of `torch.autocast`, `torch.amp.autocast`, `torch.amp.GradScaler`,
+    `torch.amp.custom_fwd` / `custom_bwd` and the `torch.get/set_autocast_dtype`,
+    `is/set_autocast_enabled` functions selects which device autocasts; "cuda" does nothing on NPU.
+
+    Before:
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            out = model(x)
+    After:
+        with torch.autocast(device_type="npu", dtype=torch.bfloat16):
+            out = model(x)
+    ''',
+)
+
+GPU_DTYPE = Rule(
+    id="NPU403",
+    name="autocast-gpu-dtype",
+    summary="`torch.get_autocast_gpu_dtype()` / `set_autocast_gpu_dtype` become `torch.npu.get/set_autocast_dtype`",
+    doc='''
+    The GPU autocast dtype accessors read and set CUDA's autocast dtype; torch_npu's counterparts do the
+    same for the NPU.
+
+    Before:
+        dtype = torch.get_autocast_gpu_dtype()
+    After:
+        dtype = torch.npu.get_autocast_dtype()
+    ''',
+)
+
+AMP_NOT_MIGRATED = Rule(
+    id="NPU404",
+    name="cuda-amp-not-migrated",
+    summary="`torch.cuda.amp` uses that cannot be rewritten safely are reported",
+    doc='''
+    A `torch.cuda.amp` class used other than by calling it (`isinstance(s, GradScaler)`, passing
+    `autocast` around), `*args` whose position is unknown, private helpers, or names the chosen
+    torch_npu version lacks. The code (and its import) is left alone; the finding says what to write.
+
+    Example:
+        if isinstance(scaler, torch.cuda.amp.GradScaler):
+            ...
+    reports: use torch.amp.GradScaler.
+    ''',
+    severity=Severity.WARNING,
+    fixable=False,
+)
+
+_TABLE = load_table("amp.toml")
+_CUDA_AMP: dict[str, dict] = _TABLE["cuda_amp"]
+_DEVICE_TYPE_ARGS: dict[str, list] = _TABLE["device_type_arguments"]
+_RENAMED: dict[str, str] = _TABLE["renamed"]
+PREFIX = "torch.cuda.amp"
+
+
+def _npu_string() -> cst.SimpleString:
+    return cst.SimpleString('"npu"')
+
+
+def _keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
+    return cst.Arg(
+        value=value, keyword=cst.Name(name),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+
+
+def _with_device(args: list[cst.Arg], spec: dict) -> list[cst.Arg]:
+    """The arguments of the torch.amp call that replaces a torch.cuda.amp call with `args`."""
+    comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+    if spec["device"] == "first":
+        keywords = spec.get("keywords", [])
+        converted = [
+            _keyword_arg(keywords[i], arg.value).with_changes(comma=arg.comma) if keywords and arg.keyword is None else arg
+            for i, arg in enumerate(args)
+        ]
+        # The device takes the first argument's comma, so a call laid out one argument per line stays so.
+        lead = converted[0].comma if converted and isinstance(converted[0].comma, cst.Comma) else comma
+        first = cst.Arg(value=_npu_string(), comma=lead if converted else cst.MaybeSentinel.DEFAULT)
+        return [first, *converted]
+    new = _keyword_arg("device_type", _npu_string())
+    if not args:
+        return [new]
+    last = args[-1]
+    if isinstance(last.comma, cst.Comma):  # a trailing comma stays trailing
+        return [*args, new.with_changes(comma=last.comma)]
+    return [*args[:-1], last.with_changes(comma=comma), new]
+
+
+def _rebind_statements(line: cst.SimpleStatementLine, statements: dict[int, dict[int, str]]):
+    # From the last statement backwards, so that a statement split in two does not shift the ones before it.
+    for index in sorted(statements, reverse=True):
+        line = rebind_import(line, index, statements[index])
+    return line
+
+
+@dataclass(eq=False)
+class Use:
+    node: cst.Name | cst.Attribute  # the expression that names torch.cuda.amp.<name>
+    qualname: str
+    binding: Binding
+    parent: cst.Call | cst.Decorator | None  # the call it is the function of, or the decorator it is
+
+    @property
+    def name(self) -> str | None:
+        """`autocast` for `torch.cuda.amp.autocast`; None for the module itself or deeper names."""
+        parts = self.qualname.split(".")
+        return parts[3] if len(parts) == 4 else None
+
+
+class AmpChecker(Checker):
+    rules = (CUDA_AMP, AMP_DEVICE, GPU_DTYPE, AMP_NOT_MIGRATED)
+    markers = ("amp", "autocast", "GradScaler", "custom_fwd", "custom_bwd")
+
+    def __init__(self, ctx, enabled) -> None:
+        super().__init__(ctx, enabled)
+        self._parents: dict[int, cst.Call | cst.Decorator] = {}
+        self._skip: set[int] = set()  # attribute names, keywords, import names and inner parts of chains
+        self._uses: list[Use] = []
+        self._new_torch = torch_version(ctx)
+
+    # -- the walk -----------------------------------------------------------------------------------
+
+    def visit_Decorator(self, node: cst.Decorator) -> None:
+        self._parents[id(node.decorator)] = node
+
+    def visit_Call(self, node: cst.Call) -> None:
+        self._parents[id(node.func)] = node
+        qualname = self.ctx.qualname(node.func)
+        if qualname in _DEVICE_TYPE_ARGS:
+            position, name = _DEVICE_TYPE_ARGS[qualname]
+            arg = argument(node, position if position >= 0 else 1 << 16, name)
+            literal = device_literal(arg.value) if arg is not None else None
+            if literal is not None and literal is arg.value:
+                self.report(AMP_DEVICE, literal, f"`{qualname}` now runs on the NPU", fix=rewrite_device_literal)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self._skip.add(id(node.keyword))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.module is not None:
+            self._skip_chain(node.module)
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        self._skip_chain(node.name)
+        if node.asname is not None:
+            self._skip.add(id(node.asname.name))
+
+    def _skip_chain(self, node: cst.BaseExpression) -> None:
+        while isinstance(node, cst.Attribute):
+            self._skip.add(id(node))
+            self._skip.add(id(node.attr))
+            node = node.value
+        self._skip.add(id(node))
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._skip.add(id(node.attr))
+        if id(node) in self._skip:
+            return
+        qualname, binding = self.ctx.resolve(node)
+        if qualname is None:
+            return
+        if qualname == PREFIX or qualname.startswith(PREFIX + "."):
+            self._skip_chain(node.value)
+            self._uses.append(Use(node, qualname, binding, self._parents.get(id(node))))
+        elif qualname in _RENAMED and binding.qualname != qualname:
+            self._skip_chain(node.value)
+            self._renamed(node, qualname, binding)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if id(node) in self._skip:
+            return
+        binding = self.ctx.imports.bindings.get(node.value)
+        if binding is not None and binding.qualname.startswith(PREFIX):
+            self._uses.append(Use(node, binding.qualname, binding, self._parents.get(id(node))))
+
+    def _renamed(self, node: cst.Attribute, qualname: str, binding: Binding) -> None:
+        target = _RENAMED[qualname]
+        if not self.ctx.api.has_npu(target.split(".")[2]):
+            self.report(AMP_NOT_MIGRATED, node, f"`{qualname}`: torch_npu {self.ctx.api.version} has no `{target}`")
+            return
+        tail = target.split(".")[len(binding.qualname.split(".")):]
+        if not target.startswith(binding.qualname + "."):
+            self.report(AMP_NOT_MIGRATED, node, f"`{qualname}`: use `{target}` on NPU")
+            return
+        self.report(GPU_DTYPE, node, f"`{qualname}` -> `{target}`", fix=lambda updated: with_tail(updated, tail))
+
+    # -- deciding -----------------------------------------------------------------------------------
+
+    def _plan(self, name: str | None) -> str:
+        """How torch.cuda.amp.<name> migrates for the chosen version: "modern", "rename" or "missing"."""
+        spec = _CUDA_AMP.get(name)
+        if spec is not None and self._new_torch >= tuple(int(p) for p in spec["since_torch"].split(".")):
+            return "modern"
+        return "rename" if name in self.ctx.api.npu_amp else "missing"
+
+    def _target(self, name: str, plan: str) -> str:
+        return _CUDA_AMP[name]["target"] if plan == "modern" else f"torch.npu.amp.{name}"
+
+    def _why_not(self, use: Use) -> str | None:
+        """Why `use` cannot be rewritten (None if it can)."""
+        name, plan = use.name, self._plan(use.name)
+        if plan == "missing":
+            if name is None:
+                return f"`{use.qualname}` has no direct NPU counterpart"
+            return f"torch_npu {self.ctx.api.version} has no `{name}` in torch.npu.amp"
+        if plan == "rename":
+            return None
+        spec = _CUDA_AMP[name]
+        if isinstance(use.parent, cst.Decorator) and spec["device"] == "keyword":
+            return None
+        if not isinstance(use.parent, cst.Call):
+            return f"`{use.qualname}` is used other than by calling it; use `{spec['target']}` with the NPU device by hand"
+        if spec.get("keywords") and any(a.star for a in use.parent.args):
+            return "its arguments are unpacked with `*`; pass the device \"npu\" to torch.amp by hand"
+        return None
+
+    def _fix(self, use: Use, plan: str, new_func: cst.BaseExpression | None) -> None:
+        """Report the rewrite of one use: the function becomes `new_func` (if given), the call gains the device."""
+        name = use.name
+        target = self._target(name, plan)
+        if plan == "rename":
+            if new_func is not None:
+                self.report(CUDA_AMP, use.node, f"`{use.qualname}` -> `{target}`", fix=lambda updated: new_func)
+            return
+        spec = _CUDA_AMP[name]
+        message = f"`{use.qualname}` -> `{target}` on the NPU"
+        if isinstance(use.parent, cst.Call):
+            def fix(updated: cst.Call) -> cst.Call:
+                func = updated.func if new_func is None else new_func
+                return updated.with_changes(func=func, args=_with_device(list(updated.args), spec))
+        else:
+            def fix(updated: cst.Decorator) -> cst.Decorator:
+                func = updated.decorator if new_func is None else new_func
+                return updated.with_changes(decorator=cst.Call(func=func, args=_with_device([], spec)))
+        self.report(CUDA_AMP, use.parent, message, fix=fix)
+
+    def finish(self) -> None:
+        by_binding: dict[int, list[Use]] = {}
+        for use in self._uses:
+            by_binding.setdefault(id(use.binding), []).append(use)
+        for uses in by_binding.values():
+            binding = uses[0].binding
+            if binding.qualname.startswith(PREFIX):
+                continue  # decided with the imports below
+            for use in uses:
+                why = self._why_not(use)
+                target = self._target(use.name, self._plan(use.name)) if why is None else ""
+                if why is None and not target.startswith(binding.qualname + "."):
+                    why = f"`{binding.local}` cannot reach `{target}`; write `{target}` with the NPU device by hand"
+                if why is not None:
+                    self.report(AMP_NOT_MIGRATED, use.node, f"`{use.qualname}` not migrated: {why}")
+                    continue
+                tail = target.split(".")[len(binding.qualname.split(".")):]
+                self._fix(use, self._plan(use.name), with_tail(use.node, tail))
+        self._imports(by_binding)
+
+    def _imports(self, by_binding: dict[int, list[Use]]) -> None:
+        """Imports of torch.cuda.amp (or names from it) are rewritten with every use, or not at all."""
+        # Per import line: statement index -> alias index -> new target. One fix per line covers them all.
+        lines: dict[int, tuple[cst.SimpleStatementLine, dict[int, dict[int, str]]]] = {}
+        for binding in self.ctx.imports.bindings.values():
+            if not binding.qualname.startswith(PREFIX):
+                continue
+            uses = by_binding.get(id(binding), [])
+            names = {use.name for use in uses} if binding.qualname == PREFIX else {binding.qualname.split(".")[3]}
+            plans = {self._plan(name) for name in names}
+            why = [w for w in (self._why_not(use) for use in uses) if w]
+            if len(binding.qualname.split(".")) > 4 or "missing" in plans:
+                why.append(f"torch_npu {self.ctx.api.version} has no counterpart")
+            if len(plans) > 1:
+                why.append("its names migrate to different modules (torch.amp and torch.npu.amp)")
+            if self._shares_statement(binding):
+                why.append("the same import statement names other torch.cuda APIs; split it first")
+            if why:
+                for use in uses:
+                    self.report(AMP_NOT_MIGRATED, use.node, f"`{use.qualname}` not migrated: " + "; ".join(why))
+                self.report(
+                    AMP_NOT_MIGRATED, binding.line,
+                    f"import of `{binding.local}` left as is: " + "; ".join(dict.fromkeys(why)),
+                )
+                continue
+            if CUDA_AMP.id not in self.enabled:
+                continue
+            plan = plans.pop() if plans else "modern"
+            module_target = "torch.amp" if plan == "modern" else "torch.npu.amp"
+            if binding.qualname == PREFIX:
+                target = module_target
+            else:
+                target = self._target(binding.qualname.split(".")[3], plan)
+            for use in uses:
+                self._fix(use, plan, None)
+            statements = lines.setdefault(id(binding.line), (binding.line, {}))[1]
+            statements.setdefault(binding.line.body.index(binding.stmt), {})[binding.index] = target
+        for line, statements in lines.values():
+            self.report(
+                CUDA_AMP, line, "import from torch.cuda.amp rewritten",
+                fix=lambda updated, s=statements: _rebind_statements(updated, s),
+            )
+
+    def _shares_statement(self, binding: Binding) -> bool:
+        """Whether the import statement also binds torch.cuda names another rule family rewrites."""
+        for other in self.ctx.imports.bindings.values():
+            if other.stmt is binding.stmt and other.qualname.startswith("torch.cuda") and not other.qualname.startswith(PREFIX):
+                return True
+        return False

@@ -1,0 +1,480 @@
+"""torch.distributed: the NCCL backend becomes HCCL, CUDA device meshes NPU ones, DataParallel is reported.
+
+Backend names are rewritten where they reach torch: the backend argument of `init_process_group` and its
+relatives, and the simple ways a program carries that value from elsewhere in the same file (a variable,
+an argparse option, a dataclass field, an attribute or a dict entry named "...backend"). A backend whose
+value cannot be followed (a config object, a function result) is left alone and reported. Strings that
+merely mention NCCL (log messages, docstrings, a variable called `nccl`) are never touched.
+
+Driven by `data/distributed.toml`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from npu_migrate.findings import Severity
+from npu_migrate.imports import dotted_node
+from npu_migrate.rule import Checker, Rule
+from npu_migrate.transforms.device import device_literal, rewrite_device_literal
+from npu_migrate.transforms.literals import load_table, replaceable, string_value, torch_npu_root, with_value
+
+BACKEND = Rule(
+    id="NPU301",
+    name="nccl-backend",
+    summary='The `"nccl"` process-group backend becomes `"hccl"` (`"cuda:nccl"` becomes `"npu:hccl"`)',
+    doc='''
+    Rewrites the backend of `init_process_group`, `new_group`, `new_subgroups(_by_enumeration)`,
+    `Backend(...)` and `is_backend_available`, whether written at the call or carried there within the
+    file: a variable assigned a literal, a parameter default, an argparse `--backend` / `--dist-backend`
+    option (default and choices), a dataclass field, an attribute, a dict entry or keyword argument whose
+    name contains "backend". `"cpu:gloo,cuda:nccl"` becomes `"cpu:gloo,npu:hccl"`. torch 2.13 would pick
+    hccl on its own when no backend is given; an explicit "nccl" fails on NPU.
+
+    Before:
+        parser.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+        args = parser.parse_args()
+        dist.init_process_group(backend=args.backend)
+    After:
+        parser.add_argument("--backend", default="hccl", choices=["hccl", "gloo"])
+        args = parser.parse_args()
+        dist.init_process_group(backend=args.backend)
+    ''',
+)
+
+NCCL_API = Rule(
+    id="NPU302",
+    name="nccl-api",
+    summary="`Backend.NCCL`, `is_nccl_available()` and `ProcessGroupNCCL` become their HCCL counterparts",
+    doc='''
+    `dist.Backend.NCCL` -> `dist.Backend.HCCL`, `dist.is_nccl_available()` -> `dist.is_hccl_available()`
+    (both exist once torch_npu is imported), and `torch.distributed.ProcessGroupNCCL` (with its `Options`)
+    -> `torch_npu._C._distributed_c10d.ProcessGroupHCCL`. Imports of these names are rebound to torch_npu
+    and keep their local names. `ProcessGroupNCCL` reached through torch is only rewritten when the file
+    can name `torch_npu` (it imports it, or rule NPU001 adds the import).
+
+    Before:
+        if dist.is_nccl_available():
+            opts = dist.ProcessGroupNCCL.Options()
+    After:
+        if dist.is_hccl_available():
+            opts = torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options()
+    ''',
+)
+
+DEVICE_MESH = Rule(
+    id="NPU303",
+    name="device-mesh-type",
+    summary='`init_device_mesh("cuda", ...)` and `DeviceMesh("cuda", ...)` build NPU meshes',
+    doc='''
+    The device type of a device mesh selects the process-group backend of its dimensions; torch_npu
+    registers hccl for "npu".
+
+    Before:
+        mesh = init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
+    After:
+        mesh = init_device_mesh("npu", (2, 4), mesh_dim_names=("dp", "tp"))
+    ''',
+)
+
+BACKEND_COMPARISON = Rule(
+    id="NPU304",
+    name="backend-comparison",
+    summary='Comparisons of a backend with `"nccl"` compare with `"hccl"`',
+    doc='''
+    After migration the backend is "hccl", so `dist.get_backend() == "nccl"` silently becomes False.
+    Comparisons whose other side visibly is a backend (its code mentions "backend") are rewritten,
+    including membership tests like `backend in ("gloo", "nccl")`; other comparisons with "nccl" are
+    reported for review.
+
+    Before:
+        if dist.get_backend() == "nccl":
+            torch.cuda.synchronize()
+    After:
+        if dist.get_backend() == "hccl":
+            torch.npu.synchronize()
+    ''',
+)
+
+DATA_PARALLEL = Rule(
+    id="NPU305",
+    name="data-parallel",
+    summary="`nn.DataParallel` is not supported on NPU: reported, use DistributedDataParallel",
+    doc='''
+    Single-process multi-device `DataParallel` (and `data_parallel`) has no NPU implementation. Switch to
+    `DistributedDataParallel` with one process per device (`torchrun --nproc_per_node N`) and the hccl
+    backend. The code is left as it is.
+
+    Example:
+        model = nn.DataParallel(model)
+    reports: use DistributedDataParallel.
+    ''',
+    severity=Severity.ERROR,
+    fixable=False,
+)
+
+DDP_DEVICES = Rule(
+    id="NPU306",
+    name="ddp-device-ids",
+    summary='DDP `device_ids=["cuda:0"]` (and positional device arguments) name the NPU',
+    doc='''
+    Device strings in `DistributedDataParallel`'s `device_ids` list and in its positional `device_ids` /
+    `output_device` arguments become NPU devices (the `output_device=` keyword and `torch.device(...)`
+    are handled by NPU102). Integer device ids stay as they are.
+
+    Before:
+        model = DDP(model, device_ids=[f"cuda:{local_rank}"])
+    After:
+        model = DDP(model, device_ids=[f"npu:{local_rank}"])
+    ''',
+)
+
+BACKEND_NOT_FOLLOWED = Rule(
+    id="NPU307",
+    name="backend-not-followed",
+    summary="A process-group backend whose value cannot be followed within the file is reported",
+    doc='''
+    When the backend comes from a config object, a function result or a parameter, npu-migrate cannot
+    prove what it is. The call is left alone; make sure the value is "hccl" (or "cpu:gloo,npu:hccl")
+    on NPU, for example in your config files or launch scripts.
+
+    Example:
+        dist.init_process_group(backend=cfg.dist.backend)
+    reports: make sure `cfg.dist.backend` is "hccl" on NPU.
+    ''',
+    severity=Severity.WARNING,
+    fixable=False,
+)
+
+_TABLE = load_table("distributed.toml")
+_BACKEND_ARGS: dict[str, int] = _TABLE["backend_arguments"]
+_DEVICE_TYPE_ARGS: dict[str, int] = _TABLE["device_type_arguments"]
+_RENAMED: dict[str, dict[str, str]] = _TABLE["renamed"]
+_DDP: dict[str, list[int]] = _TABLE["ddp"]
+_DATA_PARALLEL = frozenset(_TABLE["data_parallel"]["names"])
+
+
+def _normalized(qualname: str | None) -> str | None:
+    """`torch.distributed.distributed_c10d.X` is `torch.distributed.X`."""
+    if qualname is not None and qualname.startswith("torch.distributed.distributed_c10d."):
+        return "torch.distributed." + qualname[len("torch.distributed.distributed_c10d."):]
+    return qualname
+
+
+def hccl_value(value: str) -> str | None:
+    """The HCCL spelling of a backend string that names NCCL, else None."""
+    if value == "nccl":
+        return "hccl"
+    pairs = [part.split(":") for part in value.split(",")]
+    if ["cuda", "nccl"] in pairs and all(len(p) == 2 and all(p) for p in pairs):
+        return ",".join("npu:hccl" if p == ["cuda", "nccl"] else ":".join(p) for p in pairs)
+    return None
+
+
+def _to_hccl(node: cst.SimpleString) -> cst.SimpleString:
+    return with_value(node, hccl_value(node.evaluated_value))
+
+
+def _mentions_backend(name: str) -> bool:
+    return "backend" in name.lower()
+
+
+def keyword(call: cst.Call, name: str) -> cst.Arg | None:
+    return next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
+
+
+def argument(call: cst.Call, position: int, name: str) -> cst.Arg | None:
+    """The argument of `call` bound to parameter `name`, which sits at `position` when positional."""
+    found = keyword(call, name)
+    if found is not None:
+        return found
+    positional = []
+    for arg in call.args:
+        if arg.keyword is not None or arg.star == "**":
+            break
+        if arg.star == "*":  # where the later arguments land is unknown
+            return None
+        positional.append(arg)
+    return positional[position] if position < len(positional) else None
+
+
+def _option_dest(call: cst.Call) -> str | None:
+    """The attribute an argparse option stores into, if the call is `add_argument` of a "--..." flag."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "dest":
+            return string_value(arg.value)
+    flags = [string_value(a.value) or "" for a in call.args if a.keyword is None]
+    long = [f for f in flags if f.startswith("--")]
+    return long[0][2:].replace("-", "_") if long else None
+
+
+#: A value npu-migrate cannot see (a parameter without default, a call result).
+UNKNOWN = None
+
+
+class DistributedChecker(Checker):
+    rules = (BACKEND, NCCL_API, DEVICE_MESH, BACKEND_COMPARISON, DATA_PARALLEL, DDP_DEVICES, BACKEND_NOT_FOLLOWED)
+    markers = ("nccl", "NCCL", "DataParallel", "init_process_group", "new_group", "new_subgroups", "DeviceMesh",
+               "init_device_mesh")
+
+    def __init__(self, ctx, enabled) -> None:
+        super().__init__(ctx, enabled)
+        # What the file assigns, by the name it assigns to: values a backend argument may be traced to.
+        self._names: dict[str, list[cst.BaseExpression | None]] = {}
+        self._attributes: dict[str, list[cst.BaseExpression | None]] = {}
+        self._entries: dict[str, list[cst.BaseExpression | None]] = {}
+        self._backend_uses: list[cst.BaseExpression] = []
+
+    # -- where values come from ---------------------------------------------------------------------
+
+    def _record(self, table: dict, name: str, value: cst.BaseExpression | None) -> None:
+        table.setdefault(name, []).append(value)
+        if _mentions_backend(name):
+            self._rewrite(value, f"`{name}`")
+
+    def _rewrite(self, node: cst.BaseExpression | None, where: str) -> None:
+        """Rewrite the NCCL literals a backend value is made of (a literal, a conditional, a container)."""
+        if isinstance(node, cst.IfExp):
+            self._rewrite(node.body, where)
+            self._rewrite(node.orelse, where)
+        elif isinstance(node, (cst.List, cst.Tuple, cst.Set)):
+            values = [string_value(e.value) for e in node.elements]
+            if "hccl" not in values:  # `choices=["nccl", "hccl"]` must not end up with "hccl" twice
+                for element in node.elements:
+                    self._rewrite(element.value, where)
+        elif isinstance(node, cst.Call) and isinstance(node.func, (cst.Name, cst.Attribute)):
+            name = node.func.value if isinstance(node.func, cst.Name) else node.func.attr.value
+            if name == "field":  # dataclass field(default="nccl")
+                default = keyword(node, "default")
+                self._rewrite(default.value if default else None, where)
+        else:
+            value = replaceable(node)
+            if value is not None and hccl_value(value) is not None:
+                self.report(BACKEND, node, f'backend in {where} is now "{hccl_value(value)}"', fix=_to_hccl)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._assigned(target.target, node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        if node.value is not None:
+            self._assigned(node.target, node.value)
+
+    def _assigned(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Name):
+            self._record(self._names, target.value, value)
+        elif isinstance(target, cst.Attribute):
+            self._record(self._attributes, target.attr.value, value)
+        elif isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+            key = string_value(target.slice[0].slice.value)
+            if key is not None:
+                self._record(self._entries, key, value)
+        elif isinstance(target, (cst.Tuple, cst.List)):  # unpacking: the values are not visible one by one
+            for element in target.elements:
+                if isinstance(element.value, cst.Name):
+                    self._names.setdefault(element.value.value, []).append(UNKNOWN)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._record(self._names, node.name.value, node.default)
+
+    def visit_For(self, node: cst.For) -> None:
+        if isinstance(node.target, cst.Name):
+            self._names.setdefault(node.target.value, []).append(UNKNOWN)
+
+    def visit_DictElement(self, node: cst.DictElement) -> None:
+        key = string_value(node.key)
+        if key is not None:
+            self._record(self._entries, key, node.value)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None and _mentions_backend(node.keyword.value):
+            self._rewrite(node.value, f"`{node.keyword.value}=`")
+
+    def _argparse(self, node: cst.Call) -> None:
+        dest = _option_dest(node)
+        if dest is None or not _mentions_backend(dest):
+            return
+        default = keyword(node, "default")
+        choices = keyword(node, "choices")
+        # Without a default or choices the value comes from the command line, which this file does not show.
+        if default is not None:
+            value = default.value
+        else:
+            value = cst.Name("None") if choices is not None else UNKNOWN
+        self._attributes.setdefault(dest, []).append(value)
+        if default is not None:
+            self._rewrite(default.value, f"the `--{dest}` option's default")
+        if choices is not None:
+            self._rewrite(choices.value, f"the `--{dest}` option's choices")
+
+    # -- calls ----------------------------------------------------------------------------------------
+
+    def visit_Call(self, node: cst.Call) -> None:
+        qualname = _normalized(self.ctx.qualname(node.func))
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument":
+            self._argparse(node)
+        if qualname in _BACKEND_ARGS:
+            arg = argument(node, _BACKEND_ARGS[qualname], "backend")
+            if arg is not None:
+                self._backend_argument(arg.value, qualname)
+        elif qualname in _DEVICE_TYPE_ARGS:
+            arg = argument(node, _DEVICE_TYPE_ARGS[qualname], "device_type")
+            literal = device_literal(arg.value) if arg is not None else None
+            if literal is not None:
+                self.report(DEVICE_MESH, literal, "device mesh now built on NPUs", fix=rewrite_device_literal)
+        elif qualname in _DDP:
+            self._ddp(node, _DDP[qualname])
+        elif qualname in _DATA_PARALLEL:
+            self.report(
+                DATA_PARALLEL, node.func,
+                f"`{qualname}` is not supported on NPU: use DistributedDataParallel with one process per device "
+                '(torchrun) and the "hccl" backend',
+            )
+
+    def _backend_argument(self, value: cst.BaseExpression, qualname: str) -> None:
+        if isinstance(value, cst.IfExp):
+            self._backend_argument(value.body, qualname)
+            self._backend_argument(value.orelse, qualname)
+        elif isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)) and not self._is_none(value):
+            self._backend_uses.append(value)
+        else:
+            self._rewrite(value, f"`{qualname.rsplit('.', 1)[-1]}(...)`")
+            if replaceable(value) is None and not self._is_none(value):
+                self._not_followed(value)
+
+    def _ddp(self, node: cst.Call, positions: list[int]) -> None:
+        device_ids = argument(node, positions[0], "device_ids")
+        if device_ids is not None and isinstance(device_ids.value, (cst.List, cst.Tuple)):
+            for element in device_ids.value.elements:
+                literal = device_literal(element.value)
+                if literal is not None:
+                    self.report(DDP_DEVICES, literal, "DDP device id now names the NPU", fix=rewrite_device_literal)
+        # `output_device=` is NPU102's; only the positional spelling is left to this rule.
+        output = argument(node, positions[1], "output_device")
+        if output is not None and output.keyword is None:
+            literal = device_literal(output.value)
+            if literal is not None:
+                self.report(DDP_DEVICES, literal, "DDP output device now names the NPU", fix=rewrite_device_literal)
+
+    @staticmethod
+    def _is_none(node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.Name) and node.value == "None"
+
+    def _not_followed(self, node: cst.BaseExpression) -> None:
+        self.report(
+            BACKEND_NOT_FOLLOWED, node,
+            f'the process-group backend comes from `{self.ctx.code(node)}`, which npu-migrate cannot follow: make '
+            'sure it is "hccl" (or "cpu:gloo,npu:hccl") on NPU, for example in your config files or launch scripts',
+        )
+
+    # -- NCCL names ---------------------------------------------------------------------------------
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        qualname = _normalized(self.ctx.qualname(node))
+        mapping = _RENAMED.get(qualname)
+        if mapping is None:
+            return
+        if "attribute" in mapping:
+            self.report(
+                NCCL_API, node, f"`{qualname}` -> `{mapping['attribute']}`",
+                fix=lambda updated, name=mapping["attribute"]: updated.with_changes(attr=cst.Name(name)),
+            )
+            return
+        root = torch_npu_root(self.ctx, self.enabled)
+        target = mapping["replace"]
+        if root is None:
+            self.report(
+                NCCL_API, node,
+                f"`{qualname}` has no NPU counterpart under torch.distributed: use `{target}` (after `import torch_npu`)",
+                severity=Severity.WARNING,
+            )
+            return
+        new = dotted_node(root + target[len("torch_npu"):])
+        self.report(NCCL_API, node, f"`{qualname}` -> `{target}`", fix=lambda updated: new)
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        operands = [node.left, *(t.comparator for t in node.comparisons)]
+        for index, target in enumerate(node.comparisons):
+            if not isinstance(target.operator, (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)):
+                continue
+            left, right = operands[index], operands[index + 1]
+            for literal_side, other in ((left, right), (right, left)):
+                literals = self._nccl_literals(literal_side)
+                other_code = self.ctx.code(other)
+                for literal in literals:
+                    if _mentions_backend(other_code):
+                        self.report(
+                            BACKEND_COMPARISON, literal, "comparison with the backend now tests for HCCL", fix=_to_hccl
+                        )
+                    else:
+                        self.report(
+                            BACKEND_COMPARISON, literal,
+                            f'comparison of `{other_code}` with "nccl": if it is a process-group backend, compare '
+                            'with "hccl" instead',
+                            severity=Severity.WARNING,
+                        )
+
+    @staticmethod
+    def _nccl_literals(node: cst.BaseExpression) -> list[cst.SimpleString]:
+        elements = [e.value for e in node.elements] if isinstance(node, (cst.Tuple, cst.List, cst.Set)) else [node]
+        if any(string_value(e) == "hccl" for e in elements):
+            return []
+        return [e for e in elements if replaceable(e) == "nccl"]
+
+    # -- after the walk -----------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        for use in self._backend_uses:
+            values = self._values(use, set())
+            for value in values:
+                self._rewrite(value, f"`{self.ctx.code(use)}`, the process-group backend")
+            if not values or UNKNOWN in values or not all(self._known(v) for v in values if v is not UNKNOWN):
+                self._not_followed(use)
+        # Imported NCCL names: the import binds the HCCL object under the old local name.
+        for binding in self.ctx.imports.bindings.values():
+            mapping = _RENAMED.get(_normalized(binding.qualname))
+            if mapping is None or "import" not in mapping:
+                continue
+            target = mapping["import"]
+            name = target.rsplit(".", 1)[-1]
+            if target.startswith("torch_npu.distributed.") and name not in self.ctx.api.distributed:
+                self.report(
+                    NCCL_API, binding.line,
+                    f"`{binding.qualname}` -> `{target}`, which torch_npu {self.ctx.api.version} does not have",
+                    severity=Severity.WARNING,
+                )
+                continue
+            if NCCL_API.id in self.enabled:
+                self.ctx.rebind(NCCL_API, binding, target)
+
+    def _values(self, node: cst.BaseExpression, seen: set[str]) -> list[cst.BaseExpression | None]:
+        """Every value the file gives the name, attribute or entry `node` reads (UNKNOWN for invisible ones)."""
+        if isinstance(node, cst.Name):
+            if node.value in seen:
+                return []
+            seen.add(node.value)
+            found = self._names.get(node.value, [UNKNOWN])
+        elif isinstance(node, cst.Attribute):
+            # `cfg.backend` may be an attribute set in this file or a (dataclass) field declared in a class.
+            found = self._attributes.get(node.attr.value, []) + self._names.get(node.attr.value, [])
+            found = found or [UNKNOWN]
+        elif isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+            key = string_value(node.slice[0].slice.value)
+            found = self._entries.get(key, [UNKNOWN]) if key is not None else [UNKNOWN]
+        else:
+            return [node]
+        values: list[cst.BaseExpression | None] = []
+        for value in found:
+            if isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)) and not self._is_none(value):
+                values.extend(self._values(value, seen) or [UNKNOWN])
+            else:
+                values.append(value)
+        return values
+
+    def _known(self, node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.IfExp):
+            return self._known(node.body) and self._known(node.orelse)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "field":
+            default = keyword(node, "default")
+            return default is not None and self._known(default.value)
+        return self._is_none(node) or string_value(node) is not None

@@ -1,0 +1,277 @@
+"""Environment variables: CUDA / NCCL settings named in Python become their Ascend counterparts.
+
+A variable name is only touched where it is used as one: `os.environ[...]`, `os.environ.get/setdefault/
+pop/update`, `os.getenv`, `os.putenv`, `os.unsetenv`, `"X" in os.environ`, and environment dicts (a dict
+that unpacks `**os.environ`, the `env=` argument of a call, a variable copied from `os.environ`). A string
+that only mentions a variable (a log message, `"MY_CUDA_VISIBLE_DEVICES_NOTE"`) is left alone. Driven by
+`data/env_vars.toml`, the table shell-script migration uses too.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from npu_migrate.findings import Severity
+from npu_migrate.rule import Checker, Rule
+from npu_migrate.transforms.literals import load_table, replaceable, string_value, with_value
+
+RENAMED = Rule(
+    id="NPU601",
+    name="env-var-renamed",
+    summary="`CUDA_VISIBLE_DEVICES`, `CUDA_LAUNCH_BLOCKING`, `PYTORCH_CUDA_ALLOC_CONF`, `TORCH_NCCL_*` ... get their Ascend names",
+    doc='''
+    Variables with the same meaning and value syntax on Ascend are renamed where Python code reads or
+    sets them: `CUDA_VISIBLE_DEVICES` -> `ASCEND_RT_VISIBLE_DEVICES`, `CUDA_LAUNCH_BLOCKING` ->
+    `ASCEND_LAUNCH_BLOCKING`, `PYTORCH_CUDA_ALLOC_CONF` -> `PYTORCH_NPU_ALLOC_CONF`, `TORCH_NCCL_X` ->
+    `TORCH_HCCL_X` for the settings torch_npu implements, `NCCL_SOCKET_IFNAME` -> `HCCL_SOCKET_IFNAME`.
+    `CUDA_VISIBLE_DEVICES` is not renamed when the value set is a literal the Ascend runtime would
+    misread (see NPU604).
+
+    Before:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
+        subprocess.run(cmd, env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+    After:
+        os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "0,1"
+        subprocess.run(cmd, env={**os.environ, "ASCEND_LAUNCH_BLOCKING": "1"})
+    ''',
+)
+
+NEEDS_CONVERSION = Rule(
+    id="NPU602",
+    name="env-var-needs-conversion",
+    summary="NCCL variables whose HCCL counterpart takes other values (`NCCL_BUFFSIZE` bytes vs MB) are reported",
+    doc='''
+    Renaming would silently change the setting: `HCCL_BUFFSIZE` is in MB where `NCCL_BUFFSIZE` is in
+    bytes, and `HCCL_ALGO` has another syntax than `NCCL_ALGO`. The code is left alone; the finding says
+    how to convert the value.
+
+    Example:
+        os.environ["NCCL_BUFFSIZE"] = str(8 * 1024 * 1024)
+    reports: set HCCL_BUFFSIZE to the value divided by 1048576.
+    ''',
+    severity=Severity.WARNING,
+    fixable=False,
+)
+
+NO_EQUIVALENT = Rule(
+    id="NPU603",
+    name="env-var-no-equivalent",
+    summary="CUDA / NCCL variables without an Ascend counterpart (`NCCL_DEBUG`, `CUBLAS_WORKSPACE_CONFIG` ...) are reported",
+    doc='''
+    Settings such as `NCCL_DEBUG`, `NCCL_IB_DISABLE`, `NCCL_P2P_DISABLE`, `CUDA_DEVICE_MAX_CONNECTIONS`
+    or `CUBLAS_WORKSPACE_CONFIG` have no effect on NPU. The code is left alone; the finding says what
+    to use instead, if anything.
+
+    Example:
+        os.environ["NCCL_DEBUG"] = "INFO"
+    reports: use ASCEND_GLOBAL_LOG_LEVEL.
+    ''',
+    severity=Severity.WARNING,
+    fixable=False,
+)
+
+VISIBLE_DEVICES_ORDER = Rule(
+    id="NPU604",
+    name="visible-devices-order",
+    summary="Device lists the Ascend runtime misreads (`\"3,1\"`, `\"0, 1\"`) are reported",
+    doc='''
+    `ASCEND_RT_VISIBLE_DEVICES` must list device ids in ascending order, separated by commas without
+    spaces; parsing stops at the first character that breaks the rule, so the process silently sees
+    fewer devices. CUDA accepts any order. A literal value that breaks the rule is reported (and a
+    `CUDA_VISIBLE_DEVICES` holding it is not renamed): sort the ids and remap the code that relies on
+    their order.
+
+    Example:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "3,1"
+    reports: ASCEND_RT_VISIBLE_DEVICES needs ascending ids.
+    ''',
+    severity=Severity.ERROR,
+    fixable=False,
+)
+
+_TABLE = load_table("env_vars.toml")
+_RENAME: dict[str, str] = _TABLE["rename"]
+_CONVERT: dict[str, str] = _TABLE["convert"]
+_NO_EQUIVALENT: dict[str, str] = _TABLE["no_equivalent"]
+_PREFIXES: dict[str, str] = _TABLE["prefixes"]
+_CHECKS: dict[str, str] = _TABLE["checks"]
+_ASCENDING_IDS = re.compile(r"\d+(,\d+)*")
+
+#: Mapping methods whose first argument names a variable (`setdefault`'s second one is its value).
+_KEY_METHODS = frozenset({"get", "pop", "setdefault"})
+
+
+def _ascending_ids(value: str) -> bool:
+    if not _ASCENDING_IDS.fullmatch(value):
+        return False
+    ids = [int(part) for part in value.split(",")]
+    return ids == sorted(set(ids))
+
+
+class EnvironmentChecker(Checker):
+    rules = (RENAMED, NEEDS_CONVERSION, NO_EQUIVALENT, VISIBLE_DEVICES_ORDER)
+    markers = ("environ", "getenv", "putenv", "unsetenv", "env=")
+
+    def __init__(self, ctx, enabled) -> None:
+        super().__init__(ctx, enabled)
+        # Variables holding a copy of the environment (`env = os.environ.copy()`), by name.
+        self._env_copies: set[str] = set()
+        # Sites on such variables, decided once every copy is known.
+        self._copy_sites: list[tuple[str, cst.CSTNode, cst.BaseExpression | None, frozenset[str]]] = []
+        self._assigned: set[int] = set()  # subscripts already seen as assignment targets, with their value
+
+    # -- what is an environment ---------------------------------------------------------------------
+
+    def _is_environ(self, node: cst.BaseExpression) -> bool:
+        return self.ctx.qualname(node) == "os.environ"
+
+    def _is_env_copy_expr(self, node: cst.BaseExpression) -> bool:
+        """`os.environ.copy()`, `dict(os.environ)`, `{**os.environ, ...}`."""
+        if isinstance(node, cst.Call):
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value == "copy" and self._is_environ(func.value):
+                return True
+            if isinstance(func, cst.Name) and func.value == "dict" and node.args and self._is_environ(node.args[0].value):
+                return True
+        if isinstance(node, cst.Dict):
+            return any(isinstance(e, cst.StarredDictElement) and self._is_environ(e.value) for e in node.elements)
+        return False
+
+    def _is_env(self, node: cst.BaseExpression) -> bool | None:
+        """True for `os.environ`; None for a Name that may be a copy of it (decided in `finish`)."""
+        if self._is_environ(node):
+            return True
+        return None if isinstance(node, cst.Name) else False
+
+    # -- sites --------------------------------------------------------------------------------------
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if self._is_env_copy_expr(node.value):
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    self._env_copies.add(target.target.value)
+        for target in node.targets:
+            self._assigned.add(id(target.target))
+            self._subscript(target.target, node.value)
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if id(node) not in self._assigned:
+            self._subscript(node, None)
+
+    def _subscript(self, node: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        if not isinstance(node, cst.Subscript) or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+            return
+        key = node.slice[0].slice.value
+        self._site(node.value, key, value)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        qualname = self.ctx.qualname(func)
+        positional = [a.value for a in node.args if a.keyword is None and not a.star]
+        if qualname in ("os.getenv", "os.unsetenv") and positional:
+            self._key(positional[0], None, frozenset())
+        elif qualname == "os.putenv" and positional:
+            self._key(positional[0], positional[1] if len(positional) > 1 else None, frozenset())
+        elif isinstance(func, cst.Attribute) and func.attr.value in _KEY_METHODS and positional:
+            value = positional[1] if func.attr.value == "setdefault" and len(positional) > 1 else None
+            self._site(func.value, positional[0], value)
+        elif isinstance(func, cst.Attribute) and func.attr.value == "update":
+            for arg in node.args:
+                self._site(func.value, None, None, update=arg)
+        if self._is_env_copy_expr(node) and isinstance(func, cst.Name):  # dict(os.environ, KEY=value)
+            for arg in node.args[1:]:
+                self._keyword(arg, frozenset())
+        for arg in node.args:
+            if arg.keyword is not None and arg.keyword.value == "env" and isinstance(arg.value, cst.Dict):
+                self._dict(arg.value)
+
+    def visit_Dict(self, node: cst.Dict) -> None:
+        if self._is_env_copy_expr(node):
+            self._dict(node)
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        operands = [node.left, *(t.comparator for t in node.comparisons)]
+        for index, target in enumerate(node.comparisons):
+            if isinstance(target.operator, (cst.In, cst.NotIn)):
+                self._site(operands[index + 1], operands[index], None)
+
+    def _site(self, env: cst.BaseExpression, key: cst.BaseExpression | None, value, update: cst.Arg | None = None) -> None:
+        known = self._is_env(env)
+        if known is False:
+            return
+        if known is None:
+            self._copy_sites.append((env.value, key if update is None else update, value, frozenset()))
+            return
+        if update is not None:
+            self._update(update)
+        else:
+            self._key(key, value, frozenset())
+
+    def _update(self, arg: cst.Arg) -> None:
+        if arg.keyword is not None:
+            self._keyword(arg, frozenset())
+        elif isinstance(arg.value, cst.Dict):
+            self._dict(arg.value)
+
+    def _dict(self, node: cst.Dict) -> None:
+        keys = frozenset(string_value(e.key) for e in node.elements if isinstance(e, cst.DictElement)) - {None}
+        for element in node.elements:
+            if isinstance(element, cst.DictElement):
+                self._key(element.key, element.value, keys)
+
+    def _keyword(self, arg: cst.Arg, present: frozenset[str]) -> None:
+        if arg.keyword is None:
+            return
+        name = arg.keyword.value
+        new = self._judge(arg.keyword, name, arg.value, present)
+        if new is not None:
+            self.report(
+                RENAMED, arg.keyword, f"`{name}` is `{new}` on Ascend",
+                fix=lambda updated, n=new: updated.with_changes(value=n),
+            )
+
+    def _key(self, key: cst.BaseExpression | None, value, present: frozenset[str]) -> None:
+        name = replaceable(key)
+        if name is None:
+            return
+        new = self._judge(key, name, value, present)
+        if new is not None:
+            self.report(
+                RENAMED, key, f"`{name}` is `{new}` on Ascend", fix=lambda updated, n=new: with_value(updated, n),
+            )
+
+    def _judge(self, node: cst.CSTNode, name: str, value, present: frozenset[str]) -> str | None:
+        """Report what the variable `name` needs; the new name if it is simply renamed."""
+        new = _RENAME.get(name)
+        check = _CHECKS.get(new or name)
+        literal = string_value(value) if value is not None else None
+        if check == "ascending-ids" and literal is not None and not _ascending_ids(literal):
+            self.report(
+                VISIBLE_DEVICES_ORDER, value,
+                f"{new or name} needs comma-separated device ids in ascending order without spaces, and stops reading "
+                f"at the first one that breaks this: {literal!r} would select other devices than on CUDA. Sort the "
+                "ids (and remap code that relies on their order)",
+            )
+            return None
+        if new is not None:
+            return None if new in present else new
+        if name in _CONVERT:
+            self.report(NEEDS_CONVERSION, node, f"`{name}`: {_CONVERT[name]}")
+        elif name in _NO_EQUIVALENT:
+            self.report(NO_EQUIVALENT, node, f"`{name}`: {_NO_EQUIVALENT[name]}")
+        else:
+            prefix = next((p for p in sorted(_PREFIXES, key=len, reverse=True) if name.startswith(p)), None)
+            if prefix is not None:
+                self.report(NO_EQUIVALENT, node, f"`{name}`: {_PREFIXES[prefix]}")
+        return None
+
+    def finish(self) -> None:
+        for name, key_or_update, value, present in self._copy_sites:
+            if name not in self._env_copies:
+                continue
+            if isinstance(key_or_update, cst.Arg):
+                self._update(key_or_update)
+            else:
+                self._key(key_or_update, value, present)
