@@ -1,10 +1,24 @@
 """The rules, one module per family. Each module declares its `Rule`s and the `Checker` that finds them.
 
-Rule id ranges: NPU0xx engine-level edits, NPU1xx device placement, NPU2xx torch.cuda APIs.
+Rule id ranges: NPU0xx engine-level edits, NPU1xx device placement, NPU2xx torch.cuda APIs,
+NPU3xx torch.distributed, NPU4xx automatic mixed precision, NPU5xx torch.backends and the profiler,
+NPU6xx environment variables, NPU7xx fused-operator injection.
 """
 
+from npu_migrate.transforms.amp import AmpChecker
 from npu_migrate.transforms.cuda_api import CudaApiChecker
 from npu_migrate.transforms.device import DeviceChecker
+from npu_migrate.transforms.distributed import DistributedChecker
+from npu_migrate.transforms.environment import EnvironmentChecker
+from npu_migrate.transforms.fused import FusedOpsChecker
 from npu_migrate.transforms.torch_npu_import import TorchNpuImportChecker
 
-CHECKERS = (TorchNpuImportChecker, DeviceChecker, CudaApiChecker)
+CHECKERS = (
+    TorchNpuImportChecker,
+    DeviceChecker,
+    CudaApiChecker,
+    DistributedChecker,
+    AmpChecker,
+    EnvironmentChecker,
+    FusedOpsChecker,
+)

@@ -17,8 +17,9 @@ IMPORT_TORCH_NPU = Rule(
     name="import-torch-npu",
     summary="`import torch_npu` is added once to each migrated file that uses torch",
     doc='''
-    Added only when another rule changed the file and the file imports torch, and only if the file does
-    not import torch_npu already. Ignore this rule (`--ignore NPU001`) if your entry point imports
+    Added only when another rule changed the file in a way that needs torch_npu (the fused-operator
+    branches do not: they import it guarded), the file imports torch, and it does not import torch_npu
+    already. Ignore this rule (`--ignore NPU001`) if your entry point imports
     torch_npu for the whole process.
 
     Before:
@@ -58,5 +59,5 @@ class TorchNpuImportChecker(Checker):
 
     def finalize(self) -> None:
         imports = self.ctx.imports
-        if self.ctx.has_fixes and imports.uses_torch and not imports.imports_torch_npu:
+        if self.ctx.needs_torch_npu and imports.uses_torch and not imports.imports_torch_npu:
             self.report(IMPORT_TORCH_NPU, self.ctx.module, "`import torch_npu` added", fix=_insert)

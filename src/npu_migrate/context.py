@@ -175,5 +175,6 @@ class FileContext:
                 )
 
     @property
-    def has_fixes(self) -> bool:
-        return any(r.applied for r in self.reports)
+    def needs_torch_npu(self) -> bool:
+        """Whether an applied rewrite needs `import torch_npu` to run."""
+        return any(r.applied and r.rule.needs_torch_npu for r in self.reports)

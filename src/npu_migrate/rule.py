@@ -33,6 +33,10 @@ class Rule:
     doc: str
     severity: Severity = Severity.INFO
     fixable: bool = True  # false for rules that only report
+    #: Whether the rewritten code needs torch_npu imported unconditionally (rule NPU001). False for the
+    #: fused branches, which reach torch_npu only through their guarded prelude and must keep running
+    #: where torch_npu is absent.
+    needs_torch_npu: bool = True
 
     @property
     def documentation(self) -> str:

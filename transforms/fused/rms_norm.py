@@ -1,0 +1,321 @@
+"""NPU701: hand-written RMSNorm gets a `torch_npu.npu_rms_norm` branch.
+
+The idiom is `x * rsqrt(mean(x², -1, keepdim=True) + eps)` (or `x / sqrt(...)`), scaled by a weight,
+in whatever statements, names, methods and casts the function spells it. Two weight placements differ
+in dtype semantics and get different branches:
+
+* Llama style, weight applied after the cast back (`w * norm(x.float()).to(x.dtype)`): the kernel
+  needs gamma in x's dtype, and then returns x's dtype as the original does, so the branch is guarded
+  by `w.dtype == x.dtype` (an fp32 weight with bf16 activations would promote the original's output).
+* Gemma style, weight applied in fp32 before the cast (`(norm(x.float()) * (1 + w.float())).type_as(x)`):
+  the branch runs the kernel on `x.float()` with an fp32 gamma and casts back, which is what the
+  original computes, `1 + w` included (npu_gemma_rms_norm is not used: its precision for `1 + w` is
+  undocumented).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from npu_migrate.rule import Rule
+from npu_migrate.transforms.fused.symbolic import (
+    Function,
+    NotStraightLine,
+    Outcome,
+    argument,
+    fold,
+    is_pure,
+    method_call,
+    same,
+    source,
+    walk_shared,
+)
+
+RMS_NORM = Rule(
+    id="NPU701",
+    name="fused-rms-norm",
+    summary="hand-written RMSNorm gets a guarded `torch_npu.npu_rms_norm` branch",
+    doc='''
+    Recognises `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)` scaled by a weight, in any of its
+    spellings: `.float()` / `.to(torch.float32)` upcasts, `.to(input_dtype)` / `.type_as(x)` casts back,
+    a separate `_norm` method, `torch.mean(x * x, ...)`, `/ torch.sqrt(...)`, the weight before or after
+    the cast, Gemma's `(1 + weight)`. A branch in front of the untouched body runs the fused kernel when
+    the input is on an NPU and the kernel's constraints hold (gamma shape and dtype, at least 2 dims);
+    otherwise the original code runs.
+
+    Declined, with a finding saying why: a reduction over another dim or without keepdim, mean
+    subtraction (LayerNorm), no weight, bodies with control flow.
+
+    Before:
+        def forward(self, hidden_states):
+            input_dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            return self.weight * hidden_states.to(input_dtype)
+    After:
+        def forward(self, hidden_states):
+            if (
+                _is_npu(hidden_states)
+                and hidden_states.dim() >= 2
+                and self.weight.shape == hidden_states.shape[-1:]
+                and self.weight.dtype == hidden_states.dtype
+                and hidden_states.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            ):
+                return torch_npu.npu_rms_norm(hidden_states, self.weight, epsilon=self.variance_epsilon)[0]
+            input_dtype = hidden_states.dtype
+            ...
+    ''',
+    needs_torch_npu=False,
+)
+
+RULE = RMS_NORM
+MARKERS = ("rsqrt", "sqrt")
+TEMPLATE = "fused/rms_norm.py.j2"
+KERNEL_DTYPES = "(torch.float16, torch.bfloat16, torch.float32)"
+
+
+def _is_fp32(dtype: ast.expr, fn: Function) -> bool:
+    return fn.qualname(dtype) in ("torch.float32", "torch.float")
+
+
+def upcast_base(node: ast.expr, fn: Function) -> ast.expr | None:
+    """`t` for `t.float()`, `t.to(torch.float32)`, `t.type(torch.float32)`."""
+    call = method_call(node, "float")
+    if call is not None and not call.args and not call.keywords:
+        return call.func.value
+    call = method_call(node, "to") or method_call(node, "type")
+    if call is not None and len(call.args) + len(call.keywords) == 1:
+        dtype = argument(call, 0, "dtype")
+        if dtype is not None and _is_fp32(dtype, fn):
+            return call.func.value
+    return None
+
+
+def downcast_inner(node: ast.expr, x: ast.expr) -> ast.expr | None:
+    """`t` for `t.to(x.dtype)`, `t.to(dtype=x.dtype)`, `t.type(x.dtype)`, `t.type_as(x)`."""
+    x_dtype = ast.Attribute(value=x, attr="dtype", ctx=ast.Load())
+    for name, expected in (("to", x_dtype), ("type", x_dtype), ("type_as", x)):
+        call = method_call(node, name)
+        if call is not None and len(call.args) + len(call.keywords) == 1:
+            given = argument(call, 0, "dtype" if name != "type_as" else "other")
+            if same(given, expected):
+                return call.func.value
+    return None
+
+
+def _square_base(node: ast.expr, fn: Function) -> ast.expr | None:
+    two = lambda e: isinstance(e, ast.Constant) and e.value == 2  # noqa: E731
+    call = method_call(node, "pow")
+    if call is not None and len(call.args) == 1 and two(call.args[0]) and fn.qualname(call.func) != "torch.pow":
+        return call.func.value
+    if isinstance(node, ast.Call) and fn.qualname(node.func) == "torch.pow" and len(node.args) == 2 and two(node.args[1]):
+        return node.args[0]
+    if isinstance(node, ast.Call) and fn.qualname(node.func) == "torch.square" and len(node.args) == 1:
+        return node.args[0]
+    call = method_call(node, "square")
+    if call is not None and not call.args and fn.qualname(call.func) != "torch.square":
+        return call.func.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and two(node.right):
+        return node.left
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and same(node.left, node.right):
+        return node.left
+    return None
+
+
+def _is_last_dim(dim: ast.expr | None) -> bool:
+    if isinstance(dim, (ast.Tuple, ast.List)) and len(dim.elts) == 1:
+        dim = dim.elts[0]
+    return (
+        isinstance(dim, ast.UnaryOp)
+        and isinstance(dim.op, ast.USub)
+        and isinstance(dim.operand, ast.Constant)
+        and dim.operand.value == 1
+    )
+
+
+def _mean(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.Call, int] | None:
+    """(reduced tensor, call, index of the dim argument) for `t.mean(...)` / `torch.mean(t, ...)`."""
+    if isinstance(node, ast.Call) and fn.qualname(node.func) == "torch.mean" and node.args:
+        return node.args[0], node, 1
+    call = method_call(node, "mean")
+    if call is not None:
+        return call.func.value, call, 0
+    return None
+
+
+class Site:
+    """One `rsqrt(mean(s²) + eps)` (or `sqrt`) in the code, and what it normalises."""
+
+    def __init__(self, root: ast.Call, mean: ast.expr, eps: ast.expr, divide: bool) -> None:
+        self.root, self.mean, self.eps, self.divide = root, mean, eps, divide
+
+
+def sites(expr: ast.AST, fn: Function) -> list[Site]:
+    found = []
+    for node in walk_shared(expr):
+        if not isinstance(node, ast.Call):
+            continue
+        name = fn.qualname(node.func)
+        if name in ("torch.rsqrt", "torch.sqrt") and len(node.args) == 1:
+            inner, divide = node.args[0], name == "torch.sqrt"
+        elif method_call(node, "rsqrt") or method_call(node, "sqrt"):
+            if node.args or fn.qualname(node.func) is not None:
+                continue
+            inner, divide = node.func.value, node.func.attr == "sqrt"
+        else:
+            continue
+        if not (isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add)):
+            continue
+        for mean, eps in ((inner.left, inner.right), (inner.right, inner.left)):
+            if _mean(mean, fn) is not None:
+                found.append(Site(node, mean, eps, divide))
+                break
+    return found
+
+
+def _core(node: ast.expr, site: Site) -> ast.expr | None:
+    """The normalised tensor, if `node` is `t * rsqrt(...)`, `rsqrt(...) * t` or `t / sqrt(...)`."""
+    if not isinstance(node, ast.BinOp):
+        return None
+    if site.divide:
+        return node.left if isinstance(node.op, ast.Div) and node.right is site.root else None
+    if isinstance(node.op, ast.Mult):
+        if node.right is site.root:
+            return node.left
+        if node.left is site.root:
+            return node.right
+    return None
+
+
+def _check_site(site: Site, fn: Function) -> tuple[ast.expr | None, str]:
+    """The squared tensor, or None and why this is not RMS normalisation over the last dim."""
+    reduced, call, dim_at = _mean(site.mean, fn)
+    dim = argument(call, dim_at, "dim")
+    if not _is_last_dim(dim):
+        where = f"dim {source(dim)}" if dim is not None else "all dims"
+        return None, f"it reduces over {where}, not the last dim alone"
+    keepdim = argument(call, dim_at + 1, "keepdim")
+    if not (isinstance(keepdim, ast.Constant) and keepdim.value is True):
+        return None, "the mean is taken without keepdim=True"
+    if any(k.arg not in ("dim", "keepdim") for k in call.keywords) or len(call.args) > dim_at + 2:
+        return None, "the mean takes arguments the kernel has no counterpart for"
+    squared = _square_base(reduced, fn)
+    if squared is None:
+        return None, "the mean is not over a square"
+    if isinstance(squared, ast.BinOp) and isinstance(squared.op, ast.Sub):
+        return None, "it subtracts the mean first (LayerNorm, not RMSNorm)"
+    if not is_pure(site.eps):
+        return None, "eps is computed, not a constant or attribute"
+    return squared, ""
+
+
+def _weight_leaf(weight: ast.expr, fn: Function) -> tuple[ast.expr, bool] | None:
+    """(the parameter the weight expression reads, whether the expression is visibly fp32)."""
+    fp32 = False
+    base = upcast_base(weight, fn)
+    if base is not None:
+        weight, fp32 = base, True
+    if isinstance(weight, ast.BinOp) and isinstance(weight.op, ast.Add):
+        for const, rest in ((weight.left, weight.right), (weight.right, weight.left)):
+            if isinstance(const, ast.Constant) and isinstance(const.value, (int, float)):
+                weight = rest
+                break
+        else:
+            return None
+        base = upcast_base(weight, fn)
+        if base is not None:
+            weight, fp32 = base, True
+    if isinstance(weight, (ast.Name, ast.Attribute)) and is_pure(weight):
+        return weight, fp32
+    return None
+
+
+def _mentions(node: ast.AST, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name for n in walk_shared(node))
+
+
+def match(fn: Function) -> Outcome | None:
+    try:
+        result = fold(fn)
+    except NotStraightLine as why:
+        if sites(fn.tree, fn):
+            return Outcome(RMS_NORM, f"RMS normalisation not fused: {why}")
+        return None
+    found = sites(result, fn)
+    if not found:
+        return None
+    if len(found) > 1:
+        return Outcome(RMS_NORM, "RMS normalisation not fused: the function normalises more than once")
+    site = found[0]
+    squared, why = _check_site(site, fn)
+    if squared is None:
+        return Outcome(RMS_NORM, f"RMS-like normalisation not fused: {why}")
+    return _match_output(fn, result, site, squared)
+
+
+def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr) -> Outcome | None:
+    core = next((n for n in walk_shared(result) if _core(n, site) is not None), None)
+    if core is None or not same(_core(core, site), squared):
+        return Outcome(RMS_NORM, "RMS normalisation not fused: it scales a different tensor than it squares")
+    upcast = upcast_base(squared, fn)
+    x = upcast if upcast is not None else squared
+    if not (isinstance(x, ast.Name) and x.id in fn.params):
+        return Outcome(RMS_NORM, "RMS normalisation not fused: the normalised tensor is not a parameter of the function")
+    if _mentions(site.eps, x.id):
+        return Outcome(RMS_NORM, "RMS normalisation not fused: eps depends on the input")
+
+    def lift(node: ast.expr) -> ast.expr:
+        inner = downcast_inner(node, x)
+        return node if inner is None else inner
+
+    weight = None
+    cast_back = False
+    after_cast = False  # Llama style: the weight multiplies the result of the cast back
+    if isinstance(result, ast.BinOp) and isinstance(result.op, ast.Mult):
+        for w, normed in ((result.left, result.right), (result.right, result.left)):
+            if lift(normed) is core:
+                weight, cast_back, after_cast = w, lift(normed) is not normed, True
+                break
+    if weight is None:
+        inner = lift(result)
+        cast_back = inner is not result
+        if inner is core:
+            if fn.is_method and any(
+                isinstance(n, ast.Attribute) and n.attr == fn.tree.name
+                for name, sibling in fn.siblings.items() if name != fn.tree.name
+                for n in ast.walk(sibling)
+            ):
+                return None  # a helper such as Gemma's `_norm`: its caller is the candidate
+            return Outcome(RMS_NORM, "RMS normalisation not fused: there is no weight to pass as gamma")
+        if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Mult):
+            for w, normed in ((inner.left, inner.right), (inner.right, inner.left)):
+                if normed is core:
+                    weight = w
+                    break
+    if weight is None:
+        return Outcome(RMS_NORM, "RMS normalisation not fused: the result is combined with more than a weight")
+    if _mentions(weight, x.id):
+        return Outcome(RMS_NORM, "RMS normalisation not fused: the weight depends on the input")
+    leaf = _weight_leaf(weight, fn)
+    if leaf is None:
+        return Outcome(RMS_NORM, f"RMS normalisation not fused: the weight `{source(weight)}` is not a parameter or `1 + parameter`")
+    leaf, weight_fp32 = leaf
+    if upcast is not None and not cast_back:
+        return Outcome(RMS_NORM, "RMS normalisation not fused: the float32 result is never cast back to the input dtype")
+
+    xs = source(x)
+    guards = [f"{xs}.dim() >= 2", f"{source(leaf)}.shape == {xs}.shape[-1:]"]
+    if upcast is not None and not after_cast:
+        # The original multiplies in float32 and casts back: so does the branch, with an fp32 gamma.
+        gamma = weight if weight_fp32 else ast.Call(ast.Attribute(weight, "float", ast.Load()), [], [])
+        if not weight_fp32:
+            guards.append(f"{source(leaf)}.dtype in {KERNEL_DTYPES}")
+        context = {"x_arg": f"{xs}.float()", "gamma": source(gamma), "cast": f".to({xs}.dtype)"}
+    else:
+        if weight_fp32:
+            return Outcome(RMS_NORM, "RMS normalisation not fused: a float32 weight on the input-dtype result promotes it")
+        guards += [f"{source(leaf)}.dtype == {xs}.dtype", f"{xs}.dtype in {KERNEL_DTYPES}"]
+        context = {"x_arg": xs, "gamma": source(weight), "cast": ""}
+    context.update(x=xs, eps=source(site.eps), guards=guards)
+    return Outcome(RMS_NORM, "RMSNorm gets a fused `torch_npu.npu_rms_norm` branch", TEMPLATE, context)

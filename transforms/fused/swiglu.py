@@ -1,0 +1,168 @@
+"""NPU702: hand-written SwiGLU gets a `torch_npu.npu_swiglu` branch.
+
+`npu_swiglu(t, dim)` splits `t` in halves A, B along `dim` and returns `silu(A) * B`: SiLU on the
+FIRST half. The idiom `act(a) * b` (either operand order: the product commutes exactly) maps to
+`npu_swiglu(cat((a, b), -1))`, or to `npu_swiglu(t, dim)` when `a, b = t.chunk(2, dim)` already are the
+halves of one tensor. The rest of the function's expression (`down_proj(...)`) is kept as written.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from npu_migrate.rule import Rule
+from npu_migrate.transforms.fused.symbolic import (
+    Function,
+    NotStraightLine,
+    Outcome,
+    argument,
+    evaluates_twice,
+    fold,
+    source,
+    substitute_children,
+    walk_shared,
+)
+
+SWIGLU = Rule(
+    id="NPU702",
+    name="fused-swiglu",
+    summary="hand-written SwiGLU (`silu(gate) * up`) gets a guarded `torch_npu.npu_swiglu` branch",
+    doc='''
+    Recognises `act(gate) * up` where `act` is SiLU: `F.silu`, `nn.SiLU()` or a configurable activation
+    attribute (`self.act_fn = ACT2FN[config.hidden_act]`). A configurable activation is checked at run
+    time (`_is_silu`, which knows `nn.SiLU` and transformers' `SiLUActivation`), so a model configured
+    with GELU keeps its original code. Separate gate and up tensors are concatenated (guarded by equal
+    shapes: `torch.cat` would silently accept a broadcast operand); `gate, up = x.chunk(2, -1)` passes
+    `x` itself.
+
+    Declined, with a finding: `up, gate = x.chunk(2, -1)` with SiLU on the second half (the kernel
+    activates the first half; swapping would copy the whole tensor), code that would evaluate a
+    projection twice, bodies with control flow. GELU gates are not SwiGLU and are left alone.
+
+    Before:
+        def forward(self, x):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    After:
+        def forward(self, x):
+            if (
+                _is_npu(x)
+                and _is_silu(self.act_fn)
+                and (_npu_gate := self.gate_proj(x)).shape == (_npu_up := self.up_proj(x)).shape
+            ):
+                return self.down_proj(torch_npu.npu_swiglu(torch.cat((_npu_gate, _npu_up), dim=-1), dim=-1))
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+    ''',
+    needs_torch_npu=False,
+)
+
+RULE = SWIGLU
+MARKERS = ("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN")
+TEMPLATE = "fused/swiglu.py.j2"
+_ACTIVATION_FACTORIES = ("ACT2FN", "get_activation", "ACT2CLS")
+
+
+def _activation(call: ast.expr, fn: Function) -> tuple[ast.expr, str | None] | None:
+    """(the activated tensor, the runtime check needed or None) if `call` applies SiLU."""
+    if not (isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords):
+        return None
+    func = call.func
+    if fn.qualname(func) == "torch.nn.functional.silu":
+        return call.args[0], None
+    if isinstance(func, ast.Call) and fn.qualname(func.func) == "torch.nn.SiLU":
+        return call.args[0], None
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == fn.self_name:
+        origin = fn.attribute_source(func.attr)
+        configured = origin is not None and any(
+            isinstance(n, ast.Name) and n.id in _ACTIVATION_FACTORIES for n in ast.walk(origin)
+        )
+        fixed = (
+            origin is not None
+            and isinstance(origin, ast.Call)
+            and fn.qualname(origin.func) in ("torch.nn.SiLU", "torch.nn.modules.activation.SiLU")
+        )
+        if configured or fixed or (origin is None and "act" in func.attr.lower()):
+            return call.args[0], f"_is_silu({source(func)})"
+    return None
+
+
+def _chunk_half(node: ast.expr) -> tuple[ast.Call, int] | None:
+    """(the shared `t.chunk(2, dim)` call, which half) for a name bound by tuple-unpacking a chunk."""
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.value, ast.Call)
+    ):
+        return node.value, node.slice.value
+    return None
+
+
+def _chunked_tensor(call: ast.Call, fn: Function) -> tuple[ast.expr, ast.expr]:
+    """(tensor, dim) of `t.chunk(2, dim)` / `torch.chunk(t, 2, dim)`; dim defaults to 0."""
+    if fn.qualname(call.func) == "torch.chunk":
+        tensor, dim = call.args[0], argument(call, 2, "dim")
+    else:
+        tensor, dim = call.func.value, argument(call, 1, "dim")
+    return tensor, dim if dim is not None else ast.Constant(0)
+
+
+def match(fn: Function) -> Outcome | None:
+    try:
+        result = fold(fn)
+    except NotStraightLine as why:
+        has_silu = any(
+            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+            and (_activation(n.left, fn) or _activation(n.right, fn))
+            for n in ast.walk(fn.tree)
+        )
+        return Outcome(SWIGLU, f"SwiGLU not fused: {why}") if has_silu else None
+    gates = []
+    for node in walk_shared(result):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for act, other in ((node.left, node.right), (node.right, node.left)):
+                found = _activation(act, fn)
+                if found is not None:
+                    gates.append((node, found[0], other, found[1]))
+                    break
+    if not gates:
+        return None
+    if len(gates) > 1:
+        return Outcome(SWIGLU, "SwiGLU not fused: the function gates more than once")
+    product, gate, up, check = gates[0]
+    x = next((p for p in fn.params if any(isinstance(n, ast.Name) and n.id == p for n in walk_shared(result))), None)
+    if x is None:
+        return Outcome(SWIGLU, "SwiGLU not fused: no tensor parameter to test for the NPU")
+    guards = [check] if check else []
+
+    evaluated = []  # what the guard and the fused call evaluate, besides the kept part of the expression
+    gate_half, up_half = _chunk_half(gate), _chunk_half(up)
+    if gate_half and up_half and gate_half[0] is up_half[0]:
+        if (gate_half[1], up_half[1]) != (0, 1):
+            return Outcome(
+                SWIGLU,
+                "SwiGLU not fused: SiLU is applied to the second chunk, npu_swiglu activates the first",
+            )
+        tensor, dim = _chunked_tensor(gate_half[0], fn)
+        fused = ast.Call(
+            func=ast.Attribute(ast.Name("torch_npu", ast.Load()), "npu_swiglu", ast.Load()),
+            args=[tensor],
+            keywords=[ast.keyword("dim", dim)],
+        )
+    else:
+        if _chunk_half(gate) or _chunk_half(up):
+            return Outcome(SWIGLU, "SwiGLU not fused: only one operand is a chunk")
+        evaluated += [gate, up]
+        guards.append(f"(_npu_gate := {source(gate)}).shape == (_npu_up := {source(up)}).shape")
+        fused = ast.parse("torch_npu.npu_swiglu(torch.cat((_npu_gate, _npu_up), dim=-1), dim=-1)", mode="eval").body
+        for operand in (gate, up):
+            if any(isinstance(n, ast.Name) and n.id in ("_npu_gate", "_npu_up") for n in ast.walk(operand)):
+                return Outcome(SWIGLU, "SwiGLU not fused: the code already uses the names the branch needs")
+
+    def replace(node: ast.AST) -> ast.AST:
+        return fused if node is product else substitute_children(node, replace)
+
+    rewritten = replace(result)
+    if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
+        return Outcome(SWIGLU, "SwiGLU not fused: the branch would evaluate a projection twice")
+    context = {"x": x, "guards": guards, "result": source(rewritten)}
+    helpers = ("is_silu.py.j2",) if check else ()
+    return Outcome(SWIGLU, "SwiGLU gets a fused `torch_npu.npu_swiglu` branch", TEMPLATE, context, helpers)

@@ -1,0 +1,253 @@
+"""What a function computes, as one expression: the ground the fused-op idioms are matched on.
+
+A function whose body is straight-line code (assignments to names, then one `return`) is folded into
+its return expression with every local replaced by the expression it holds, so the idiom is found
+however the code is split into statements or named. Calls of sibling methods (`self._norm(x)`) with
+straight-line bodies are folded in too. Substituted expressions are shared, not copied: a call that
+occurs twice *by identity* in a folded expression is one evaluation in the original code, which tells
+the emitters when re-stating an expression would evaluate something twice.
+
+Matching works on Python's `ast` (no whitespace or parentheses to see through); the libcst tree is only
+used to insert the generated branch, so the original code stays byte-identical.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from npu_migrate.rule import Rule
+
+@dataclass
+class Outcome:
+    """What a matcher decided for one function: a branch to inject (`template` set) or a declined finding."""
+
+    rule: Rule
+    message: str
+    template: str | None = None
+    context: dict[str, object] = field(default_factory=dict)
+    helpers: tuple[str, ...] = ()  # module-level helper templates the branch calls, besides the prelude
+
+
+class NotStraightLine(Exception):
+    """The body has control flow or side effects: it has no single expression to match."""
+
+
+@dataclass
+class Function:
+    """A function under analysis, with what the matchers may ask about its surroundings."""
+
+    tree: ast.FunctionDef
+    is_method: bool
+    qualname: Callable[[ast.expr], str | None]  # `F.silu` -> "torch.nn.functional.silu"
+    siblings: dict[str, ast.FunctionDef] = field(default_factory=dict)  # other methods of the class
+
+    @property
+    def params(self) -> list[str]:
+        args = self.tree.args
+        names = [a.arg for a in (*args.posonlyargs, *args.args)]
+        return names[1:] if self.is_method else names
+
+    @property
+    def self_name(self) -> str | None:
+        args = [*self.tree.args.posonlyargs, *self.tree.args.args]
+        return args[0].arg if self.is_method and args else None
+
+    def attribute_source(self, attr: str) -> ast.expr | None:
+        """The value `__init__` assigns to `self.<attr>`, when it does so exactly once."""
+        init = self.siblings.get("__init__")
+        if init is None:
+            return None
+        found = [
+            node.value
+            for node in ast.walk(init)
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Attribute) and target.attr == attr
+        ]
+        return found[0] if len(found) == 1 else None
+
+
+def body_statements(tree: ast.FunctionDef) -> list[ast.stmt]:
+    """The statements after the docstring."""
+    body = tree.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        return body[1:]
+    return body
+
+
+def has_fused_branch(tree: ast.FunctionDef) -> bool:
+    """True when the body already opens with a branch this codemod injected (a second run)."""
+    body = body_statements(tree)
+    if not body or not isinstance(body[0], ast.If):
+        return False
+    test = body[0].test
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        test = test.values[0]
+    return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "_is_npu"
+
+
+def substitute(node: ast.AST, env: dict[str, ast.expr]) -> ast.AST:
+    """`node` with every loaded name in `env` replaced by its (shared) value; `node` is not modified."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in env:
+        return env[node.id]
+    if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        raise NotStraightLine("it binds names in a nested scope")
+    return substitute_children(node, lambda child: substitute(child, env))
+
+
+def _chunk_call(value: ast.expr, qualname) -> bool:
+    """`x.chunk(2, ...)` or `torch.chunk(x, 2, ...)`: two halves, as tuple-unpacking needs."""
+    if not isinstance(value, ast.Call):
+        return False
+    if isinstance(value.func, ast.Attribute) and value.func.attr == "chunk" and qualname(value.func) != "torch.chunk":
+        first = value.args[0] if value.args else next((k.value for k in value.keywords if k.arg == "chunks"), None)
+    elif qualname(value.func) == "torch.chunk":
+        first = value.args[1] if len(value.args) > 1 else next((k.value for k in value.keywords if k.arg == "chunks"), None)
+    else:
+        return False
+    return isinstance(first, ast.Constant) and first.value == 2
+
+
+def fold(fn: Function, depth: int = 0) -> ast.expr:
+    """The return expression of `fn` with its locals (and inlinable sibling calls) substituted."""
+    env: dict[str, ast.expr] = {}
+    for stmt in body_statements(fn.tree):
+        if isinstance(stmt, ast.Pass):
+            continue
+        if isinstance(stmt, ast.Return) and stmt.value is not None:
+            if stmt is not body_statements(fn.tree)[-1]:
+                raise NotStraightLine("it returns before its last statement")
+            return _inline_siblings(fn, substitute(stmt.value, env), depth)
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+            env[stmt.target.id] = substitute(stmt.value, env)
+            continue
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target = stmt.targets[0]
+            value = substitute(stmt.value, env)
+            if isinstance(target, ast.Name):
+                env[target.id] = value
+                continue
+            if (
+                isinstance(target, ast.Tuple)
+                and len(target.elts) == 2
+                and all(isinstance(e, ast.Name) for e in target.elts)
+                and _chunk_call(value, fn.qualname)
+            ):
+                for index, element in enumerate(target.elts):
+                    env[element.id] = ast.Subscript(value=value, slice=ast.Constant(index), ctx=ast.Load())
+                continue
+        first_line = ast.unparse(stmt).splitlines()[0]
+        raise NotStraightLine(f"the body is not straight-line assignments (`{first_line}`)")
+    raise NotStraightLine("it has no return value")
+
+
+def _inline_siblings(fn: Function, expr: ast.expr, depth: int) -> ast.expr:
+    """Replace `self.m(args)` by the folded body of sibling method `m` where that is possible."""
+    self_name = fn.self_name
+    if self_name is None or depth > 3:
+        return expr
+
+    memo: dict[int, ast.AST] = {}  # a shared subtree stays shared after inlining
+
+    def visit(node: ast.AST) -> ast.AST:
+        if id(node) not in memo:
+            memo[id(node)] = rewrite(node)
+        return memo[id(node)]
+
+    def rewrite(node: ast.AST) -> ast.AST:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == self_name
+            and node.func.attr in fn.siblings
+            and not node.keywords
+        ):
+            sibling = Function(fn.siblings[node.func.attr], True, fn.qualname, fn.siblings)
+            if len(sibling.params) == len(node.args) and sibling.self_name is not None:
+                try:
+                    body = fold(sibling, depth + 1)
+                except NotStraightLine:
+                    return node
+                env = dict(zip(sibling.params, (visit(a) for a in node.args)))
+                env[sibling.self_name] = node.func.value
+                return substitute(body, env)
+        return substitute_children(node, visit)
+
+    return visit(expr)
+
+
+def substitute_children(node: ast.AST, visit: Callable[[ast.AST], ast.AST]) -> ast.AST:
+    changes = {}
+    for name, value in ast.iter_fields(node):
+        if isinstance(value, list):
+            new = [visit(v) if isinstance(v, ast.AST) else v for v in value]
+            if any(a is not b for a, b in zip(new, value)):
+                changes[name] = new
+        elif isinstance(value, ast.AST):
+            new = visit(value)
+            if new is not value:
+                changes[name] = new
+    if not changes:
+        return node
+    clone = copy.copy(node)
+    for name, value in changes.items():
+        setattr(clone, name, value)
+    return clone
+
+
+def same(a: ast.AST | None, b: ast.AST | None) -> bool:
+    return a is not None and b is not None and (a is b or ast.dump(a) == ast.dump(b))
+
+
+def evaluates_twice(expr: ast.expr) -> bool:
+    """True when some call of the original code occurs twice in `expr` (so it would run twice)."""
+    seen: set[int] = set()
+    for node in walk_shared(expr):
+        if isinstance(node, ast.Call):
+            if id(node) in seen:
+                return True
+            seen.add(id(node))
+    return False
+
+
+def walk_shared(node: ast.AST):
+    """Like `ast.walk`, but visits a shared subtree once per occurrence."""
+    yield node
+    for child in ast.iter_child_nodes(node):
+        yield from walk_shared(child)
+
+
+def method_call(node: ast.expr, name: str) -> ast.Call | None:
+    """`node` if it is `<something>.name(...)`."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name:
+        return node
+    return None
+
+
+def argument(call: ast.Call, position: int, keyword: str) -> ast.expr | None:
+    if len(call.args) > position:
+        return call.args[position]
+    return next((k.value for k in call.keywords if k.arg == keyword), None)
+
+
+def is_pure(node: ast.expr) -> bool:
+    """Names, attributes, constants and arithmetic on them: safe to evaluate again in a guard."""
+    if isinstance(node, (ast.Name, ast.Constant)):
+        return True
+    if isinstance(node, ast.Attribute):
+        return is_pure(node.value)
+    if isinstance(node, ast.UnaryOp):
+        return is_pure(node.operand)
+    if isinstance(node, ast.BinOp):
+        return is_pure(node.left) and is_pure(node.right)
+    return False
+
+
+def source(node: ast.expr) -> str:
+    return ast.unparse(node)
