@@ -59,11 +59,16 @@ def _main(
     """npu-migrate: CUDA -> Ascend NPU migration."""
 
 
+def _absolute(path: Path) -> Path:
+    # Not Path.resolve(): it follows symlinks (and raises on a symlink loop); paths here stay as given.
+    return Path(os.path.abspath(path))
+
+
 def _display(path: Path, root: Path) -> str:
     """Paths in diffs and findings: relative to the current folder (so `git apply` works from the
     repository root), else relative to the common root of the inputs."""
-    resolved = path.resolve()
-    for base in (Path.cwd().resolve(), root):
+    resolved = _absolute(path)
+    for base in (_absolute(Path.cwd()), root):
         try:
             return resolved.relative_to(base).as_posix()
         except ValueError:
@@ -73,13 +78,13 @@ def _display(path: Path, root: Path) -> str:
 
 def _relative_to(path: Path, base: Path) -> str:
     try:
-        return path.resolve().relative_to(base.resolve()).as_posix()
+        return _absolute(path).relative_to(_absolute(base)).as_posix()
     except ValueError:
         return path.as_posix()
 
 
 def _common_root(paths: list[Path]) -> Path:
-    dirs = [p.resolve() if p.is_dir() else p.resolve().parent for p in paths]
+    dirs = [_absolute(p) if p.is_dir() else _absolute(p).parent for p in paths]
     return Path(os.path.commonpath([str(d) for d in dirs]))
 
 
@@ -118,8 +123,15 @@ def apply(
         Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from PATHS upwards).")
     ] = None,
     no_gitignore: Annotated[bool, typer.Option("--no-gitignore", help="Also migrate files git ignores.")] = False,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds one file may take; a slower file fails, untouched.")
+    ] = 300.0,
 ) -> None:
-    """Rewrite CUDA code for Ascend NPUs: in place, into --output, or as a --diff / --check dry run."""
+    """Rewrite CUDA code for Ascend NPUs: in place, into --output, or as a --diff / --check dry run.
+
+    With --check the exit code is 1 when a file would change or a finding of severity "error" is open
+    (an API with no NPU counterpart), so CI keeps CUDA-only code from creeping back.
+    """
     from npu_migrate.discovery import discover, uncommitted
     from npu_migrate.pipeline import Job, Mode, Plan, Status
     from npu_migrate.report import (
@@ -138,21 +150,24 @@ def apply(
 
     root = _common_root(paths) if paths else Path.cwd()
     if output is not None:
-        out = output.resolve()
+        out = _absolute(output)
         for given in paths:
-            g = given.resolve()
+            g = _absolute(given)
             if given.is_dir() and (out == g or g in out.parents):
                 raise _fail(f"--output {output} is inside the input tree {given}; choose a folder outside it")
         _copy_tree_skeleton(paths, root, out)
 
     mode = Mode.OUTPUT if output is not None else (Mode.DIFF if diff or check else Mode.IN_PLACE)
     dirty = uncommitted(paths, found.files) if mode is Mode.IN_PLACE and config.require_clean_git and not force else set()
-    plan = Plan(enabled, version, mode, annotate=annotate)
+    plan = Plan(
+        enabled, version, mode, annotate=annotate, timeout=timeout,
+        output_root=_absolute(output) if output is not None else None,
+    )
     job_list = [
         Job(
             path=f,
             display=_display(f, root),
-            destination=(output.resolve() / f.resolve().relative_to(root)) if output is not None else None,
+            destination=(_absolute(output) / _absolute(f).relative_to(root)) if output is not None else None,
             ignore=config.ignored_for(_relative_to(f, config.root)),
             dirty=f in dirty,
         )
@@ -185,7 +200,7 @@ def apply(
                 typer.echo(format_finding(finding), err=mode is Mode.DIFF)
 
     if output is not None:
-        write_change_list(output.resolve() / "change_list.csv", all_findings)
+        write_change_list(_absolute(output) / "change_list.csv", all_findings)
     if output_format is OutputFormat.json:
         write_json(sys.stdout, "apply", results, summary)
     elif output_format is OutputFormat.sarif:
@@ -199,7 +214,7 @@ def apply(
 
     if found.errors or summary.failed:
         raise typer.Exit(EXIT_ERROR)
-    if check and summary.changed:
+    if check and (summary.changed or summary.open_errors):
         raise typer.Exit(EXIT_CHANGES)
 
 
@@ -242,7 +257,7 @@ def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
                 source = folder / name
                 if source.suffix == ".py" or source.is_symlink():
                     continue
-                target = out / source.resolve().relative_to(root)
+                target = out / _absolute(source).relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, target)
 

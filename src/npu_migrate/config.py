@@ -17,6 +17,7 @@ errors that name the file and the key, never silently ignored.
 from __future__ import annotations
 
 import fnmatch
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -68,7 +69,7 @@ class Config:
 
 
 def find_pyproject(paths: list[Path]) -> Path | None:
-    start = (paths[0] if paths else Path.cwd()).resolve()
+    start = Path(os.path.abspath(paths[0] if paths else Path.cwd()))
     if not start.is_dir():
         start = start.parent
     for folder in [start, *start.parents]:

@@ -43,7 +43,7 @@ def _excluded(path: Path, excludes: list[tuple[str, Path]]) -> bool:
     path component, so `third_party` skips every folder of that name."""
     for pattern, base in excludes:
         try:
-            rel = PurePosixPath(path.resolve().relative_to(base).as_posix())
+            rel = PurePosixPath(Path(os.path.abspath(path)).relative_to(base).as_posix())
         except ValueError:
             rel = PurePosixPath(path.as_posix())
         if fnmatch.fnmatch(rel.as_posix(), pattern) or rel.match(pattern):
@@ -94,13 +94,13 @@ def discover(
 
     `excludes` are (glob, base folder) pairs.
     """
-    excludes = [(pattern, base.resolve()) for pattern, base in excludes or []]
+    excludes = [(pattern, Path(os.path.abspath(base))) for pattern, base in excludes or []]
     result = Discovery()
     walked: list[Path] = []
     explicit: list[Path] = []
     for given in paths:
-        if given.is_symlink() and not given.exists():
-            result.errors.append((str(given), "broken symbolic link"))
+        if given.is_symlink() and not os.path.exists(given):
+            result.errors.append((str(given), "broken symbolic link (or a symlink loop)"))
             continue
         if not given.exists():
             result.errors.append((str(given), "no such file or directory"))
@@ -127,7 +127,7 @@ def discover(
         walked = [p for p in walked if p not in ignored]
     seen: set[Path] = set()
     for f in sorted(explicit + walked):
-        key = f.resolve()
+        key = Path(os.path.realpath(f))
         if key not in seen:
             seen.add(key)
             result.files.append(f)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 import difflib
 import enum
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +63,8 @@ class Plan:
     torch_npu_version: str | None
     mode: Mode
     annotate: bool = False  # insert `# TODO(npu-migrate ...)` above open findings
+    timeout: float | None = None  # seconds per file; a file that takes longer fails and is left alone
+    output_root: Path | None = None  # OUTPUT mode: nothing may be written outside it
 
     def enabled_for(self, job_ignore: tuple[str, ...]) -> frozenset[str]:
         if not job_ignore:
@@ -128,6 +132,15 @@ def migrate_source(
     if not active:
         return text, [], False
     active += [c for c in checkers if getattr(c, "follows_others", False)]
+    # CPython's own parser first: it is an order of magnitude cheaper, gives the familiar syntax error
+    # messages, and refuses nesting deep enough to crash libcst's native parser (seen: a segfault at
+    # 5,000 nested parentheses). Code CPython cannot parse cannot run either.
+    try:
+        ast.parse(text, filename=display)
+    except SyntaxError as exc:
+        raise SourceError(f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise SourceError("too deeply nested to parse") from None
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -204,14 +217,42 @@ def validate(text: str, display: str) -> None:
         raise SourceError(f"internal error: the migrated code does not parse ({exc.msg}, line {exc.lineno}); file left untouched") from None
 
 
+class FileTimeout(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise FileTimeout
+
+
 def process(job: Job, plan: Plan) -> FileResult:
+    """One file, with the per-file time limit (SIGALRM, so only where signals are available)."""
+    use_alarm = plan.timeout is not None and hasattr(signal, "setitimer") and _in_main_thread()
+    if use_alarm:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, plan.timeout)
+    try:
+        return _process(job, plan)
+    except FileTimeout:
+        return FileResult(job.display, Status.FAILED, error=f"took longer than {plan.timeout:g} s (--timeout); file left untouched")
+    finally:
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _process(job: Job, plan: Plan) -> FileResult:
     try:
         source = read_source(job.path)
         api = _api(plan.torch_npu_version)
         new_text, findings, parsed = migrate_source(source, job.display, plan, api, job.ignore)
         if new_text == source.text:
             if plan.mode is Mode.OUTPUT and job.destination is not None:
-                atomic_write(job.destination, source.raw)
+                _write_output(job.destination, source.raw, plan.output_root)
             return FileResult(job.display, Status.UNCHANGED, findings, parsed=parsed)
         validate(new_text, job.display)
         diff = unified_diff(job.display, source.text, new_text)
@@ -224,14 +265,26 @@ def process(job: Job, plan: Plan) -> FileResult:
                 )
             atomic_write(job.path, data, expected=source.raw)
         elif plan.mode is Mode.OUTPUT and job.destination is not None:
-            atomic_write(job.destination, data)
+            _write_output(job.destination, data, plan.output_root)
         return FileResult(job.display, Status.CHANGED, findings, diff=diff, parsed=True)
     except SourceError as exc:
         return FileResult(job.display, Status.FAILED, error=str(exc))
+    except FileTimeout:
+        raise
     except RecursionError:
         return FileResult(job.display, Status.FAILED, error="too deeply nested (recursion limit); file left untouched")
     except Exception as exc:  # a bug in a rule must cost one file, never the run
         return FileResult(job.display, Status.FAILED, error=f"internal error ({type(exc).__name__}: {exc}); file left untouched")
+
+
+def _write_output(destination: Path, data: bytes, root: Path | None) -> None:
+    """Write into the output tree, never through a symlink that leads out of it."""
+    if root is not None:
+        resolved_root = root.resolve()
+        parent = destination.parent.resolve()
+        if parent != resolved_root and resolved_root not in parent.parents:
+            raise SourceError(f"output folder {destination.parent} leads outside {root} (symlink); not written")
+    atomic_write(destination, data)
 
 
 _API_CACHE: dict[str | None, NpuApi] = {}

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from npu_migrate import __version__
-from npu_migrate.findings import Finding
+from npu_migrate.findings import Finding, Severity
 from npu_migrate.pipeline import FileResult, Status
 
 JSON_SCHEMA_VERSION = 1
@@ -25,6 +25,7 @@ class Summary:
     findings: int = 0
     fixes_by_rule: Counter = field(default_factory=Counter)
     open_by_rule: Counter = field(default_factory=Counter)
+    open_errors: int = 0  # open findings of severity "error": code that will fail on NPU as it is
 
     def add(self, result: FileResult) -> None:
         self.scanned += 1
@@ -34,6 +35,7 @@ class Summary:
         for f in result.findings:
             self.findings += 1
             (self.fixes_by_rule if f.fixed else self.open_by_rule)[f.rule_id] += 1
+            self.open_errors += not f.fixed and f.severity is Severity.ERROR
 
     def lines(self, *, dry_run: bool) -> list[str]:
         verb = "would change" if dry_run else "changed"

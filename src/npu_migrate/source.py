@@ -50,6 +50,8 @@ def decode_source(path: Path, raw: bytes) -> SourceFile:
 
 def read_source(path: Path) -> SourceFile:
     try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise SourceError("not a regular file (a FIFO, device or socket); not read")
         raw = path.read_bytes()
     except OSError as exc:
         raise SourceError(f"cannot read: {exc.strerror or exc}") from None
@@ -75,7 +77,8 @@ def atomic_write(path: Path, data: bytes, *, expected: bytes | None = None) -> N
             raise SourceError(f"cannot re-read before writing: {exc.strerror or exc}") from None
         if current != expected:
             raise SourceError("changed on disk while npu-migrate was running; not overwritten")
-    if st is not None and not os.access(path, os.W_OK):
+    # Mode bits, not os.access: root may write anything, but a read-only file says "leave me".
+    if st is not None and not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
         raise SourceError("file is read-only; not written")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npu-migrate.tmp")
