@@ -161,6 +161,15 @@ class AmpChecker(Checker):
     rules = (CUDA_AMP, AMP_DEVICE, GPU_DTYPE, AMP_NOT_MIGRATED)
     markers = ("amp", "autocast", "GradScaler", "custom_fwd", "custom_bwd")
 
+    @classmethod
+    def wants(cls, index) -> bool:
+        # "amp" is a substring of "example" and "clamp": only the identifier counts.
+        return index.uses(
+            "amp", "autocast", "GradScaler", "custom_fwd", "custom_bwd",
+            "get_autocast_gpu_dtype", "set_autocast_gpu_dtype",
+            "get_autocast_dtype", "set_autocast_dtype", "is_autocast_enabled", "set_autocast_enabled",
+        )
+
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         self._parents: dict[int, cst.Call | cst.Decorator] = {}

@@ -127,6 +127,10 @@ class CudaApiChecker(Checker):
     rules = (SAME_NAME, RENAMED, NO_EQUIVALENT, BEHAVIOUR_DIFFERS, UNKNOWN_API)
     markers = ("cuda",)
 
+    @classmethod
+    def wants(cls, index) -> bool:
+        return index.uses("cuda")
+
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         self.api = ctx.api

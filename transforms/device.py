@@ -164,6 +164,10 @@ class DeviceChecker(Checker):
     rules = (CUDA_METHOD, DEVICE_STRING, IS_CUDA, DEVICE_COMPARISON)
     markers = ("cuda",)
 
+    @classmethod
+    def wants(cls, index) -> bool:
+        return index.uses("cuda", "is_cuda") or index.string_containing("cuda")
+
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         self._is_cuda_reads: list[cst.Attribute] = []

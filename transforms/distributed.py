@@ -217,6 +217,14 @@ class DistributedChecker(Checker):
     markers = ("nccl", "NCCL", "DataParallel", "init_process_group", "new_group", "new_subgroups", "DeviceMesh",
                "init_device_mesh")
 
+    @classmethod
+    def wants(cls, index) -> bool:
+        return (
+            index.string_containing("nccl", "cuda")
+            or index.uses("NCCL", "is_nccl_available", "ProcessGroupNCCL", "DataParallel", "data_parallel",
+                          "DistributedDataParallel", "device_ids", "output_device")
+        )
+
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         # What the file assigns, by the name it assigns to: values a backend argument may be traced to.

@@ -114,6 +114,10 @@ class EnvironmentChecker(Checker):
     rules = (RENAMED, NEEDS_CONVERSION, NO_EQUIVALENT, VISIBLE_DEVICES_ORDER)
     markers = ("environ", "getenv", "putenv", "unsetenv", "env=")
 
+    @classmethod
+    def wants(cls, index) -> bool:
+        return index.string_containing("CUDA", "NCCL", "CUBLAS", "CUDNN", "NVIDIA")
+
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         # Variables holding a copy of the environment (`env = os.environ.copy()`), by name.

@@ -17,6 +17,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from npu_migrate.api import NpuApi
+from npu_migrate.astindex import AstIndex
 from npu_migrate.context import FileContext, Report
 from npu_migrate.findings import Finding, Severity
 from npu_migrate.lines import StatementIndex, Suppressions, add_todo, line_of, todo_comment
@@ -131,16 +132,20 @@ def migrate_source(
     active = [checker for checker in checkers if any(m in text for m in checker.markers)]
     if not active:
         return text, [], False
-    active += [c for c in checkers if getattr(c, "follows_others", False)]
     # CPython's own parser first: it is an order of magnitude cheaper, gives the familiar syntax error
     # messages, and refuses nesting deep enough to crash libcst's native parser (seen: a segfault at
     # 5,000 nested parentheses). Code CPython cannot parse cannot run either.
     try:
-        ast.parse(text, filename=display)
+        tree = ast.parse(text, filename=display)
     except SyntaxError as exc:
         raise SourceError(f"syntax error at line {exc.lineno}: {exc.msg}") from None
     except (RecursionError, MemoryError):
         raise SourceError("too deeply nested to parse") from None
+    index = AstIndex.of(tree)
+    active = [checker for checker in active if checker.wants(index)]
+    if not active:
+        return text, [], False
+    active += [c for c in checkers if getattr(c, "follows_others", False)]
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -156,12 +161,12 @@ def migrate_source(
         return text, [], True
 
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-    index: list[StatementIndex] = []
+    statement_index: list[StatementIndex] = []
 
     def statements() -> StatementIndex:
-        if not index:
-            index.append(StatementIndex(positions))
-        return index[0]
+        if not statement_index:
+            statement_index.append(StatementIndex(positions))
+        return statement_index[0]
 
     suppressions = Suppressions.scan(text, statements)
     if suppressions.ranges:
