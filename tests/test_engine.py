@@ -13,7 +13,7 @@ from npu_migrate.pipeline import Job, Mode, Plan, Status, migrate_text, process,
 from npu_migrate.registry import select_rules
 from npu_migrate.source import SourceError, atomic_write
 
-PY = frozenset({".py"})
+PY = lambda path: path.suffix == ".py"  # noqa: E731
 
 
 def run_file(path: Path, mode: Mode = Mode.IN_PLACE):

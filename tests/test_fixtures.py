@@ -1,4 +1,5 @@
-"""Fixture pairs, one folder per rule: `fixtures/rules/<RULE>/<case>.in.py` -> `<case>.out.py`.
+"""Fixture pairs, one folder per rule: `fixtures/rules/<RULE>/<case>.in.py` -> `<case>.out.py` (or
+`.in.sh` -> `.out.sh`, `.in.ipynb` -> `.out.ipynb`, ...: the name without `.in` decides the file kind).
 
 Each case runs with only its folder's rule selected (or the rules listed in the folder's `select.txt`,
 for rules that act only together with others). A case without `.out.py` must stay byte-identical
@@ -16,23 +17,34 @@ from npu_migrate.registry import all_rules
 from conftest import FIXTURES
 
 RULES_DIR = FIXTURES / "rules"
-CASES = sorted(RULES_DIR.glob("*/*.in.py"))
+CASES = sorted(RULES_DIR.glob("*/*.in.*"))
+
+
+def _stem(case):
+    return case.name.split(".in.")[0]
+
+
+def _companion(case, suffix):
+    """`<case>.out.<ext>` or `<case>.findings.txt` next to `<case>.in.<ext>`."""
+    ext = case.name.split(".in.", 1)[1]
+    return case.with_name(f"{_stem(case)}.out.{ext}" if suffix == "out" else f"{_stem(case)}.findings.txt")
 
 
 def _findings_text(findings) -> str:
     return "".join(f"{f.line}:{f.col} {f.rule_id} {'fixed' if f.fixed else 'open'}\n" for f in findings)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.name[:-6]}" for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.name}" for c in CASES])
 def test_fixture(case, update_fixtures):
     rule_id = case.parent.name
     select_file = case.parent / "select.txt"
     select = select_file.read_text().strip().split(",") if select_file.exists() else [rule_id]
     source = case.read_text(encoding="utf-8")
-    out_path = case.with_name(case.name[:-6] + ".out.py")
-    findings_path = case.with_name(case.name[:-6] + ".findings.txt")
+    out_path = _companion(case, "out")
+    findings_path = _companion(case, "findings")
+    name = case.name.replace(".in.", ".", 1)  # the kind comes from the real file name: train.sh, Dockerfile
 
-    migrated, findings = migrate_text(source, path=case.name, select=select)
+    migrated, findings = migrate_text(source, path=name, select=select)
     if update_fixtures:
         if migrated != source:
             out_path.write_text(migrated, encoding="utf-8")
@@ -43,21 +55,21 @@ def test_fixture(case, update_fixtures):
     assert migrated == expected
     if findings_path.exists():
         assert _findings_text(findings) == findings_path.read_text(encoding="utf-8")
-    again, _ = migrate_text(migrated, path=case.name, select=select)
+    again, _ = migrate_text(migrated, path=name, select=select)
     assert again == migrated, "a second apply must change nothing"
 
 
 @pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.id)
 def test_every_rule_has_positive_and_negative_fixtures(rule):
     folder = RULES_DIR / rule.id
-    cases = sorted(folder.glob("*.in.py"))
+    cases = sorted(folder.glob("*.in.*"))
     assert cases, f"no fixtures for {rule.id} in {folder}"
-    positives = [c for c in cases if c.with_name(c.name[:-6] + ".out.py").exists()]
+    positives = [c for c in cases if _companion(c, "out").exists()]
     negatives = [c for c in cases if c not in positives]
     if rule.fixable:
         assert positives, f"{rule.id} rewrites code but has no .out.py fixture"
     else:
-        assert any(c.with_name(c.name[:-6] + ".findings.txt").exists() for c in cases), (
+        assert any(_companion(c, "findings").exists() for c in cases), (
             f"{rule.id} only reports, so a fixture must pin its findings"
         )
     assert negatives, f"{rule.id} has no negative fixture (a look-alike that must stay untouched)"

@@ -2,7 +2,8 @@
 
 Rule id ranges: NPU0xx engine-level edits, NPU1xx device placement, NPU2xx torch.cuda APIs,
 NPU3xx torch.distributed, NPU4xx automatic mixed precision, NPU5xx torch.backends and the profiler,
-NPU6xx environment variables, NPU7xx fused-operator injection.
+NPU6xx environment variables and launch scripts, NPU7xx fused-operator injection, NPU8xx custom CUDA
+kernels.
 """
 
 from npu_migrate.transforms.amp import AmpChecker
@@ -11,6 +12,8 @@ from npu_migrate.transforms.device import DeviceChecker
 from npu_migrate.transforms.distributed import DistributedChecker
 from npu_migrate.transforms.environment import EnvironmentChecker
 from npu_migrate.transforms.fused import FusedOpsChecker
+from npu_migrate.transforms.kernels import CudaExtensionChecker, CudaSourceChecker
+from npu_migrate.transforms.launch import LaunchChecker
 from npu_migrate.transforms.torch_npu_import import TorchNpuImportChecker
 
 CHECKERS = (
@@ -21,4 +24,8 @@ CHECKERS = (
     AmpChecker,
     EnvironmentChecker,
     FusedOpsChecker,
+    CudaExtensionChecker,
 )
+
+#: Checkers of files without a Python syntax tree: launch scripts, Dockerfiles, .env, YAML, CUDA sources.
+TEXT_CHECKERS = (LaunchChecker, CudaSourceChecker)

@@ -103,6 +103,35 @@ _ASCENDING_IDS = re.compile(r"\d+(,\d+)*")
 _KEY_METHODS = frozenset({"get", "pop", "setdefault"})
 
 
+def verdict(name: str) -> tuple[str | None, Rule | None, str]:
+    """What variable `name` needs on Ascend, for every file kind: (new name, rule to report, advice).
+
+    A plain rename gives (new, None, ""); a value to convert or a variable without counterpart gives
+    (None, rule, advice); a name npu-migrate has nothing to say about gives (None, None, "").
+    """
+    if name in _RENAME:
+        return _RENAME[name], None, ""
+    if name in _CONVERT:
+        return None, NEEDS_CONVERSION, _CONVERT[name]
+    if name in _NO_EQUIVALENT:
+        return None, NO_EQUIVALENT, _NO_EQUIVALENT[name]
+    prefix = next((p for p in sorted(_PREFIXES, key=len, reverse=True) if name.startswith(p)), None)
+    if prefix is not None:
+        return None, NO_EQUIVALENT, _PREFIXES[prefix]
+    return None, None, ""
+
+
+def visible_devices_problem(name: str, value: str) -> str | None:
+    """Why `value` for variable `name` (after renaming) would select other devices on Ascend, if it would."""
+    if _CHECKS.get(_RENAME.get(name, name)) == "ascending-ids" and not _ascending_ids(value):
+        return (
+            f"{_RENAME.get(name, name)} needs comma-separated device ids in ascending order without spaces, and "
+            f"stops reading at the first one that breaks this: {value!r} would select other devices than on "
+            "CUDA. Sort the ids (and remap code that relies on their order)"
+        )
+    return None
+
+
 def _ascending_ids(value: str) -> bool:
     if not _ASCENDING_IDS.fullmatch(value):
         return False
@@ -248,27 +277,16 @@ class EnvironmentChecker(Checker):
 
     def _judge(self, node: cst.CSTNode, name: str, value, present: frozenset[str]) -> str | None:
         """Report what the variable `name` needs; the new name if it is simply renamed."""
-        new = _RENAME.get(name)
-        check = _CHECKS.get(new or name)
         literal = string_value(value) if value is not None else None
-        if check == "ascending-ids" and literal is not None and not _ascending_ids(literal):
-            self.report(
-                VISIBLE_DEVICES_ORDER, value,
-                f"{new or name} needs comma-separated device ids in ascending order without spaces, and stops reading "
-                f"at the first one that breaks this: {literal!r} would select other devices than on CUDA. Sort the "
-                "ids (and remap code that relies on their order)",
-            )
+        problem = visible_devices_problem(name, literal) if literal is not None else None
+        if problem is not None:
+            self.report(VISIBLE_DEVICES_ORDER, value, problem)
             return None
+        new, rule, advice = verdict(name)
         if new is not None:
             return None if new in present else new
-        if name in _CONVERT:
-            self.report(NEEDS_CONVERSION, node, f"`{name}`: {_CONVERT[name]}")
-        elif name in _NO_EQUIVALENT:
-            self.report(NO_EQUIVALENT, node, f"`{name}`: {_NO_EQUIVALENT[name]}")
-        else:
-            prefix = next((p for p in sorted(_PREFIXES, key=len, reverse=True) if name.startswith(p)), None)
-            if prefix is not None:
-                self.report(NO_EQUIVALENT, node, f"`{name}`: {_PREFIXES[prefix]}")
+        if rule is not None:
+            self.report(rule, node, f"`{name}`: {advice}")
         return None
 
     def finish(self) -> None:

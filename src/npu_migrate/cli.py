@@ -144,7 +144,7 @@ def apply(
     config, enabled, version = _settings(paths, config_file, select, ignore, torch_npu_version)
 
     excludes = [(p, config.root) for p in config.exclude] + [(p, Path.cwd()) for p in split_codes(exclude)]
-    found = discover(paths, frozenset({".py"}), excludes=excludes, respect_gitignore=not no_gitignore)
+    found = discover(paths, _migratable, excludes=excludes, respect_gitignore=not no_gitignore)
     for path, reason in found.errors:
         typer.echo(f"{path}: error: {reason}", err=True)
 
@@ -243,8 +243,14 @@ def split_codes(values):
     return split(values)
 
 
+def _migratable(path: Path) -> bool:
+    from npu_migrate.kinds import kind_of
+
+    return kind_of(path) is not None
+
+
 def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
-    """Copy the non-Python files of the input into the output tree, so that it is a complete copy."""
+    """Copy the files npu-migrate does not read into the output tree, so that it is a complete copy."""
     from npu_migrate.discovery import _is_skipped_dir
 
     for given in paths:
@@ -255,7 +261,7 @@ def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
             dirnames[:] = [d for d in dirnames if not _is_skipped_dir(folder / d)]
             for name in filenames:
                 source = folder / name
-                if source.suffix == ".py" or source.is_symlink():
+                if _migratable(source) or source.is_symlink():
                     continue
                 target = out / _absolute(source).relative_to(root)
                 target.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -85,12 +86,12 @@ def _in_git_work_tree(path: Path) -> bool:
 
 def discover(
     paths: list[Path],
-    suffixes: frozenset[str],
+    accepts: Callable[[Path], bool],
     *,
     excludes: list[tuple[str, Path]] | None = None,
     respect_gitignore: bool = True,
 ) -> Discovery:
-    """Files under `paths` whose suffix is in `suffixes`, sorted, each once.
+    """Files under `paths` that `accepts`, sorted, each once.
 
     `excludes` are (glob, base folder) pairs.
     """
@@ -107,7 +108,7 @@ def discover(
             continue
         if given.is_file():
             # Named explicitly (pre-commit passes file names): taken even if a folder rule would skip it.
-            if given.suffix in suffixes and not _excluded(given, excludes):
+            if accepts(given) and not _excluded(given, excludes):
                 explicit.append(given)
             continue
         for dirpath, dirnames, filenames in os.walk(given, followlinks=False):
@@ -118,7 +119,7 @@ def discover(
             )
             for name in filenames:
                 candidate = folder / name
-                if candidate.suffix not in suffixes or candidate.is_symlink():
+                if not accepts(candidate) or candidate.is_symlink():
                     continue  # a symlink may lead out of the tree; never read or written through
                 if not _excluded(candidate, excludes):
                     walked.append(candidate)

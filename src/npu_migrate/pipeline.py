@@ -16,6 +16,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from npu_migrate import kinds, notebooks
 from npu_migrate.api import NpuApi
 from npu_migrate.astindex import AstIndex
 from npu_migrate.context import FileContext, Report
@@ -214,7 +215,51 @@ def _annotate(ctx: FileContext, positions, statements: StatementIndex) -> None:
             ctx.edits.append((statement, add_todo(statement, todo_comment(report.rule.id, report.message))))
 
 
-def validate(text: str, display: str) -> None:
+def migrate_file(
+    source: SourceFile, display: str, plan: Plan, api: NpuApi, kind: str, job_ignore: tuple[str, ...] = ()
+) -> tuple[str, list[Finding], bool]:
+    """Any supported file: Python through libcst, notebooks cell by cell, the rest as text."""
+    if kind == kinds.NOTEBOOK:
+        return _migrate_notebook(source, display, plan, api, job_ignore)
+    if kind in kinds.TEXT_KINDS:
+        from npu_migrate.registry import text_checkers
+        from npu_migrate.textfiles import apply_reports
+
+        enabled = plan.enabled_for(job_ignore)
+        reports = [r for c in text_checkers() if kind in c.kinds for r in c(enabled).check(source.text, kind)]
+        new_text, findings = apply_reports(source.text, reports, display)
+        return new_text, findings, False
+    return migrate_source(source, display, plan, api, job_ignore)
+
+
+def _migrate_notebook(source, display, plan, api, job_ignore):
+    from dataclasses import replace
+
+    notebook = notebooks.load(source.text, display)
+    module, indexes, magics = notebooks.join_cells(notebook)
+    cells = SourceFile(path=source.path, raw=module.encode("utf-8"), text=module, encoding="utf-8")
+    try:
+        new_module, findings, parsed = migrate_source(cells, display, plan, api, job_ignore)
+    except SourceError as exc:
+        raise SourceError(f"code cells: {exc}") from None
+    where = notebooks.cell_lines(module)
+    findings = [
+        replace(f, line=where[f.line][1] if f.line < len(where) else f.line,
+                message=f"cell {where[f.line][0]}: {f.message}" if f.line < len(where) else f.message)
+        for f in findings
+    ]
+    if new_module == module:
+        return source.text, findings, parsed
+    sources = notebooks.split_cells(new_module, indexes, magics, notebook)
+    return notebooks.dump(notebook, sources, source.text), findings, parsed
+
+
+def validate(text: str, display: str, kind: str = kinds.PYTHON) -> None:
+    if kind == kinds.NOTEBOOK:
+        notebooks.validate(text)
+        return
+    if kind != kinds.PYTHON:
+        return  # text edits replace whole tokens only; there is no parser to ask
     """Never write code that does not parse: an engine bug must fail the file, not corrupt it."""
     try:
         ast.parse(text, filename=display)
@@ -254,12 +299,13 @@ def _process(job: Job, plan: Plan) -> FileResult:
     try:
         source = read_source(job.path)
         api = _api(plan.torch_npu_version)
-        new_text, findings, parsed = migrate_source(source, job.display, plan, api, job.ignore)
+        kind = kinds.kind_of(job.path) or kinds.PYTHON
+        new_text, findings, parsed = migrate_file(source, job.display, plan, api, kind, job.ignore)
         if new_text == source.text:
             if plan.mode is Mode.OUTPUT and job.destination is not None:
                 _write_output(job.destination, source.raw, plan.output_root)
             return FileResult(job.display, Status.UNCHANGED, findings, parsed=parsed)
-        validate(new_text, job.display)
+        validate(new_text, job.display, kind)
         diff = unified_diff(job.display, source.text, new_text)
         data = source.encode(new_text)
         if plan.mode is Mode.IN_PLACE:
@@ -310,13 +356,15 @@ def migrate_text(
     torch_npu_version: str | None = None,
     annotate: bool = False,
 ) -> tuple[str, list[Finding]]:
-    """Migrate source text in memory: the Python API used by tests, `analyze` and editors."""
+    """Migrate text in memory: the Python API used by tests, `analyze` and editors. `path` (its name)
+    decides the file kind: Python unless it names a notebook, a launch script or another known kind."""
     from npu_migrate.registry import select_rules
     from npu_migrate.source import decode_source
 
     plan = Plan(select_rules(select, ignore), torch_npu_version, Mode.DIFF, annotate=annotate)
     source = decode_source(Path(path), text.encode("utf-8"))
-    new_text, findings, _ = migrate_source(source, path, plan, _api(torch_npu_version))
+    kind = kinds.kind_of(Path(path)) or kinds.PYTHON  # "<string>" and other unknown names are Python
+    new_text, findings, _ = migrate_file(source, path, plan, _api(torch_npu_version), kind)
     if new_text != text:
-        validate(new_text, path)
+        validate(new_text, path, kind)
     return new_text, findings

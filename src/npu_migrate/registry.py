@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from npu_migrate.rule import Checker, Rule
+from npu_migrate.rule import Checker, Rule, TextChecker
 
 
 class SelectionError(ValueError):
@@ -15,12 +15,19 @@ def all_checkers() -> list[type[Checker]]:
     return list(CHECKERS)
 
 
+def text_checkers() -> list[type[TextChecker]]:
+    from npu_migrate.transforms import TEXT_CHECKERS
+
+    return list(TEXT_CHECKERS)
+
+
 def all_rules() -> list[Rule]:
-    return sorted((rule for checker in all_checkers() for rule in checker.rules), key=lambda r: r.id)
+    rules = {rule.id: rule for checker in [*all_checkers(), *text_checkers()] for rule in checker.rules}
+    return sorted(rules.values(), key=lambda r: r.id)
 
 
 def family_of(rule_id: str) -> str:
-    for checker in all_checkers():
+    for checker in [*all_checkers(), *text_checkers()]:
         if any(r.id == rule_id for r in checker.rules):
             return checker.family()
     raise KeyError(rule_id)

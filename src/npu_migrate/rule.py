@@ -76,3 +76,24 @@ class Checker(cst.BatchableCSTVisitor):
     @classmethod
     def family(cls) -> str:
         return cls.__module__.rsplit(".", 1)[-1]
+
+
+class TextChecker:
+    """Base class of the checkers for files without a Python syntax tree (see `npu_migrate.textfiles`).
+
+    `kinds` names the file kinds it reads (`npu_migrate.kinds`); `check` returns reports, each with an
+    optional span edit, for the whole text.
+    """
+
+    rules: ClassVar[tuple[Rule, ...]]
+    kinds: ClassVar[frozenset[str]]
+
+    def __init__(self, enabled: frozenset[str]) -> None:
+        self.enabled = enabled
+
+    def check(self, text: str, kind: str) -> list:
+        raise NotImplementedError
+
+    @classmethod
+    def family(cls) -> str:
+        return cls.__module__.rsplit(".", 1)[-1]

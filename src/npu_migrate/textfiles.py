@@ -1,0 +1,135 @@
+"""Migrating files that are not Python: launch scripts, Dockerfiles, .env and YAML files, CUDA sources.
+
+They have no syntax tree here, so their checkers (`rule.TextChecker`) look at one line at a time, outside
+comments and as whole tokens, and propose edits as character spans. The engine applies the spans,
+honours `# npu-migrate: ignore` on a line, and reports findings exactly as for Python files.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from npu_migrate.findings import Finding, Severity
+from npu_migrate.lines import SUPPRESSION
+from npu_migrate.rule import Rule
+
+
+@dataclass(frozen=True)
+class Line:
+    number: int  # 1-based
+    start: int  # offset of the line in the file
+    text: str  # without its newline
+    code_end: int  # where a `#` comment starts (len(text) when there is none)
+
+    @property
+    def code(self) -> str:
+        return self.text[: self.code_end]
+
+
+@dataclass
+class TextReport:
+    rule: Rule
+    line: int
+    col: int  # 1-based
+    message: str
+    severity: Severity
+    span: tuple[int, int] | None = None  # file offsets to replace
+    replacement: str = ""
+
+
+def comment_start(text: str) -> int:
+    """Where a shell / YAML / Dockerfile comment starts on this line: a `#` outside quotes, at the start or
+    after whitespace (`a#b` is a word in shell, not a comment)."""
+    quote = None
+    for i, char in enumerate(text):
+        if quote:
+            if char == quote:
+                quote = None
+            elif char == "\\" and quote == '"':
+                continue
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or text[i - 1] in " \t"):
+            return i
+    return len(text)
+
+
+def split_lines(text: str, comments: bool = True) -> list[Line]:
+    lines, offset = [], 0
+    for number, raw in enumerate(text.splitlines(keepends=True), start=1):
+        body = raw.rstrip("\r\n")
+        lines.append(Line(number, offset, body, comment_start(body) if comments else len(body)))
+        offset += len(raw)
+    return lines
+
+
+def token(name: str, word: str = "A-Za-z0-9_") -> re.Pattern[str]:
+    """`name` as a whole word: not part of MY_CUDA_VISIBLE_DEVICES_NOTE (or, with `word` including "-",
+    of my-nvidia-smi-wrapper)."""
+    return re.compile(rf"(?<![{word}]){re.escape(name)}(?![{word}])")
+
+
+def quoted(code: str, position: int) -> bool:
+    """Whether `position` of a line lies inside a quoted string."""
+    quote = None
+    for i, char in enumerate(code[:position]):
+        if quote:
+            if char == quote:
+                quote = None
+        elif char in "'\"":
+            quote = char
+    return quote is not None
+
+
+def is_prose(code: str, start: int, end: int) -> bool:
+    """A name inside quotes is text ("set CUDA_VISIBLE_DEVICES yourself") unless it is expanded
+    ("${CUDA_VISIBLE_DEVICES}", "$CUDA_VISIBLE_DEVICES") or assigned ("CUDA_VISIBLE_DEVICES=0")."""
+    if not quoted(code, start):
+        return False
+    expanded = code[max(0, start - 2):start].endswith(("$", "${"))
+    assigned = code[end:end + 1] == "="
+    return not (expanded or assigned)
+
+
+def apply_reports(text: str, reports: list[TextReport], display: str) -> tuple[str, list[Finding]]:
+    """Apply the edits of `reports` (overlapping ones after the first are dropped) and return findings."""
+    suppressed = _suppressed_lines(text)
+    kept = [r for r in reports if not _covers(suppressed, r)]
+    kept.sort(key=lambda r: (r.line, r.col, r.rule.id))
+    out, cursor, findings = [], 0, []
+    for report in kept:
+        fixed = False
+        original = replacement = ""
+        if report.span is not None and report.span[0] >= cursor:
+            start, end = report.span
+            out.append(text[cursor:start])
+            out.append(report.replacement)
+            cursor, fixed = end, True
+            original, replacement = text[start:end], report.replacement
+        findings.append(
+            Finding(report.rule.id, display, report.line, report.col, report.message, report.severity,
+                    fixed=fixed, original=original, replacement=replacement)
+        )
+    out.append(text[cursor:])
+    return "".join(out), findings
+
+
+def _suppressed_lines(text: str) -> dict[int, frozenset[str] | None]:
+    found = {}
+    if "npu-migrate:" not in text and "noqa" not in text:
+        return found
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = SUPPRESSION.search(line)
+        if match:
+            raw = match.group("codes") if match.group("noqa") is None else match.group("noqa")
+            codes = frozenset(c.strip().upper() for c in raw.split(",") if c.strip()) if raw else None
+            found[number] = codes or None
+    return found
+
+
+def _covers(suppressed, report: TextReport) -> bool:
+    if report.line not in suppressed:
+        return False
+    codes = suppressed[report.line]
+    return codes is None or any(report.rule.id.startswith(c) for c in codes)

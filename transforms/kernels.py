@@ -1,0 +1,116 @@
+"""Custom CUDA kernels: never rewritten, always reported, because they need an Ascend C port.
+
+`.cu` / `.cuh` sources are listed kernel by kernel; Python builds of CUDA extensions
+(`CUDAExtension`, `torch.utils.cpp_extension.load` / `load_inline` with CUDA sources) are reported at
+the call. `npu-migrate analyze --mode custom_kernels` lists the same findings with what to port.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from npu_migrate import kinds
+from npu_migrate.findings import Severity
+from npu_migrate.rule import Checker, Rule, TextChecker
+from npu_migrate.textfiles import TextReport
+from npu_migrate.transforms.literals import string_value
+
+CUDA_KERNEL = Rule(
+    id="NPU801",
+    name="cuda-kernel-source",
+    summary="CUDA kernels in `.cu` / `.cuh` files are reported: they need an Ascend C port",
+    doc='''
+    NPUs do not run CUDA C++. Each `__global__` kernel is reported; port it to Ascend C (or replace it
+    with torch / torch_npu operators) and build it with torch_npu's `cpp_extension` (`NpuExtension`).
+
+    Example:
+        __global__ void fused_bias_gelu(float* out, const float* x, int n) { ... }
+    reports: CUDA kernel `fused_bias_gelu` needs an Ascend C port.
+    ''',
+    severity=Severity.ERROR,
+    fixable=False,
+)
+
+CUDA_EXTENSION = Rule(
+    id="NPU802",
+    name="cuda-extension-build",
+    summary="`CUDAExtension` / `cpp_extension.load(_inline)` builds of CUDA code are reported",
+    doc='''
+    A CUDA extension cannot be built or loaded on an NPU host. Port its kernels to Ascend C and build them
+    with `torch_npu.utils.cpp_extension.NpuExtension`, or replace the extension with torch operators.
+
+    Example:
+        ext = load_inline("ops", cpp_sources=cpp, cuda_sources=cuda_src)
+    reports: the CUDA sources of this extension need an Ascend C port.
+    ''',
+    severity=Severity.ERROR,
+    fixable=False,
+)
+
+_GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]+?\s+)?(\w+)\s*\(")
+_BUILDERS = frozenset({"CUDAExtension", "load", "load_inline", "BuildExtension"})
+
+
+class CudaSourceChecker(TextChecker):
+    rules = (CUDA_KERNEL,)
+    kinds = frozenset({kinds.CUDA_SOURCE})
+
+    def check(self, text: str, kind: str) -> list[TextReport]:
+        if CUDA_KERNEL.id not in self.enabled:
+            return []
+        reports = []
+        for number, code in enumerate(_without_comments(text).splitlines(), start=1):
+            for match in _GLOBAL.finditer(code):
+                reports.append(
+                    TextReport(
+                        CUDA_KERNEL, number, match.start() + 1,
+                        f"CUDA kernel `{match.group(1)}` needs an Ascend C port (or a torch / torch_npu operator)",
+                        CUDA_KERNEL.severity,
+                    )
+                )
+        if not reports:  # headers and host code still mean CUDA-only code to port
+            reports.append(
+                TextReport(CUDA_KERNEL, 1, 1, "CUDA source file: needs an Ascend C port", CUDA_KERNEL.severity)
+            )
+        return reports
+
+
+def _without_comments(text: str) -> str:
+    """C++ source with `//` and `/* */` comments blanked out, keeping every line and column in place."""
+    return _C_COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+_C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+class CudaExtensionChecker(Checker):
+    rules = (CUDA_EXTENSION,)
+    markers = ("cpp_extension", "CUDAExtension", "load_inline")
+
+    @classmethod
+    def wants(cls, index) -> bool:
+        return index.uses("cpp_extension", "CUDAExtension", "load_inline")
+
+    def visit_Call(self, node: cst.Call) -> None:
+        qualname = self.ctx.qualname(node.func) or ""
+        if not qualname.startswith("torch.utils.cpp_extension.") or qualname.rsplit(".", 1)[-1] not in _BUILDERS:
+            return
+        name = qualname.rsplit(".", 1)[-1]
+        if name == "CUDAExtension":
+            self.report(CUDA_EXTENSION, node, "`CUDAExtension`: its CUDA sources need an Ascend C port (NpuExtension)")
+        elif name == "load_inline" and any(a.keyword and a.keyword.value == "cuda_sources" for a in node.args):
+            self.report(CUDA_EXTENSION, node, "`load_inline` with `cuda_sources`: the CUDA code needs an Ascend C port")
+        elif name == "load" and self._builds_cuda(node):
+            self.report(CUDA_EXTENSION, node, "`load` of `.cu` sources: the CUDA code needs an Ascend C port")
+
+    @staticmethod
+    def _builds_cuda(node: cst.Call) -> bool:
+        for arg in node.args:
+            values = [arg.value]
+            if isinstance(arg.value, (cst.List, cst.Tuple)):
+                values = [e.value for e in arg.value.elements]
+            if any((string_value(v) or "").endswith((".cu", ".cuh")) for v in values):
+                return True
+        return False

@@ -1,0 +1,93 @@
+"""Launch scripts, Dockerfiles, .env and YAML configs: the environment-variable table and `nvidia-smi`.
+
+These files are not Python, so they are read line by line (`npu_migrate.textfiles`): names are matched
+as whole tokens and never inside comments. Variables follow the same table as Python code
+(`data/env_vars.toml`, rules NPU601-NPU604), so one place says what `CUDA_VISIBLE_DEVICES` becomes.
+"""
+
+from __future__ import annotations
+
+import re
+
+from npu_migrate import kinds
+from npu_migrate.findings import Severity
+from npu_migrate.rule import Rule, TextChecker
+from npu_migrate.textfiles import TextReport, is_prose, split_lines, token
+from npu_migrate.transforms.environment import RENAMED, VISIBLE_DEVICES_ORDER, verdict, visible_devices_problem
+from npu_migrate.transforms.literals import load_table
+
+NVIDIA_SMI = Rule(
+    id="NPU605",
+    name="nvidia-smi",
+    summary="`nvidia-smi` in launch scripts becomes `npu-smi info`; calls with options are reported",
+    doc='''
+    A bare `nvidia-smi` (a status printout) becomes `npu-smi info`. Options differ between the two
+    tools, so `nvidia-smi --query-gpu=...` or `$(nvidia-smi -L | wc -l)` are reported with the npu-smi
+    equivalent to use (`npu-smi info -l` lists the NPUs and their count) instead of being rewritten.
+
+    Before:
+        nvidia-smi
+        torchrun --nproc_per_node=$(nvidia-smi -L | wc -l) train.py
+    After:
+        npu-smi info
+        torchrun --nproc_per_node=$(nvidia-smi -L | wc -l) train.py   # reported: count NPUs another way
+    ''',
+    severity=Severity.WARNING,
+)
+
+_TABLE = load_table("env_vars.toml")
+_KNOWN = sorted({*_TABLE["rename"], *_TABLE["convert"], *_TABLE["no_equivalent"]}, key=len, reverse=True)
+_NAMES = re.compile(
+    r"(?<![A-Za-z0-9_])(?:"
+    + "|".join(re.escape(n) for n in _KNOWN)
+    + "|(?:TORCH_NCCL_|NCCL_|TORCH_CUDNN_|CUDNN_)[A-Z0-9_]+"
+    + r")(?![A-Za-z0-9_])"
+)
+# The value right after a variable: `NAME=v`, `NAME: v`, Dockerfile `ENV NAME v`; quotes optional.
+_VALUE = re.compile(r"""\s*(?:=|:[ \t]+|[ \t]+)["']?([0-9][0-9, ]*[0-9]|[0-9])["']?""")
+_SMI = token("nvidia-smi", word="A-Za-z0-9_-")
+_END_OF_COMMAND = re.compile(r"\s*($|[;|&)`]|\\$)")
+
+
+class LaunchChecker(TextChecker):
+    rules = (NVIDIA_SMI,)
+    kinds = frozenset({kinds.SHELL, kinds.DOCKERFILE, kinds.DOTENV, kinds.YAML})
+
+    def check(self, text: str, kind: str) -> list[TextReport]:
+        reports: list[TextReport] = []
+        for line in split_lines(text):
+            code = line.code
+            for match in _NAMES.finditer(code):
+                if not is_prose(code, match.start(), match.end()):
+                    reports.extend(self._variable(line, match))
+            for match in _SMI.finditer(code):
+                if not is_prose(code, match.start(), match.end()):
+                    reports.append(self._nvidia_smi(line, match))
+        return [r for r in reports if r.rule.id in self.enabled]
+
+    def _variable(self, line, match) -> list[TextReport]:
+        name, col = match.group(0), match.start() + 1
+        value = _VALUE.match(line.code, match.end())
+        if value is not None:
+            problem = visible_devices_problem(name, value.group(1))
+            if problem is not None:
+                return [TextReport(VISIBLE_DEVICES_ORDER, line.number, col, problem, VISIBLE_DEVICES_ORDER.severity)]
+        new, rule, advice = verdict(name)
+        if new is not None:
+            span = (line.start + match.start(), line.start + match.end())
+            return [TextReport(RENAMED, line.number, col, f"`{name}` is `{new}` on Ascend", RENAMED.severity, span, new)]
+        if rule is not None:
+            return [TextReport(rule, line.number, col, f"`{name}`: {advice}", rule.severity)]
+        return []
+
+    def _nvidia_smi(self, line, match) -> TextReport:
+        col = match.start() + 1
+        if _END_OF_COMMAND.match(line.code, match.end()):
+            span = (line.start + match.start(), line.start + match.end())
+            return TextReport(NVIDIA_SMI, line.number, col, "`nvidia-smi` -> `npu-smi info`", Severity.INFO, span, "npu-smi info")
+        return TextReport(
+            NVIDIA_SMI, line.number, col,
+            "`nvidia-smi` with options: npu-smi takes other ones. Use `npu-smi info` for status, `npu-smi info -l` "
+            "to list NPUs (and count them), `npu-smi info -t usages -i <id>` for utilisation",
+            Severity.WARNING,
+        )
