@@ -181,3 +181,17 @@ def test_many_files_through_the_process_pool_keep_input_order(tmp_path):
     assert result.returncode == 0, result.stderr
     headers = [line for line in result.stdout.splitlines() if line.startswith("--- a/")]
     assert headers == [f"--- a/m{i:02d}.py" for i in range(12)]
+
+
+def test_readme_documents_every_rule_family_and_id_range():
+    """The README's rule table is written by hand; this keeps it from falling behind the registry."""
+    import re
+
+    from npu_migrate.registry import all_rules
+
+    readme = (ROOT / "README.md").read_text()
+    ranges = [(int(a), int(b)) for a, b in re.findall(r"NPU(\d{3})-NPU(\d{3})", readme)]
+    singles = {int(n) for n in re.findall(r"\| NPU(\d{3}) \|", readme)}
+    for rule in all_rules():
+        number = int(rule.id[3:])
+        assert number in singles or any(a <= number <= b for a, b in ranges), f"{rule.id} missing from README"
