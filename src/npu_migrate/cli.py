@@ -1,7 +1,8 @@
 """The `npu-migrate` command line. Thin: it parses options and hands over to the engine.
 
-Exit codes (all commands): 0 done or nothing to do; 1 changes needed (`apply --check`);
-2 error (bad usage, a path that does not exist, a file that could not be read or parsed).
+Exit codes (all commands): 0 done or nothing to do; 1 changes needed (`apply --check`), or for `verify`
+the outputs differ, a fused op rejected its arguments, or no fused branch ran; 2 error (bad usage, a path
+that does not exist, a file that could not be read or parsed, an error in the user's own code).
 """
 
 from __future__ import annotations
@@ -299,6 +300,11 @@ def rules(
             typer.echo(rule.documentation)
             return
     raise _fail(f"unknown rule {rule_id!r}; `npu-migrate rules` lists them")
+
+
+from npu_migrate.verify.cli import verify_command  # noqa: E402  (imports no torch: only its workers do)
+
+app.command("verify")(verify_command)
 
 
 def main() -> None:

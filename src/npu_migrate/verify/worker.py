@@ -1,0 +1,305 @@
+"""One side of `npu-migrate verify`, run in a fresh interpreter: `python -m npu_migrate.verify.worker`.
+
+A fresh process per side is what makes the comparison honest: the original and the migrated tree
+define the same module names (`transformers.models.llama...`), and only an empty `sys.modules` lets
+each side import its own copy. The worker puts its tree first on `sys.path`, imports the factory,
+seeds every generator, calls `build()`, runs one forward pass under `torch.no_grad()` and writes the
+output tensors plus what it learnt (fused-op calls per module, the mode, or the error) to `--out`.
+
+In the migrated process the fused branches must really run:
+
+* "npu" mode, when torch_npu imports and an NPU is present: model and inputs move to the NPU and the
+  real kernels run; calls are counted through a proxy over torch_npu. NOT TESTED: no NPU was available
+  when this was written; it relies only on the prelude's own `_is_npu` and on `Tensor.to("npu")`.
+* "reference" mode otherwise: every migrated module (a file under the migrated tree that carries the
+  prelude) gets the CPU reference as `torch_npu` and an `_is_npu` that is true for any tensor, so each
+  branch whose other guards hold takes the fused path. Modules are patched as they are imported, so
+  ones imported lazily during the forward pass are covered too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.abc
+import importlib.util
+import os
+import random
+import re
+import sys
+import traceback
+import types
+from collections.abc import Mapping
+
+import torch
+
+from npu_migrate.verify import reference
+
+PRELUDE_MARK = "_HAS_TORCH_NPU"
+_SITE = re.compile(r"torch_npu\.(npu_\w+)\s*\(")
+_FACTORY_MODULE = "_npu_migrate_verify_factory"
+
+
+class _Patcher(importlib.abc.MetaPathFinder):
+    """Patches each migrated module right after it executes, wherever and whenever it is imported."""
+
+    def __init__(self, root: str, install) -> None:
+        self.root = os.path.join(os.path.abspath(root), "")
+        self.install = install
+        self.modules: dict[str, dict] = {}
+
+    def owns(self, filename: str | None) -> bool:
+        return bool(filename) and os.path.abspath(filename).startswith(self.root)
+
+    def find_spec(self, fullname, path, target=None):
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        run = getattr(loader, "exec_module", None)
+        if self.owns(spec.origin) and run is not None and not getattr(run, "_npu_migrate_verify", False):
+            # FileFinder makes a loader per module, so shadowing the method on the instance keeps the
+            # loader's type and everything else about it; the mark stops a shared loader (zipimport)
+            # from being wrapped twice.
+            def exec_module(module, _run=run):
+                _run(module)
+                self.patch(module)
+
+            exec_module._npu_migrate_verify = True
+            loader.exec_module = exec_module
+        return spec
+
+    def patch(self, module: types.ModuleType) -> None:
+        if module.__name__ in self.modules or not self.owns(getattr(module, "__file__", None)):
+            return
+        namespace = vars(module)
+        if PRELUDE_MARK not in namespace or not callable(namespace.get("_is_npu")):
+            return
+        try:
+            with open(module.__file__, encoding="utf-8") as handle:
+                source = handle.read()
+        except OSError:
+            source = ""
+        if PRELUDE_MARK not in source:
+            return  # it imported the prelude's names from elsewhere: not a migrated module itself
+        sites = collections.Counter(_SITE.findall(source))
+        calls = self.install(module)
+        self.modules[module.__name__] = {"file": module.__file__, "sites": dict(sites), "calls": calls}
+
+    def sweep(self) -> None:
+        """Modules that bypassed the finder (loaded from a file spec, say) are patched here."""
+        for module in list(sys.modules.values()):
+            if isinstance(module, types.ModuleType):
+                self.patch(module)
+
+
+def _reference_installer(generator: torch.Generator):
+    def install(module: types.ModuleType) -> collections.Counter:
+        fake = reference.torch_npu_module(generator=generator)
+        module.torch_npu = fake
+        module._HAS_TORCH_NPU = True
+        module._is_npu = lambda x: isinstance(x, torch.Tensor)
+        return fake.calls
+
+    return install
+
+
+class _CountingTorchNpu(types.ModuleType):
+    """The real torch_npu, with the npu_* ops counted. Only used on an NPU: NOT TESTED on hardware."""
+
+    def __init__(self, real: types.ModuleType) -> None:
+        super().__init__("torch_npu")
+        self._real = real
+        self.calls = collections.Counter()
+
+    def __getattr__(self, name):
+        value = getattr(self._real, name)
+        if name.startswith("npu_") and callable(value):
+            def counted(*args, _value=value, _name=name, **kwargs):
+                self.calls[_name] += 1
+                return _value(*args, **kwargs)
+
+            return counted
+        return value
+
+
+def _npu_installer(real: types.ModuleType):
+    def install(module: types.ModuleType) -> collections.Counter:
+        proxy = _CountingTorchNpu(real)
+        module.torch_npu = proxy  # `_is_npu` stays the prelude's own: the device decides
+        return proxy.calls
+
+    return install
+
+
+def _try_npu() -> types.ModuleType | None:
+    try:
+        import torch_npu  # noqa: F401 - registers torch.npu
+    except Exception:  # noqa: BLE001 - no CANN, wrong version, ...: all mean "no NPU here"
+        return None
+    try:
+        available = torch.npu.is_available()
+    except Exception:  # noqa: BLE001
+        available = False
+    return sys.modules["torch_npu"] if available else None
+
+
+def _seed(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+    except ImportError:
+        return
+    numpy.random.seed(seed)
+
+
+def _to(value, device=None, dtype=None):
+    """Moves tensors in nested inputs; casts floating-point ones to `dtype` (token ids stay integers)."""
+    if isinstance(value, torch.Tensor):
+        target = dtype if dtype is not None and value.is_floating_point() else value.dtype
+        return value.to(device=device or value.device, dtype=target)
+    if isinstance(value, Mapping):
+        return {key: _to(item, device, dtype) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(item, device, dtype) for item in value) if type(value) in (list, tuple) else \
+            tuple(_to(item, device, dtype) for item in value)
+    return value
+
+
+def _flatten(value, name: str, into: list) -> None:
+    """Output tensors with readable names: `output`, `logits`, `hidden_states[2]`, `output[0]`."""
+    if isinstance(value, torch.Tensor):
+        into.append((name or "output", value.detach().to("cpu")))
+    elif isinstance(value, Mapping):  # also HF ModelOutput, an OrderedDict
+        for key, item in value.items():
+            _flatten(item, f"{name}.{key}" if name else str(key), into)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _flatten(item, f"{name or 'output'}[{i}]", into)
+    # anything else (a KV cache object, None, a number) is not a numerical output to compare
+
+
+def _where(exc: BaseException, user_files: list[str], root: str) -> str:
+    """file:line of the innermost frame in user code (the factory or the tree), else the innermost."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    root = os.path.join(os.path.abspath(root), "")
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if path in user_files or path.startswith(root):
+            return f"{frame.filename}:{frame.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str) -> dict:
+    root, factory = os.path.abspath(root), os.path.abspath(factory)
+    # The tree first, then the factory's folder; the caller's cwd is dropped so both sides see the same
+    # path apart from their tree.
+    cwd = os.getcwd()
+    sys.path[:] = [root, os.path.dirname(factory)] + [p for p in sys.path if p not in ("", cwd, root)]
+    result: dict = {"role": role, "mode": "cpu", "modules": {}, "outputs": [], "error": None, "warnings": []}
+    stage = "setup"
+    patcher = None
+    try:
+        real_npu = _try_npu() if role == "migrated" and mode in ("auto", "npu") else None
+        if mode == "npu" and real_npu is None and role == "migrated":
+            raise RuntimeError("--mode npu: torch_npu did not import or no NPU is available")
+        generator = torch.Generator().manual_seed(seed)
+        if role == "migrated":
+            result["mode"] = "npu" if real_npu is not None else "reference"
+            installer = _npu_installer(real_npu) if real_npu is not None else _reference_installer(generator)
+        else:
+            installer = None
+        patcher = _Patcher(root, installer or (lambda module: collections.Counter()))
+        if installer is not None:
+            sys.meta_path.insert(0, patcher)
+
+        _seed(seed)
+        stage = "import"
+        spec = importlib.util.spec_from_file_location(_FACTORY_MODULE, factory)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_FACTORY_MODULE] = module
+        spec.loader.exec_module(module)
+        build = getattr(module, "build", None)
+        if not callable(build):
+            result["error"] = {"stage": "import", "type": "UsageError", "where": factory,
+                               "message": "the factory defines no build() function", "traceback": ""}
+            return result
+        stage = "build"
+        _seed(seed)
+        built = build()
+        if not (isinstance(built, tuple) and len(built) == 2):
+            raise TypeError(f"build() must return (model, inputs), got {type(built).__name__}")
+        model, inputs = built
+        target = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        device = "npu" if result["mode"] == "npu" else None
+        if hasattr(model, "to"):
+            model = model.to(device=device, dtype=target) if device else model.to(dtype=target)
+        if hasattr(model, "eval"):
+            model.eval()
+        inputs = _to(inputs, device, target)
+        if installer is not None:
+            patcher.sweep()
+        stage = "forward"
+        _seed(seed)
+        with torch.no_grad():
+            if isinstance(inputs, dict):
+                out = model(**inputs)
+            elif isinstance(inputs, (list, tuple)):
+                out = model(*inputs)
+            else:
+                out = model(inputs)
+        if installer is not None:
+            patcher.sweep()
+        else:
+            # A migrated module in the original tree means the two trees are the wrong way round.
+            stale = [m.__name__ for m in list(sys.modules.values())
+                     if isinstance(m, types.ModuleType) and patcher.owns(getattr(m, "__file__", None))
+                     and PRELUDE_MARK in vars(m)]
+            if stale:
+                result["warnings"].append(
+                    "the original tree already contains fused branches (in " + ", ".join(sorted(stale)[:3]) + ")")
+        _flatten(out, "", result["outputs"])
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides the exit code
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        result["error"] = {
+            "stage": stage,
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "where": _where(exc, [factory], root),
+            "traceback": traceback.format_exc(),
+            "npu_op": isinstance(exc, reference.NpuOpError),
+            "not_modelled": isinstance(exc, reference.NotModelledError),
+        }
+    finally:
+        if role == "migrated" and patcher is not None:
+            result["modules"] = {
+                name: {"file": info["file"], "sites": info["sites"], "calls": dict(info["calls"])}
+                for name, info in sorted(patcher.modules.items())
+            }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m npu_migrate.verify.worker")
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--factory", required=True)
+    parser.add_argument("--role", choices=("original", "migrated"), required=True)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mode", choices=("auto", "reference", "npu"), default="auto")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    result = run(args.dir, args.factory, args.role, args.dtype, args.seed, args.mode)
+    torch.save(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
