@@ -64,6 +64,8 @@ def test_every_rule_has_positive_and_negative_fixtures(rule):
     folder = RULES_DIR / rule.id
     cases = sorted(folder.glob("*.in.*"))
     assert cases, f"no fixtures for {rule.id} in {folder}"
+    stems = [_stem(c) for c in cases]
+    assert len(stems) == len(set(stems)), f"two cases in {folder} share a name, and so a .findings.txt"
     positives = [c for c in cases if _companion(c, "out").exists()]
     negatives = [c for c in cases if c not in positives]
     if rule.fixable:

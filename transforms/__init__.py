@@ -7,6 +7,7 @@ kernels.
 """
 
 from npu_migrate.transforms.amp import AmpChecker
+from npu_migrate.transforms.backends import BackendsChecker
 from npu_migrate.transforms.cuda_api import CudaApiChecker
 from npu_migrate.transforms.device import DeviceChecker
 from npu_migrate.transforms.distributed import DistributedChecker
@@ -22,6 +23,7 @@ CHECKERS = (
     CudaApiChecker,
     DistributedChecker,
     AmpChecker,
+    BackendsChecker,
     EnvironmentChecker,
     FusedOpsChecker,
     CudaExtensionChecker,
