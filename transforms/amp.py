@@ -14,7 +14,7 @@ import libcst as cst
 
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, rebind_import
-from npu_migrate.rule import Checker, Rule
+from npu_migrate.rule import NameUseChecker, Rule
 from npu_migrate.transforms.device import device_literal, rewrite_device_literal
 from npu_migrate.transforms.distributed import argument
 from npu_migrate.transforms.literals import load_table, torch_version, with_tail
@@ -157,7 +157,7 @@ class Use:
         return parts[3] if len(parts) == 4 else None
 
 
-class AmpChecker(Checker):
+class AmpChecker(NameUseChecker):
     rules = (CUDA_AMP, AMP_DEVICE, GPU_DTYPE, AMP_NOT_MIGRATED)
     markers = ("amp", "autocast", "GradScaler", "custom_fwd", "custom_bwd")
 
@@ -173,7 +173,6 @@ class AmpChecker(Checker):
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         self._parents: dict[int, cst.Call | cst.Decorator] = {}
-        self._skip: set[int] = set()  # attribute names, keywords, import names and inner parts of chains
         self._uses: list[Use] = []
         self._new_torch = torch_version(ctx)
 
@@ -191,26 +190,6 @@ class AmpChecker(Checker):
             literal = device_literal(arg.value) if arg is not None else None
             if literal is not None and literal is arg.value:
                 self.report(AMP_DEVICE, literal, f"`{qualname}` now runs on the NPU", fix=rewrite_device_literal)
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        if node.keyword is not None:
-            self._skip.add(id(node.keyword))
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if node.module is not None:
-            self._skip_chain(node.module)
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        self._skip_chain(node.name)
-        if node.asname is not None:
-            self._skip.add(id(node.asname.name))
-
-    def _skip_chain(self, node: cst.BaseExpression) -> None:
-        while isinstance(node, cst.Attribute):
-            self._skip.add(id(node))
-            self._skip.add(id(node.attr))
-            node = node.value
-        self._skip.add(id(node))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._skip.add(id(node.attr))

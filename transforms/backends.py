@@ -20,7 +20,7 @@ import libcst as cst
 
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, dotted_node
-from npu_migrate.rule import Checker, Rule
+from npu_migrate.rule import NameUseChecker, Rule
 from npu_migrate.transforms.literals import with_tail
 
 TF32_TO_HF32 = Rule(
@@ -288,7 +288,7 @@ def _lookup(qualname: str) -> tuple[str, Spec] | None:
     return None
 
 
-class BackendsChecker(Checker):
+class BackendsChecker(NameUseChecker):
     rules = (TF32_TO_HF32, CUDNN_SETTINGS, SDP_TOGGLES, PROFILER_CUDA, CUDA_BACKEND_SETTINGS)
     markers = ("backends", "allow_tf32", "cudnn", "sdp", "ProfilerActivity")
 
@@ -300,30 +300,9 @@ class BackendsChecker(Checker):
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
-        self._skip: set[int] = set()  # attribute names, keywords, import names and inner parts of chains
         self._top_level = {id(line): position for position, line in ctx.imports.top_level_imports}
 
     # -- the walk -----------------------------------------------------------------------------------
-
-    def visit_Arg(self, node: cst.Arg) -> None:
-        if node.keyword is not None:
-            self._skip.add(id(node.keyword))
-
-    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
-        if node.module is not None:
-            self._skip_chain(node.module)
-
-    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
-        self._skip_chain(node.name)
-        if node.asname is not None:
-            self._skip.add(id(node.asname.name))
-
-    def _skip_chain(self, node: cst.BaseExpression) -> None:
-        while isinstance(node, cst.Attribute):
-            self._skip.add(id(node))
-            self._skip.add(id(node.attr))
-            node = node.value
-        self._skip.add(id(node))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._skip.add(id(node.attr))

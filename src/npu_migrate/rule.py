@@ -78,6 +78,36 @@ class Checker(cst.BatchableCSTVisitor):
         return cls.__module__.rsplit(".", 1)[-1]
 
 
+class NameUseChecker(Checker):
+    """A checker that looks at names and attribute chains as *uses*, and so must skip the places where a
+    name is not one: attribute names (`x.cuda` is no use of an imported `cuda`), keyword names, the
+    names inside import statements, and the inner links of a chain it already handled (`_skip_chain`)."""
+
+    def __init__(self, ctx: FileContext, enabled: frozenset[str]) -> None:
+        super().__init__(ctx, enabled)
+        self._skip: set[int] = set()
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self._skip.add(id(node.keyword))
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if node.module is not None:
+            self._skip_chain(node.module)
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        self._skip_chain(node.name)
+        if node.asname is not None:
+            self._skip.add(id(node.asname.name))
+
+    def _skip_chain(self, node: cst.BaseExpression) -> None:
+        while isinstance(node, cst.Attribute):
+            self._skip.add(id(node))
+            self._skip.add(id(node.attr))
+            node = node.value
+        self._skip.add(id(node))
+
+
 class TextChecker:
     """Base class of the checkers for files without a Python syntax tree (see `npu_migrate.textfiles`).
 
