@@ -8,7 +8,7 @@ import ast
 
 import hypothesmith
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from npu_migrate.pipeline import migrate_text
@@ -84,6 +84,7 @@ def test_cuda_programs_migrate_to_valid_code_idempotently(source):
 
 
 @given(cuda_programs())
+@example(source="x = torch.ones(2).cuda()\ndef cuda(self):\n    return self\n")  # TODO above line 1: header
 def test_annotated_migration_is_valid_and_idempotent(source):
     _check(source, annotate=True)
 

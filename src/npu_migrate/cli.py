@@ -302,8 +302,10 @@ def rules(
     raise _fail(f"unknown rule {rule_id!r}; `npu-migrate rules` lists them")
 
 
+from npu_migrate.analyze.cli import analyze_command  # noqa: E402
 from npu_migrate.verify.cli import verify_command  # noqa: E402  (imports no torch: only its workers do)
 
+app.command("analyze")(analyze_command)
 app.command("verify")(verify_command)
 
 

@@ -178,7 +178,7 @@ def migrate_source(
     if not ctx.reports:
         return text, [], True
     if plan.annotate:
-        _annotate(ctx, positions, statements())
+        _annotate(ctx, positions, statements(), text)
 
     applier = FixApplier(ctx.reports, ctx.edits)
     new_module = module.visit(applier) if applier.fixes else module
@@ -205,14 +205,30 @@ def migrate_source(
     return new_text, findings, True
 
 
-def _annotate(ctx: FileContext, positions, statements: StatementIndex) -> None:
-    """`--annotate`: a TODO comment above each statement with a finding a human must act on."""
+def _annotate(ctx: FileContext, positions, statements: StatementIndex, text: str) -> None:
+    """`--annotate`: a TODO comment above each statement with a finding a human must act on, unless the
+    comment lines right above it carry one for that rule already (from an earlier run)."""
+    lines = text.splitlines()
     for report in ctx.reports:
         if report.applied or report.severity is Severity.INFO:
             continue
         statement = statements.innermost(line_of(positions, report.node))
-        if statement is not None:
-            ctx.edits.append((statement, add_todo(statement, todo_comment(report.rule.id, report.message))))
+        if statement is None:
+            continue
+        comment = todo_comment(report.rule.id, report.message)
+        if not _todo_above(lines, line_of(positions, statement), comment.split(")")[0]):
+            ctx.edits.append((statement, add_todo(statement, comment)))
+
+
+def _todo_above(lines: list[str], line: int, tag: str) -> bool:
+    # The comments above a module's first statement belong to the module header, not the statement,
+    # so the check reads the text rather than the statement's leading lines.
+    index = line - 2
+    while index >= 0 and lines[index].strip().startswith("#"):
+        if lines[index].strip().startswith(tag):
+            return True
+        index -= 1
+    return False
 
 
 def migrate_file(

@@ -1,0 +1,39 @@
+"""`npu-migrate analyze`: what a migration to Ascend involves, before any code changes.
+
+One module per mode (`torch_apis`, `third_party`, `custom_kernels`, `affinity_apis`, `dynamic_shape`,
+`model`), the run in `core`, the report formats in `output`, the command in `cli`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from npu_migrate.analyze.core import MODES, FileScan
+from npu_migrate.findings import Finding
+
+_MODULES = {
+    "torch_apis": "torch_apis",
+    "third_party": "third_party",
+    "custom_kernels": "custom_kernels",
+    "affinity_apis": "affinity",
+    "dynamic_shape": "dynamic_shape",
+    "model": "model",
+}
+
+
+class _Modes(dict):
+    def __missing__(self, mode: str):
+        module = importlib.import_module(f"npu_migrate.analyze.{_MODULES[mode]}")
+        self[mode] = module
+        return module
+
+
+MODE_MODULES = _Modes()
+
+
+def scanner_findings(scan: FileScan) -> list[Finding]:
+    """The analysis findings the scanners found in one file (every scanner's, whatever the modes)."""
+    return [f for facts in scan.facts.values() for f in facts.get("findings", ())]
+
+
+__all__ = ["MODES", "MODE_MODULES", "scanner_findings"]

@@ -1,0 +1,152 @@
+"""`npu-migrate analyze`: the command. Thin: it checks the options and hands over to `core.analyse`.
+
+Exit codes: 0 the analysis ran (findings are the report, not a failure); 2 bad usage, a path that does
+not exist, an unreadable --api-files CSV, an output folder that cannot be written, or a source file that
+could not be read or parsed (each named on stderr; the other files are still analysed and reported).
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+EXIT_OK, EXIT_ERROR = 0, 2
+
+
+class AnalyzeMode(str, enum.Enum):
+    torch_apis = "torch_apis"
+    third_party = "third_party"
+    custom_kernels = "custom_kernels"
+    affinity_apis = "affinity_apis"
+    dynamic_shape = "dynamic_shape"
+    model = "model"
+    all = "all"
+
+
+class ReportFormat(str, enum.Enum):
+    text = "text"
+    markdown = "markdown"
+    html = "html"
+    csv = "csv"
+    json = "json"
+    sarif = "sarif"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"npu-migrate: error: {message}", err=True)
+    return typer.Exit(EXIT_ERROR)
+
+
+def analyze_command(
+    paths: Annotated[list[Path], typer.Argument(help="Files or folders to analyse.", show_default=False)],
+    mode: Annotated[
+        Optional[list[AnalyzeMode]],
+        typer.Option("--mode", "-m", help="Analysis to run (repeatable; default torch_apis; `all` runs every one)."),
+    ] = None,
+    output: Annotated[
+        Optional[Path],
+        typer.Option("--output", "-o", help="Write the CSVs, report.json, report.sarif, report.md and report.html here."),
+    ] = None,
+    output_format: Annotated[
+        ReportFormat, typer.Option("--format", help="What to print on stdout.")
+    ] = ReportFormat.text,
+    torch_npu_version: Annotated[
+        Optional[str], typer.Option("--torch-npu-version", help="torch_npu version to judge support against (default: newest known).")
+    ] = None,
+    env_path: Annotated[
+        Optional[list[Path]],
+        typer.Option("--env-path", help="Library source tree to analyse for third_party (repeatable): writes full_unsupported_results.csv."),
+    ] = None,
+    api_files: Annotated[
+        Optional[list[Path]],
+        typer.Option("--api-files", help="full_unsupported_results.csv of an earlier --env-path run (repeatable)."),
+    ] = None,
+    instrument: Annotated[
+        Optional[Path],
+        typer.Option("--instrument", help="dynamic_shape: write an instrumented copy here that records the shapes it sees."),
+    ] = None,
+    jobs: Annotated[
+        Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")
+    ] = None,
+    no_gitignore: Annotated[
+        bool, typer.Option("--no-gitignore", help="Also analyse files git ignores (a package inside a virtualenv).")
+    ] = False,
+    config_file: Annotated[
+        Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from PATHS upwards).")
+    ] = None,
+) -> None:
+    """Analyse a code base for the move to Ascend NPUs: APIs, libraries, kernels, fused ops, shapes, model."""
+    from npu_migrate.analyze import MODES
+    from npu_migrate.analyze.core import AnalysisError, Settings, analyse
+    from npu_migrate.analyze.output import render, summary_lines, write_reports
+    from npu_migrate.api import NpuApi, UnknownVersionError
+    from npu_migrate.config import ConfigError, discover_config
+    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules
+
+    chosen = [m.value for m in mode or [AnalyzeMode.torch_apis]]
+    modes = MODES if "all" in chosen else tuple(m for m in MODES if m in chosen)
+    if instrument is not None and "dynamic_shape" not in modes:
+        raise _fail("--instrument needs --mode dynamic_shape (or --mode all)")
+    if (env_path or api_files) and "third_party" not in modes:
+        raise _fail("--env-path and --api-files need --mode third_party (or --mode all)")
+    for given in paths:
+        if not given.exists():
+            raise _fail(f"{given}: no such file or directory")
+    try:
+        config = discover_config(paths, config_file)
+        enabled = select_rules(list(config.select or ["ALL"]), [*config.ignore, *config.fused_ignores(fused_rule_names())])
+        version = torch_npu_version or config.torch_npu_version
+        NpuApi(version)
+    except (ConfigError, SelectionError, UnknownVersionError) as exc:
+        raise _fail(str(exc)) from None
+
+    settings = Settings(
+        modes=modes, enabled=enabled, torch_npu_version=version,
+        env_paths=tuple(env_path or ()), api_files=tuple(api_files or ()), jobs=jobs,
+    )
+    excludes = [(pattern, config.root) for pattern in config.exclude]
+    try:
+        analysis = analyse(paths, settings, ignored_for=config.ignored_for, excludes=excludes,
+                           respect_gitignore=not no_gitignore)
+        for path, reason in analysis.errors:
+            typer.echo(f"{path}: error: {reason}", err=True)
+        if instrument is not None:
+            from npu_migrate.analyze import dynamic_shape
+            from npu_migrate.analyze.core import Project
+
+            project = Project(analysis.root, settings, None, analysis.files, list(paths))
+            written = dynamic_shape.instrument(project, instrument)
+            typer.echo(f"instrumented {len(written)} files into {instrument}; run it there, then read "
+                       f"{dynamic_shape.SHAPES_CSV}", err=True)
+        if output is not None:
+            if output.exists() and not output.is_dir():
+                raise AnalysisError(f"--output {output}: exists and is not a folder")
+            write_reports(analysis, output)
+    except AnalysisError as exc:
+        raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"{exc.filename or output}: {exc.strerror or exc}") from None
+
+    sys.stdout.write(render(analysis, output_format.value))
+    # With a machine-readable format stdout is the document alone; the summary goes to stderr.
+    for line in summary_lines(analysis):
+        typer.echo(line, err=output_format is not ReportFormat.text)
+    if output is not None:
+        typer.echo(f"reports written to {output}", err=True)
+    if analysis.errors:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def main() -> None:
+    """`python -m npu_migrate.analyze.cli`: the command on its own, before `npu-migrate` registers it."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("analyze")(analyze_command)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""What the names of a file refer to, on CPython's `ast` instead of libcst.
+
+`analyze` reads every Python file of a tree (the `transformers` package: 2,900 files), most of which the
+rules' prefilter never parses; `ast` parses them an order of magnitude faster than libcst. The rules for
+trusting a name are those of `npu_migrate.imports.ImportTable`, so an API the analysis lists resolves
+exactly as the rules resolve it: an imported name that the file also binds another way is not trusted.
+Relative imports resolve when the file's package is known (a library tree given to `third_party`).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+
+def dotted(node: ast.AST) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _absolute(module: str | None, level: int, package: str | None) -> str | None:
+    if level == 0:
+        return module
+    if package is None:
+        return None
+    parts = package.split(".")
+    if level - 1 > len(parts) - 1:
+        return None
+    base = parts[: len(parts) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
+@dataclass
+class Names:
+    bindings: dict[str, str] = field(default_factory=dict)  # local name -> qualified name
+    modules: set[str] = field(default_factory=set)  # every module an import statement loads
+    #: (qualified module, line) of each import statement, for the third-party package check.
+    imports: list[tuple[str, ast.stmt]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, tree: ast.Module, package: str | None = None) -> Names:
+        table = cls()
+        imported: dict[str, set[str]] = {}
+        rebound: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    table.modules.add(alias.name)
+                    table.imports.append((alias.name, node))
+                    if alias.asname:
+                        imported.setdefault(alias.asname, set()).add(alias.name)
+                    else:
+                        top = alias.name.split(".")[0]
+                        imported.setdefault(top, set()).add(top)
+            elif isinstance(node, ast.ImportFrom):
+                module = _absolute(node.module, node.level, package)
+                if module is None:
+                    continue
+                table.modules.add(module)
+                table.imports.append((module, node))
+                for alias in node.names:
+                    if alias.name == "*":
+                        continue
+                    imported.setdefault(alias.asname or alias.name, set()).add(f"{module}.{alias.name}")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                rebound.add(node.name)
+                args = node.args
+                for arg in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+                    if arg is not None:
+                        rebound.add(arg.arg)
+            elif isinstance(node, ast.ClassDef):
+                rebound.add(node.name)
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    _bind(target, rebound)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
+                _bind(node.target, rebound)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                for item in node.items:
+                    if item.optional_vars is not None:
+                        _bind(item.optional_vars, rebound)
+        for local, targets in imported.items():
+            if local not in rebound and len(targets) == 1:
+                table.bindings[local] = next(iter(targets))
+        return table
+
+    def resolve(self, node: ast.AST) -> str | None:
+        """The qualified name of a Name/Attribute chain whose root is a trusted import, else None."""
+        name = dotted(node)
+        if name is None:
+            return None
+        root, _, rest = name.partition(".")
+        qualified = self.bindings.get(root)
+        if qualified is None:
+            return None
+        return f"{qualified}.{rest}" if rest else qualified
+
+
+def _bind(target: ast.AST, rebound: set[str]) -> None:
+    if isinstance(target, ast.Name):
+        rebound.add(target.id)
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for element in target.elts:
+            _bind(element, rebound)
+    elif isinstance(target, ast.Starred):
+        _bind(target.value, rebound)
