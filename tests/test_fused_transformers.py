@@ -1,10 +1,13 @@
-"""NPU701/NPU702 on the real transformers modeling files, end to end.
+"""NPU701-NPU704 on the real transformers modeling files, end to end.
 
-The six decoder models are migrated into a copy of the installed transformers package (symlinks for
-everything else), and tiny random models are built from the original and the migrated package in
-subprocesses with the same seed. Off an NPU the logits must be bit-identical. Then the fused branches
-are forced on (`_is_npu` true) with CPU reference kernels in place of `torch_npu`: the logits must
-still match, the kernels must be called as often as the model has norms and MLPs, and Gemma's GELU MLP
+The six decoder models and `integrations/sdpa_attention.py` are migrated into a copy of the installed
+transformers package (symlinks for everything else), and tiny random models are built from the original
+and the migrated package in subprocesses with the same seed, twice: fp32 with eager attention, and fp16
+with SDPA attention on an unpadded batch (SDPA's is_causal, GQA through enable_gqa) and a left-padded
+one (a bool mask with fully masked rows, kv heads repeated). Off an NPU the logits must be
+bit-identical. Then the fused branches are forced on (`_is_npu` true) with the CPU reference kernels of
+`fused_reference.py` in place of `torch_npu`: the logits must still match, the kernels must be called
+as often as the model has norms, MLPs, rotary embeddings and attention layers, and Gemma's GELU MLP
 must keep its original code.
 """
 
@@ -24,58 +27,82 @@ from npu_migrate.pipeline import migrate_text
 
 MODELS = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3")
 LAYERS = 2
-#: Sites per modeling file: one RMSNorm class and one MLP class each.
-EXPECTED_SITES = {name: {"NPU701": 1, "NPU702": 1} for name in MODELS}
-#: Kernel calls per forward pass: two norms per layer and the final norm (Qwen3 adds q/k norms);
-#: one SwiGLU per layer, none for Gemma, whose MLP is GELU (`_is_silu` declines it at run time).
+TESTS = Path(__file__).resolve().parent
+#: Sites per modeling file: one RMSNorm class, one MLP class, one `apply_rotary_pos_emb` each (Phi-3's
+#: is partial rotary). Attention runs through `ALL_ATTENTION_FUNCTIONS`: the modeling files only hold
+#: `eager_attention_forward`, which returns the probabilities and is reported (NPU704, open).
+EXPECTED_SITES = {name: {"NPU701": 1, "NPU702": 1, "NPU703": 1} for name in MODELS}
+EXPECTED_OPEN = {name: {"NPU704": 1} for name in MODELS}
+#: The one SDPA call of `sdpa_attention_forward`, wrapped.
+INTEGRATION_SITES = {"NPU704": 1}
+
+
+def _per_forward(name: str, attention: bool) -> dict[str, int]:
+    """Kernel calls in one forward pass: two norms per layer and the final norm (Qwen3 adds q/k norms);
+    one SwiGLU per layer, none for Gemma, whose MLP is GELU (`_is_silu` declines it at run time); q and
+    k rotated per layer; one attention per layer when SDPA runs through the kernel."""
+    return {
+        "npu_rms_norm": 2 * LAYERS + 1 + (2 * LAYERS if name == "qwen3" else 0),
+        "npu_swiglu": 0 if name == "gemma" else LAYERS,
+        "npu_rotary_mul": 2 * LAYERS,
+        "npu_fusion_attention": LAYERS if attention else 0,
+    }
+
+
+#: fp32 eager: one forward. fp16 SDPA: an unpadded and a left-padded forward.
 EXPECTED_CALLS = {
-    name: {"npu_rms_norm": 2 * LAYERS + 1 + (2 * LAYERS if name == "qwen3" else 0),
-           "npu_swiglu": 0 if name == "gemma" else LAYERS}
-    for name in MODELS
+    "eager": {name: _per_forward(name, False) for name in MODELS},
+    "sdpa": {name: {k: 2 * v for k, v in _per_forward(name, True).items()} for name in MODELS},
 }
+#: How the SDPA forwards reach the kernel: unpadded, HF passes no mask and is_causal with enable_gqa;
+#: padded, a bool mask and kv heads repeated.
+EXPECTED_ATTENTION_KINDS = {"mask": LAYERS, "causal": LAYERS, "full": 0, "gqa": LAYERS}
+ZERO_CALLS = {"npu_rms_norm": 0, "npu_swiglu": 0, "npu_rotary_mul": 0, "npu_fusion_attention": 0}
 
 RUNNER = textwrap.dedent('''
-    import importlib, json, sys, types
+    import importlib, json, sys
     import torch
-    import torch.nn.functional as F
 
-    force = sys.argv[1] == "force"
+    mode, attention, dtype = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
+    force = mode == "force"
     import transformers
-    calls = {"npu_rms_norm": 0, "npu_swiglu": 0}
+    import fused_reference
+    from fused_reference import ATTENTION_KINDS, CALLS
 
-    def npu_rms_norm(x, gamma, epsilon=1e-6):
-        # The kernel's constraints (torch_npu_facts 1.1): a guard that lets a violation through fails here.
-        assert gamma.dtype == x.dtype and gamma.shape == x.shape[-1:] and x.dim() >= 2
-        calls["npu_rms_norm"] += 1
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + epsilon)
-        return (x.float() * rstd * gamma.float()).to(x.dtype), rstd
-
-    def npu_swiglu(x, dim=-1):
-        calls["npu_swiglu"] += 1
-        a, b = x.chunk(2, dim)
-        return (F.silu(a.float()) * b.float()).to(x.dtype)
-
-    fake = types.SimpleNamespace(npu_rms_norm=npu_rms_norm, npu_swiglu=npu_swiglu)
+    fake = fused_reference.fake_torch_npu()
     common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=%(layers)d, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, vocab_size=128, pad_token_id=0)
+    # Phi-3 rotates only part of each head: the branch must slice as the original does.
+    extra = {"phi3": {"partial_rotary_factor": 0.5}}
     out = {"transformers": transformers.__file__, "models": {}}
+    sdpa = importlib.import_module("transformers.integrations.sdpa_attention")
+    if force and hasattr(sdpa, "_is_npu"):
+        sdpa._is_npu = lambda x: True
+        sdpa.torch_npu = fake
+    ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    padded = torch.ones(2, 7, dtype=torch.long)
+    padded[1, :3] = 0
+    batches = [{}] if attention == "eager" else [{}, {"attention_mask": padded}]
     for name, prefix in %(models)r:
         module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
         if force:
             module._is_npu = lambda x: True
             module.torch_npu = fake
-        config = getattr(transformers, prefix + "Config")(**common)
-        config._attn_implementation = "eager"
+        config = getattr(transformers, prefix + "Config")(**common, **extra.get(name, {}))
+        config._attn_implementation = attention
         torch.manual_seed(0)
-        model = getattr(module, prefix + "ForCausalLM")(config).eval()
-        ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1))
-        before = dict(calls)
+        model = getattr(module, prefix + "ForCausalLM")(config).eval().to(dtype)
+        before, kinds = dict(CALLS), dict(ATTENTION_KINDS)
+        logits = []
         with torch.no_grad():
-            logits = model(ids).logits
+            for batch in batches:
+                logits += model(ids, **batch).logits.float().flatten().tolist()
         out["models"][name] = {
-            "logits": logits.flatten().tolist(),
-            "calls": {k: calls[k] - before[k] for k in calls},
+            "logits": logits,
+            "calls": {k: CALLS[k] - before[k] for k in CALLS},
+            "attention_kinds": {k: ATTENTION_KINDS[k] - kinds[k] for k in kinds},
             "fused_defined": hasattr(module, "_is_npu"),
+            "sdpa_fused_defined": hasattr(sdpa, "_npu_sdpa"),
         }
     print(json.dumps(out))
 ''') % {"layers": LAYERS, "models": [(m, p) for m, p in (("llama", "Llama"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"),
@@ -86,68 +113,98 @@ def _package_root() -> Path:
     return Path(importlib.util.find_spec("transformers").submodule_search_locations[0])
 
 
+INTEGRATION = "integrations/sdpa_attention.py"
+
+
+def _mirror(original: Path, copy: Path, keep: set[str]) -> None:
+    """`copy` as a folder of symlinks to `original`'s entries, except the names in `keep`."""
+    copy.mkdir()
+    for entry in original.iterdir():
+        if entry.name not in keep and entry.name != "__pycache__":
+            (copy / entry.name).symlink_to(entry)
+
+
 @pytest.fixture(scope="module")
 def migrated(tmp_path_factory):
-    """A transformers package whose six modeling files are migrated, and the findings per model."""
+    """A transformers package whose six modeling files and SDPA integration are migrated, and the
+    findings per file (keyed by model name, and by INTEGRATION)."""
     root = tmp_path_factory.mktemp("site")
     original = _package_root()
     package = root / "transformers"
-    package.mkdir()
-    for entry in original.iterdir():
-        if entry.name not in ("models", "__pycache__"):
-            (package / entry.name).symlink_to(entry)
-    (package / "models").mkdir()
-    for entry in (original / "models").iterdir():
-        if entry.name not in MODELS and entry.name != "__pycache__":
-            (package / "models" / entry.name).symlink_to(entry)
-    findings = {}
+    _mirror(original, package, {"models", "integrations"})
+    _mirror(original / "models", package / "models", set(MODELS))
+    _mirror(original / "integrations", package / "integrations", {"sdpa_attention.py"})
+    targets = {name: f"models/{name}/modeling_{name}.py" for name in MODELS} | {INTEGRATION: INTEGRATION}
     for name in MODELS:
-        folder = package / "models" / name
-        folder.mkdir()
-        for entry in (original / "models" / name).iterdir():
-            if entry.suffix == ".py" and entry.name != f"modeling_{name}.py":
-                (folder / entry.name).symlink_to(entry)
-        source = (original / "models" / name / f"modeling_{name}.py").read_text(encoding="utf-8")
-        text, found = migrate_text(source, path=f"modeling_{name}.py")
-        (folder / f"modeling_{name}.py").write_text(text, encoding="utf-8")
-        findings[name] = (source, text, found)
+        _mirror(original / "models" / name, package / "models" / name, {f"modeling_{name}.py"})
+    findings = {}
+    for key, relative in targets.items():
+        source = (original / relative).read_text(encoding="utf-8")
+        text, found = migrate_text(source, path=Path(relative).name)
+        (package / relative).write_text(text, encoding="utf-8")
+        findings[key] = (source, text, found)
     return root, findings
 
 
-def _run(site: Path | None, mode: str) -> dict:
+def _run(site: Path | None, mode: str, attention: str, dtype: str) -> dict:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
-    path = [str(site)] if site else []
+    path = ([str(site)] if site else []) + [str(TESTS)]
     code = f"import sys; sys.path[:0] = {path!r}; exec(sys.stdin.read())"
     done = subprocess.run(
-        [sys.executable, "-c", code, mode], input=RUNNER, capture_output=True, text=True, env=env, timeout=300,
+        [sys.executable, "-c", code, mode, attention, dtype],
+        input=RUNNER, capture_output=True, text=True, env=env, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: Per attention implementation: its dtype, and the tolerance of the forced run against the original
+#: (fp16: the reference kernels accumulate in fp32, CPU SDPA differs by an ulp or two, ~1e-3 seen).
+SETUPS = {"eager": ("float32", 1e-5), "sdpa": ("float16", 4e-3)}
+
+
 @pytest.fixture(scope="module")
 def runs(migrated):
     site, _ = migrated
-    return _run(None, "plain"), _run(site, "plain"), _run(site, "force")
+    return {
+        attention: (_run(None, "plain", attention, dtype), _run(site, "plain", attention, dtype), _run(site, "force", attention, dtype))
+        for attention, (dtype, _) in SETUPS.items()
+    }
 
 
-@pytest.mark.parametrize("name", MODELS)
+def _tally(found, fixed: bool) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for f in found:
+        if f.fixed == fixed and "helpers" not in f.message:
+            counts[f.rule_id] = counts.get(f.rule_id, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("name", [*MODELS, INTEGRATION])
 def test_expected_sites_get_a_fused_branch(migrated, name):
     _, findings = migrated
     source, text, found = findings[name]
-    applied = {}
-    for f in found:
-        if f.fixed and "helpers" not in f.message:
-            applied[f.rule_id] = applied.get(f.rule_id, 0) + 1
-    assert applied == EXPECTED_SITES[name]
-    assert text.count("torch_npu.npu_rms_norm(") == 1 and text.count("torch_npu.npu_swiglu(") == 1
-    assert text.count("def _is_npu(") == 1 and text.count("def _is_silu(") == 1
+    if name == INTEGRATION:
+        assert _tally(found, True) == INTEGRATION_SITES
+        assert text.count("_npu_sdpa(\n        torch.nn.functional.scaled_dot_product_attention,") == 1
+        assert text.count("def _npu_sdpa(") == 1 and text.count("def _is_npu(") == 1
+    else:
+        assert _tally(found, True) == EXPECTED_SITES[name]
+        assert _tally(found, False) == EXPECTED_OPEN[name]
+        assert text.count("torch_npu.npu_rms_norm(") == 1 and text.count("torch_npu.npu_swiglu(") == 1
+        assert text.count("torch_npu.npu_rotary_mul(") == 2  # q and k
+        assert text.count("def _is_npu(") == 1 and text.count("def _is_silu(") == 1
+        assert text.count("def _npu_rotary_fits(") == 1
     # The fused code reaches torch_npu only through the guarded import: no hard `import torch_npu`.
     assert "\nimport torch_npu\n" not in text
-    # Every original line survives, in order: the branches and the prelude are insertions only.
     removed = [line for line in _diff(source, text) if line.startswith("-")]
-    assert removed == []
-    again, refound = migrate_text(text, path=f"modeling_{name}.py")
+    if name == INTEGRATION:
+        # The one edit besides insertions: the SDPA call gets the wrapper, its arguments untouched.
+        assert removed == ["-     attn_output = torch.nn.functional.scaled_dot_product_attention("]
+    else:
+        # Every original line survives, in order: the branches and the prelude are insertions only.
+        assert removed == []
+    again, refound = migrate_text(text, path=Path(name).name)
     assert again == text and not any(f.fixed for f in refound)
 
 
@@ -158,27 +215,33 @@ def _diff(a: str, b: str) -> list[str]:
 
 
 def test_migrated_package_is_the_one_imported(runs, migrated):
-    original, plain, _ = runs
     site, _ = migrated
-    assert original["transformers"].startswith(str(_package_root()))
-    assert plain["transformers"].startswith(str(site))
-    assert all(m["fused_defined"] for m in plain["models"].values())
-    assert not any(m["fused_defined"] for m in original["models"].values())
+    for original, plain, _ in runs.values():
+        assert original["transformers"].startswith(str(_package_root()))
+        assert plain["transformers"].startswith(str(site))
+        assert all(m["fused_defined"] and m["sdpa_fused_defined"] for m in plain["models"].values())
+        assert not any(m["fused_defined"] or m["sdpa_fused_defined"] for m in original["models"].values())
 
 
+@pytest.mark.parametrize("attention", sorted(SETUPS))
 @pytest.mark.parametrize("name", MODELS)
-def test_off_npu_logits_are_bit_identical(runs, name):
-    original, plain, _ = runs
+def test_off_npu_logits_are_bit_identical(runs, name, attention):
+    original, plain, _ = runs[attention]
     assert plain["models"][name]["logits"] == original["models"][name]["logits"]
-    assert plain["models"][name]["calls"] == {"npu_rms_norm": 0, "npu_swiglu": 0}
+    assert plain["models"][name]["calls"] == ZERO_CALLS
 
 
+@pytest.mark.parametrize("attention", sorted(SETUPS))
 @pytest.mark.parametrize("name", MODELS)
-def test_forced_fused_branches_compute_the_same_model(runs, name):
+def test_forced_fused_branches_compute_the_same_model(runs, name, attention):
     import torch
 
-    original, _, forced = runs
-    assert forced["models"][name]["calls"] == EXPECTED_CALLS[name]
+    original, _, forced = runs[attention]
+    assert forced["models"][name]["calls"] == EXPECTED_CALLS[attention][name]
+    if attention == "sdpa":
+        assert forced["models"][name]["attention_kinds"] == EXPECTED_ATTENTION_KINDS
     expected = torch.tensor(original["models"][name]["logits"])
     got = torch.tensor(forced["models"][name]["logits"])
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    tolerance = SETUPS[attention][1]
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+

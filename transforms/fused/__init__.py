@@ -1,4 +1,4 @@
-"""Fused-operator injection (NPU7xx): hand-written RMSNorm and SwiGLU get a torch_npu fast path.
+"""Fused-operator injection (NPU7xx): RMSNorm, SwiGLU, rotary embedding and SDPA get a torch_npu fast path.
 
 The checker folds each function into the expression it returns (`symbolic.fold`) and asks the idiom
 matchers, one module per op, whether that expression is theirs. A match becomes a branch in front of
@@ -14,25 +14,32 @@ true only when torch_npu imported, an NPU is available and `x` is on it. Off an 
 bit for bit. The branch calls the kernels through the module-level name `torch_npu`, so a test (or a
 `verify` command) can substitute CPU reference implementations and force `_is_npu` true.
 
-A second run recognises the branches (`if _is_npu(` opening a body) and the helpers by name.
+Module-level helpers the function calls (`rotate_half(q)`) are folded in too, so an idiom is known by
+what it computes, not by a name. Attention is the exception to the branch scheme: an
+`F.scaled_dot_product_attention` call sits among control flow and what decides the kernel's fit is
+only known at run time, so the call itself is wrapped (`attention.py`).
+
+A second run recognises the branches (`if _is_npu(` opening a body), the wrapped calls and the helpers
+by name.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 
 import libcst as cst
 
 from npu_migrate.imports import insertion_index
 from npu_migrate.rule import Checker
 from npu_migrate.templating import render
-from npu_migrate.transforms.fused import rms_norm, swiglu
+from npu_migrate.transforms.fused import attention, rms_norm, rotary, swiglu
 from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch
 
-MATCHERS = (rms_norm, swiglu)
+MATCHERS = (rms_norm, swiglu, rotary, attention)
 PRELUDE = "prelude.py.j2"
 #: The module-level definition each helper template provides: present means already inserted.
-HELPER_NAMES = {PRELUDE: "_is_npu", "is_silu.py.j2": "_is_silu"}
+HELPER_NAMES = {PRELUDE: "_is_npu", "is_silu.py.j2": "_is_silu", rotary.HELPER: "_npu_rotary_fits", attention.HELPER: attention.WRAPPER}
 
 
 class _Class:
@@ -51,6 +58,68 @@ class _Class:
 
 def _parse_function(code: str) -> ast.FunctionDef:
     return ast.parse(code).body[0]
+
+
+class _BoundNames(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)  # over-approximates: a name merely read there is dropped too
+
+
+class _ModuleFunctions(Mapping):
+    """The module-level defs a fused idiom may call (`rotate_half`), parsed on first use. A name the
+    module defines twice or also binds otherwise is left out: which definition a call reaches is unknown."""
+
+    def __init__(self, module: cst.Module, code) -> None:
+        defs: dict[str, cst.FunctionDef] = {}
+        rebound: set[str] = set()
+        for stmt in module.body:
+            if isinstance(stmt, cst.FunctionDef):
+                if stmt.name.value in defs:
+                    rebound.add(stmt.name.value)
+                defs[stmt.name.value] = stmt
+            elif isinstance(stmt, cst.ClassDef):
+                rebound.add(stmt.name.value)
+            elif isinstance(stmt, cst.SimpleStatementLine):
+                for small in stmt.body:
+                    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else (
+                        [small.target] if isinstance(small, (cst.AnnAssign, cst.AugAssign)) else []
+                    )
+                    rebound.update(t.value for t in targets if isinstance(t, cst.Name))
+                    if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+                        for alias in small.names:
+                            bound = alias.asname.name if alias.asname else alias.name
+                            if isinstance(bound, cst.Name):
+                                rebound.add(bound.value)
+            else:  # `if`/`try`/`with` at top level: whatever they bind
+                collector = _BoundNames()
+                stmt.visit(collector)
+                rebound.update(collector.names)
+        self._nodes = {name: node for name, node in defs.items() if name not in rebound}
+        self._code = code
+        self._trees: dict[str, ast.FunctionDef] = {}
+
+    def __getitem__(self, name: str) -> ast.FunctionDef:
+        if name not in self._trees:
+            self._trees[name] = _parse_function(self._code(self._nodes[name]))
+        return self._trees[name]
+
+    def __iter__(self):
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
 
 
 def _defined_names(module: cst.Module) -> set[str]:
@@ -104,6 +173,8 @@ class FusedOpsChecker(Checker):
         super().__init__(ctx, enabled)
         self._classes: list[_Class | None] = []  # None: a function scope between class and method
         self._applied: list[Outcome] = []
+        self._functions: _ModuleFunctions | None = None
+        self._defs: list[cst.FunctionDef] = []  # the enclosing functions, innermost last
 
     # -- scopes ----------------------------------------------------------------------------------------
 
@@ -115,12 +186,14 @@ class FusedOpsChecker(Checker):
 
     def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
         self._classes.pop()
+        self._defs.pop()
 
     # -- matching --------------------------------------------------------------------------------------
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         owner = self._classes[-1] if self._classes else None
         self._classes.append(None)
+        self._defs.append(node)
         # A method may spell the idiom through its siblings (`self._norm(x)`): look at the whole class.
         scope = self.ctx.code(owner.node if owner is not None else node)
         matchers = [m for m in MATCHERS if m.RULE.id in self.enabled and any(k in scope for k in m.MARKERS)]
@@ -130,27 +203,58 @@ class FusedOpsChecker(Checker):
         if has_fused_branch(tree):
             return
         siblings = owner.trees(self.ctx.code) if owner is not None else {}
-        fn = Function(tree, owner is not None, self._qualname, siblings)
+        if self._functions is None:
+            self._functions = _ModuleFunctions(self.ctx.module, self.ctx.code)
+        fn = Function(tree, owner is not None, self._qualname, siblings, self._functions, self.ctx.api)
         for matcher in matchers:
             outcome = matcher.match(fn)
             if outcome is not None:
                 self._decide(node, outcome)
                 return
 
-    def _decide(self, node: cst.FunctionDef, outcome: Outcome) -> None:
+    def _decide(self, node: cst.FunctionDef | cst.Call, outcome: Outcome, fix=None) -> None:
         torch = self.ctx.imports.bindings.get("torch")
         if outcome.template is not None and (torch is None or torch.qualname != "torch"):
             outcome.message += " not injected: the file does not `import torch` at module level, which the branch uses"
             outcome.template = None
-        if outcome.template is not None and not isinstance(node.body, cst.IndentedBlock):
+        if outcome.template is not None and isinstance(node, cst.FunctionDef) and not isinstance(node.body, cst.IndentedBlock):
             outcome.message += " not injected: the function body is on the `def` line"
             outcome.template = None
         if outcome.template is None:
             self.report(outcome.rule, node, outcome.message)
             return
-        branch = cst.parse_statement(render(outcome.template, **outcome.context))
         self._applied.append(outcome)
+        if fix is not None:  # a call rewritten in place; the template is a module-level helper
+            self.report(outcome.rule, node, outcome.message, fix=fix)
+            return
+        branch = cst.parse_statement(render(outcome.template, **outcome.context))
         self.report(outcome.rule, node, outcome.message, fix=lambda updated: _insert_branch(updated, branch))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if attention.RULE.id not in self.enabled:
+            return
+        name = self.ctx.qualname(node.func)
+        if name is None or not name.startswith(("torch.nn.functional.", "flash_attn.")):
+            return
+        outcome = attention.match_call(name, self.ctx.api)
+        if outcome is None:
+            return
+        torch = self.ctx.imports.bindings.get("torch")
+        if outcome.template is not None and (torch is None or torch.qualname != "torch"):
+            outcome.message = (
+                "scaled_dot_product_attention not fused: the file does not `import torch` at module level, "
+                "which the wrapper uses"
+            )
+            outcome.template = None
+        if outcome.template is not None:
+            scripted = any(
+                self.ctx.qualname(d.decorator) in ("torch.jit.script", "torch.jit.script_method")
+                for d in (dec for f in self._defs for dec in f.decorators)
+            )
+            if scripted:
+                outcome.message = "scaled_dot_product_attention not fused: it is called from TorchScript, which cannot call the wrapper"
+                outcome.template = None
+        self._decide(node, outcome, fix=attention.wrap)
 
     def _qualname(self, node: ast.expr) -> str | None:
         parts = []

@@ -45,6 +45,8 @@ class Function:
     is_method: bool
     qualname: Callable[[ast.expr], str | None]  # `F.silu` -> "torch.nn.functional.silu"
     siblings: dict[str, ast.FunctionDef] = field(default_factory=dict)  # other methods of the class
+    functions: dict[str, ast.FunctionDef] = field(default_factory=dict)  # module-level defs, by name
+    api: object | None = None  # the NpuApi of the chosen torch_npu version
 
     @property
     def params(self) -> list[str]:
@@ -134,6 +136,17 @@ def fold(fn: Function, depth: int = 0) -> ast.expr:
                 continue
             if (
                 isinstance(target, ast.Tuple)
+                and isinstance(value, ast.Tuple)
+                and len(target.elts) == len(value.elts)
+                and all(isinstance(e, ast.Name) for e in target.elts)
+                and not any(isinstance(e, ast.Starred) for e in value.elts)
+            ):
+                # `a, b = x[:d], x[d:]`: every value is computed before any name is bound, as here.
+                for element, part in zip(target.elts, value.elts):
+                    env[element.id] = part
+                continue
+            if (
+                isinstance(target, ast.Tuple)
                 and len(target.elts) == 2
                 and all(isinstance(e, ast.Name) for e in target.elts)
                 and _chunk_call(value, fn.qualname)
@@ -168,7 +181,7 @@ def _inline_siblings(fn: Function, expr: ast.expr, depth: int) -> ast.expr:
             and node.func.attr in fn.siblings
             and not node.keywords
         ):
-            sibling = Function(fn.siblings[node.func.attr], True, fn.qualname, fn.siblings)
+            sibling = Function(fn.siblings[node.func.attr], True, fn.qualname, fn.siblings, fn.functions, fn.api)
             if len(sibling.params) == len(node.args) and sibling.self_name is not None:
                 try:
                     body = fold(sibling, depth + 1)
@@ -251,3 +264,56 @@ def is_pure(node: ast.expr) -> bool:
 
 def source(node: ast.expr) -> str:
     return ast.unparse(node)
+
+
+def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
+    """Replace calls of module-level functions (`rotate_half(q)`) by their folded bodies where possible,
+    so an idiom is recognised by what a helper computes, whatever the helper is called."""
+    if not fn.functions or depth > 3:
+        return expr
+    shadowed = set(fn.params) | {a.arg for a in (*fn.tree.args.kwonlyargs,)} | {fn.tree.name}
+    memo: dict[int, ast.AST] = {}
+
+    def visit(node: ast.AST) -> ast.AST:
+        if id(node) not in memo:
+            memo[id(node)] = rewrite(node)
+        return memo[id(node)]
+
+    def rewrite(node: ast.AST) -> ast.AST:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in fn.functions
+            and node.func.id not in shadowed
+            and not node.keywords
+            and not any(isinstance(a, ast.Starred) for a in node.args)
+        ):
+            callee = Function(fn.functions[node.func.id], False, fn.qualname, {}, fn.functions, fn.api)
+            args = callee.tree.args
+            if len(callee.params) == len(node.args) and not (args.vararg or args.kwarg or args.kwonlyargs):
+                try:
+                    body = inline_functions(callee, fold(callee), depth + 1)
+                except NotStraightLine:
+                    return substitute_children(node, visit)
+                return substitute(body, dict(zip(callee.params, (visit(a) for a in node.args))))
+        return substitute_children(node, visit)
+
+    return visit(expr)
+
+
+def contains_call(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) for n in walk_shared(node))
+
+
+def replace_nodes(node: ast.AST, replacements: dict[int, ast.AST]) -> ast.AST:
+    """`node` with the subtrees in `replacements` (by identity) swapped; shared subtrees stay shared."""
+    memo: dict[int, ast.AST] = {}
+
+    def visit(n: ast.AST) -> ast.AST:
+        if id(n) in replacements:
+            return replacements[id(n)]
+        if id(n) not in memo:
+            memo[id(n)] = substitute_children(n, visit)
+        return memo[id(n)]
+
+    return visit(node)

@@ -1,0 +1,170 @@
+"""NPU704: `F.scaled_dot_product_attention` calls get a `torch_npu.npu_fusion_attention` path.
+
+Unlike the other fused ops this is a call, not a function body: it sits among control flow (HF's
+`sdpa_attention_forward`), and what decides whether the kernel computes the same (mask dtype and
+shape, dtypes, head counts, GQA) is only known at run time. So the call keeps its arguments, written
+and evaluated as before, and only gains a wrapper that receives the original function:
+
+    F.scaled_dot_product_attention(q, k, v, attn_mask=m)  ->  _npu_sdpa(F.scaled_dot_product_attention, q, k, v, attn_mask=m)
+
+`_npu_sdpa` (templates/fused/sdpa.py.j2) calls the original with exactly those arguments unless the
+tensors are on an NPU and `_npu_fusion_sdpa` can map them, traps included (inverted bool mask, scale
+always passed, the compressed causal mask with sparse_mode 2, keep_prob = 1 - dropout_p).
+
+Hand-written attention (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`) and flash-attn calls
+are reported, not rewritten: proving them equal to SDPA (mask polarity and kind, scale, dropout, what
+the function returns) is left to a person.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from npu_migrate.rule import Rule
+from npu_migrate.transforms.fused.symbolic import Function, Outcome
+
+ATTENTION = Rule(
+    id="NPU704",
+    name="fused-attention",
+    summary="`F.scaled_dot_product_attention` calls get a guarded `torch_npu.npu_fusion_attention` path",
+    doc='''
+    Wraps every call of `torch.nn.functional.scaled_dot_product_attention` (however imported) in
+    `_npu_sdpa(<the original function>, <the original arguments>)`. Off an NPU, or wherever the kernel
+    would compute something else, `_npu_sdpa` calls the original function with the original arguments.
+    On an NPU it calls `torch_npu.npu_fusion_attention(q, k, v, q.shape[1], "BNSD", ...)[0]` when:
+    q, k, v are 4-D (B, N, S, D) of one dtype, fp16 or bf16; D <= 768; N <= 256; k and v have one
+    shape; the kv heads equal the query heads, or divide them with `enable_gqa=True` (passed
+    un-repeated: the kernel groups heads as SDPA does); the mask is None or bool (inverted: True masks
+    out on the NPU), broadcast to BNSS/B1SS/11SS, with inner_precise=2 so fully masked rows stay zero;
+    not both is_causal and a mask (SDPA raises); not under torch.compile. `is_causal=True` becomes the
+    compressed 2048x2048 `triu(1)` mask with sparse_mode=2 (top-left aligned, as SDPA); scale is always
+    passed (the kernel's default is 1.0, SDPA's 1/sqrt(D)); keep_prob = 1 - dropout_p.
+
+    Float (additive) masks run the original call: the kernel has no additive mask besides `pse`, whose
+    shapes and scaling differ. Reported without a rewrite: hand-written attention
+    (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`, e.g. HF's `eager_attention_forward`, which
+    also returns the probabilities the kernel does not compute) and flash-attn's `flash_attn_func`
+    (BSND layout, bottom-right causal: sparse_mode 3), calls inside TorchScript functions.
+
+    Before:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
+    After:
+        out = _npu_sdpa(F.scaled_dot_product_attention, q, k, v, attn_mask=mask, is_causal=False)
+    ''',
+    needs_torch_npu=False,
+)
+
+RULE = ATTENTION
+MARKERS = ("scaled_dot_product_attention", "flash_attn", "softmax")
+HELPER = "fused/sdpa.py.j2"
+WRAPPER = "_npu_sdpa"
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+FLASH_ATTN = (
+    "flash_attn.flash_attn_func",
+    "flash_attn.flash_attn_interface.flash_attn_func",
+    "flash_attn.flash_attn_varlen_func",
+    "flash_attn.flash_attn_interface.flash_attn_varlen_func",
+)
+_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax")
+_MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
+
+
+def match_call(name: str | None, api) -> Outcome | None:
+    """What to do with a call of the function `name` (a resolved qualified name)."""
+    if name in FLASH_ATTN:
+        return Outcome(
+            ATTENTION,
+            f"`{name.rsplit('.', 1)[-1]}` not rewritten: flash-attn does not run on an NPU; map it by hand to "
+            "`torch_npu.npu_fusion_attention(q, k, v, q.shape[2], \"BSND\", scale=softmax_scale or 1/sqrt(D), "
+            "keep_prob=1 - dropout_p)[0]`, and for causal=True (bottom-right aligned) add "
+            "`atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=q.device).triu(1), sparse_mode=3`",
+        )
+    if name != SDPA:
+        return None
+    if api is not None and "npu_fusion_attention" not in api.fused_ops:
+        return Outcome(ATTENTION, f"scaled_dot_product_attention not fused: torch_npu {api.version} has no npu_fusion_attention")
+    return Outcome(
+        ATTENTION,
+        "scaled_dot_product_attention gets a fused `torch_npu.npu_fusion_attention` path (`_npu_sdpa`); "
+        "float masks, fp32, and shapes the kernel does not take run the original call",
+        template=HELPER,
+        helpers=(HELPER,),
+    )
+
+
+def wrap(call: cst.Call) -> cst.Call:
+    """`f(args)` -> `_npu_sdpa(f, args)`, the original function first, the layout of the arguments kept."""
+    after = call.whitespace_before_args
+    if not isinstance(after, cst.ParenthesizedWhitespace) and call.args:
+        after = cst.SimpleWhitespace(" ")
+    first = cst.Arg(value=call.func, comma=cst.Comma(whitespace_after=after) if call.args else cst.MaybeSentinel.DEFAULT)
+    return call.with_changes(func=cst.Name(WRAPPER), args=[first, *call.args])
+
+
+# -- hand-written attention: reported only ---------------------------------------------------------
+
+
+def _is_matmul(node: ast.AST, fn: Function) -> bool:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return True
+    return isinstance(node, ast.Call) and fn.qualname(node.func) in _MATMUL
+
+
+def _softmax_input(node: ast.AST, fn: Function) -> ast.expr | None:
+    if not isinstance(node, ast.Call):
+        return None
+    if fn.qualname(node.func) in _SOFTMAX and node.args:
+        return node.args[0]
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "softmax" and fn.qualname(node.func) is None:
+        return node.func.value
+    return None
+
+
+def match(fn: Function) -> Outcome | None:
+    """A finding for hand-written attention: a softmax over matmul scores, multiplied by a matmul again."""
+    scores: set[str] = set()  # names bound to something computed from a matmul
+    probabilities: set[str] = set()  # names bound to a softmax of scores (or computed from one)
+    applied = False  # the probabilities reach a matmul
+
+    def from_scores(node: ast.AST) -> bool:
+        return any(_is_matmul(n, fn) or (isinstance(n, ast.Name) and n.id in scores) for n in ast.walk(node))
+
+    def is_probabilities(node: ast.AST) -> bool:
+        return any(
+            (isinstance(n, ast.Name) and n.id in probabilities)
+            or ((inner := _softmax_input(n, fn)) is not None and from_scores(inner))
+            for n in ast.walk(node)
+        )
+
+    statements = [
+        stmt for stmt in ast.walk(fn.tree)
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Return)) and stmt.value is not None
+    ]
+    for stmt in statements * 2:  # twice: the walk is breadth-first, not in execution order
+        value = stmt.value
+        applied = applied or any(
+            _is_matmul(n, fn) and any(is_probabilities(child) for child in ast.iter_child_nodes(n))
+            for n in ast.walk(value)
+        )
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+        names = {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if is_probabilities(value):
+            probabilities |= names
+        elif from_scores(value):
+            scores |= names
+    if not applied:
+        return None
+    returned = {
+        n.id for stmt in ast.walk(fn.tree) if isinstance(stmt, ast.Return) and stmt.value is not None
+        for n in ast.walk(stmt.value) if isinstance(n, ast.Name)
+    }
+    if returned & probabilities:
+        why = "it also returns the attention probabilities, which npu_fusion_attention does not compute"
+    else:
+        why = (
+            "only `F.scaled_dot_product_attention` calls are rewritten; call it here (SDPA float masks are "
+            "additive, bool masks True = attend) to get the fused path"
+        )
+    return Outcome(ATTENTION, f"hand-written attention (softmax of q @ k^T, then @ v) not fused: {why}")

@@ -1,0 +1,389 @@
+"""NPU703: hand-written rotary position embedding gets a `torch_npu.npu_rotary_mul` branch.
+
+`npu_rotary_mul(x, r1, r2)` returns `r1 * x + r2 * rotate(x)`, with `rotate` (rotary_mode 'half') the
+GPT-NeoX / HF `rotate_half`, `cat((-x2, x1), -1)` of the two halves of the last dim, or ('interleave')
+GPT-J's `rotate_every_two`, `stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)`. The idiom
+`x * cos + rot(x) * sin` is found in the function's folded expression with module-level helpers inlined,
+so the rotation is recognised by what it computes, not by the helper's name.
+
+What the branch must preserve and the kernel cannot see is checked at run time by `_npu_rotary_fits`:
+the original broadcasts `x * cos`, the kernel returns x's shape and dtype, so cos/sin may only
+broadcast *into* x (never grow it), in one of the shapes the kernel's table allows, with x's dtype (an
+fp32 table with bf16 activations would promote the original's result). The cos/sin expressions and
+the rotated tensors, where computed by a call, are bound once (`:=`) in the guard and reused.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from npu_migrate.api import load_table
+from npu_migrate.rule import Rule
+from npu_migrate.transforms.fused.symbolic import (
+    Function,
+    NotStraightLine,
+    Outcome,
+    argument,
+    contains_call,
+    evaluates_twice,
+    fold,
+    inline_functions,
+    method_call,
+    replace_nodes,
+    same,
+    source,
+    walk_shared,
+)
+
+ROTARY = Rule(
+    id="NPU703",
+    name="fused-rotary",
+    summary="hand-written rotary embedding (`x * cos + rotate_half(x) * sin`) gets a guarded `torch_npu.npu_rotary_mul` branch",
+    doc='''
+    Recognises `x * cos + rotate_half(x) * sin` (either operand order), where `rotate_half` is any
+    module-level function, method or inline expression computing `torch.cat((-x2, x1), dim=-1)` of the
+    halves `x[..., : x.shape[-1] // 2]`, `x[..., x.shape[-1] // 2 :]` (or `x.chunk(2, -1)`), as in HF's
+    `apply_rotary_pos_emb`, partial rotary on a leading slice included (Phi-3). GPT-J's interleaved
+    `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it. A branch in
+    front of the untouched body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits`
+    holds: 4-D, one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts
+    (BNSD: 11SD/B1SD/BNSD, BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896.
+    What the original computes once (the unsqueezed tables, an upcast `q.float()`) is bound once (`:=`).
+
+    Declined, with a finding saying why: the sign-flipped rotation `cat((x2, -x1))` or
+    `x * cos - rotate_half(x) * sin` (the inverse rotation), complex-number rotary (`view_as_complex`,
+    `torch.polar`), interleaved rotary where the torch_npu version has no rotary_mode, bodies with
+    control flow.
+
+    Before:
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            cos = cos.unsqueeze(unsqueeze_dim)
+            sin = sin.unsqueeze(unsqueeze_dim)
+            q_embed = (q * cos) + (rotate_half(q) * sin)
+            k_embed = (k * cos) + (rotate_half(k) * sin)
+            return q_embed, k_embed
+    After:
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            if (
+                _is_npu(q)
+                and _npu_rotary_fits((_npu_cos := cos.unsqueeze(unsqueeze_dim)), (_npu_sin := sin.unsqueeze(unsqueeze_dim)), q, k)
+            ):
+                return (torch_npu.npu_rotary_mul(q, _npu_cos, _npu_sin), torch_npu.npu_rotary_mul(k, _npu_cos, _npu_sin))
+            cos = cos.unsqueeze(unsqueeze_dim)
+            ...
+    ''',
+    needs_torch_npu=False,
+)
+
+RULE = ROTARY
+MARKERS = ("cos", "sin", "rotate", "rotary", "rope", "view_as_complex", "polar")
+TEMPLATE = "fused/rotary.py.j2"
+HELPER = "fused/rotary_fits.py.j2"
+_CAT = ("torch.cat", "torch.concat", "torch.concatenate")
+_NAMES = ("_npu_cos", "_npu_sin")
+
+
+def _negative(node: ast.expr | None, value: int) -> bool:
+    return (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+        and node.operand.value == value
+    )
+
+
+def _minus_one(node: ast.expr | None) -> bool:
+    return _negative(node, 1)
+
+
+def _last_dim_half(node: ast.expr | None, x: ast.expr) -> bool:
+    """`x.shape[-1] // 2` or `x.size(-1) // 2`."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv)):
+        return False
+    if not (isinstance(node.right, ast.Constant) and node.right.value == 2):
+        return False
+    size = node.left
+    if isinstance(size, ast.Subscript) and isinstance(size.value, ast.Attribute) and size.value.attr == "shape":
+        return _minus_one(size.slice) and same(size.value.value, x)
+    call = method_call(size, "size")
+    return call is not None and len(call.args) == 1 and not call.keywords and _minus_one(call.args[0]) and same(call.func.value, x)
+
+
+def _last_dim_slice(node: ast.expr) -> tuple[ast.expr, ast.Slice] | None:
+    """(x, the slice) for `x[..., s]`, or `x[:, :, :, s]` (the last dim of a 4-D x: the guard checks 4-D)."""
+    if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Tuple)):
+        return None
+    *lead, last = node.slice.elts
+    if not isinstance(last, ast.Slice):
+        return None
+    ellipsis = len(lead) == 1 and isinstance(lead[0], ast.Constant) and lead[0].value is Ellipsis
+    full = len(lead) == 3 and all(
+        isinstance(e, ast.Slice) and e.lower is None and e.upper is None and e.step is None for e in lead
+    )
+    return (node.value, last) if ellipsis or full else None
+
+
+def _half(node: ast.expr, fn: Function) -> tuple[ast.expr, int] | None:
+    """(x, 0 or 1) when `node` is the first or second half of x's last dim."""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in (0, 1):
+        chunk = node.value
+        if isinstance(chunk, ast.Call):
+            if fn.qualname(chunk.func) == "torch.chunk":
+                x, chunks, dim = chunk.args[0] if chunk.args else None, argument(chunk, 1, "chunks"), argument(chunk, 2, "dim")
+            elif method_call(chunk, "chunk") is not None:
+                x, chunks, dim = chunk.func.value, argument(chunk, 0, "chunks"), argument(chunk, 1, "dim")
+            else:
+                return None
+            if x is not None and isinstance(chunks, ast.Constant) and chunks.value == 2 and _minus_one(dim):
+                return x, node.slice.value
+        return None
+    sliced = _last_dim_slice(node)
+    if sliced is None:
+        return None
+    x, part = sliced
+    if part.step is not None:
+        return None
+    if part.lower is None and _last_dim_half(part.upper, x):
+        return x, 0
+    if part.upper is None and _last_dim_half(part.lower, x):
+        return x, 1
+    return None
+
+
+def _every_other(node: ast.expr) -> tuple[ast.expr, int] | None:
+    """(x, 0 or 1) for `x[..., ::2]` / `x[..., 1::2]`."""
+    sliced = _last_dim_slice(node)
+    if sliced is None:
+        return None
+    x, part = sliced
+    if part.upper is not None or not (isinstance(part.step, ast.Constant) and part.step.value == 2):
+        return None
+    if part.lower is None:
+        return x, 0
+    if isinstance(part.lower, ast.Constant) and part.lower.value == 1:
+        return x, 1
+    return None
+
+
+def _negated(node: ast.expr) -> ast.expr | None:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return node.operand
+    return None
+
+
+def _pair(call: ast.Call, names: tuple[str, ...], fn: Function) -> tuple[ast.expr, ast.expr] | None:
+    """The two operands of `torch.cat((a, b), dim=-1)` (or `torch.stack`), nothing else passed."""
+    if fn.qualname(call.func) not in names or not call.args:
+        return None
+    seq = call.args[0]
+    dim = argument(call, 1, "dim")
+    if any(k.arg != "dim" for k in call.keywords) or len(call.args) > 2:
+        return None
+    if not (isinstance(seq, (ast.Tuple, ast.List)) and len(seq.elts) == 2 and _minus_one(dim)):
+        return None
+    return seq.elts[0], seq.elts[1]
+
+
+def _ordered(first: ast.expr, second: ast.expr, part) -> tuple[ast.expr, bool] | None:
+    """(x, flipped): `(-x2, x1)` is the rotation the kernel computes, `(x2, -x1)` its inverse."""
+    for neg, pos, halves, flipped in ((first, second, (1, 0), False), (second, first, (0, 1), True)):
+        inner = _negated(neg)
+        if inner is None:
+            continue
+        a, b = part(inner), part(pos)
+        if a is not None and b is not None and (a[1], b[1]) == halves and same(a[0], b[0]):
+            return a[0], flipped
+    return None
+
+
+def rotation(node: ast.expr, fn: Function) -> tuple[str, ast.expr, bool] | None:
+    """(mode, x, flipped) when `node` rotates x's last dim: 'half' (rotate_half) or 'interleave'."""
+    if not isinstance(node, ast.Call):
+        return None
+    operands = _pair(node, _CAT, fn)
+    if operands is not None:
+        found = _ordered(*operands, lambda e: _half(e, fn))
+        return None if found is None else ("half", found[0], found[1])
+    if fn.qualname(node.func) == "torch.flatten" and node.args:
+        stacked, start, count = node.args[0], argument(node, 1, "start_dim"), 2
+    elif method_call(node, "flatten") is not None:
+        stacked, start, count = node.func.value, argument(node, 0, "start_dim"), 1
+    else:
+        return None
+    if len(node.args) + len(node.keywords) != count or not _negative(start, 2) or not isinstance(stacked, ast.Call):
+        return None
+    operands = _pair(stacked, ("torch.stack",), fn)
+    if operands is None:
+        return None
+    found = _ordered(*operands, _every_other)
+    return None if found is None else ("interleave", found[0], found[1])
+
+
+class Site:
+    """One `x * cos + rot(x) * sin` in the folded expression."""
+
+    def __init__(self, node: ast.BinOp, x: ast.expr, cos: ast.expr, sin: ast.expr, mode: str, flipped: bool) -> None:
+        self.node, self.x, self.cos, self.sin, self.mode, self.flipped = node, x, cos, sin, mode, flipped
+
+
+def _factor(product: ast.expr, test) -> tuple[ast.expr, object] | None:
+    """(the other factor, what `test` found) for a product one of whose factors passes `test`."""
+    if not (isinstance(product, ast.BinOp) and isinstance(product.op, ast.Mult)):
+        return None
+    for this, other in ((product.left, product.right), (product.right, product.left)):
+        found = test(this)
+        if found:
+            return other, found
+    return None
+
+
+def sites(expr: ast.AST, fn: Function) -> list[Site]:
+    found = []
+    for node in walk_shared(expr):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
+            continue
+        pairs = ((node.left, node.right), (node.right, node.left)) if isinstance(node.op, ast.Add) else ((node.left, node.right),)
+        for plain, rotated in pairs:
+            rot = _factor(rotated, lambda e: rotation(e, fn))
+            if rot is None:
+                continue
+            sin, (mode, x, flipped) = rot
+            cos = _factor(plain, lambda e: same(e, x))
+            if cos is None:
+                continue
+            # `x * cos - cat((x2, -x1)) * sin` negates twice: exactly the kernel's rotation.
+            found.append(Site(node, x, cos[0], sin, mode, flipped != isinstance(node.op, ast.Sub)))
+            break
+    return found
+
+
+def _calls(tree: ast.AST, fn: Function, names: tuple[str, ...]) -> bool:
+    return any(isinstance(n, ast.Call) and fn.qualname(n.func) in names for n in ast.walk(tree))
+
+
+def _rotary_modes(fn: Function) -> tuple[bool, bool]:
+    """(npu_rotary_mul exists, it takes rotary_mode) in the chosen torch_npu version."""
+    if fn.api is None:
+        return True, True
+    entry = load_table("torch_npu_api.toml")["versions"].get(fn.api.version, {})
+    return "npu_rotary_mul" in fn.api.fused_ops, bool(entry.get("rotary_mul_has_rotary_mode", False))
+
+
+def _jit_scripted(fn: Function) -> bool:
+    return any(fn.qualname(d) in ("torch.jit.script", "torch.jit.script_method") for d in fn.tree.decorator_list)
+
+
+def match(fn: Function) -> Outcome | None:
+    if _calls(fn.tree, fn, ("torch.view_as_complex",)):
+        return Outcome(
+            ROTARY,
+            "complex-number rotary (`torch.view_as_complex`) left alone: npu_rotary_mul takes real cos/sin tables; "
+            "rewrite it as `x * cos + rotate_half(x) * sin` with cos/sin = freqs.cos()/sin() repeated per half to fuse it",
+        )
+    if _calls(fn.tree, fn, ("torch.polar",)):
+        return Outcome(
+            ROTARY,
+            "complex rotary frequencies (`torch.polar`) left alone: the rotation they feed uses complex "
+            "multiplication, which npu_rotary_mul does not take",
+        )
+    try:
+        result = inline_functions(fn, fold(fn))
+    except NotStraightLine as why:
+        try:
+            calls_rotation = any(
+                isinstance(n, ast.Call) and rotation(inline_functions(fn, n), fn) is not None
+                for n in ast.walk(fn.tree)
+            )
+        except NotStraightLine:
+            calls_rotation = False
+        return Outcome(ROTARY, f"rotary embedding not fused: {why}") if calls_rotation else None
+    found = sites(result, fn)
+    if not found:
+        return None
+    if any(s.flipped for s in found):
+        return Outcome(
+            ROTARY,
+            "rotary embedding not fused: it rotates by -theta (a sign-flipped `cat((x2, -x1))`, or the rotated "
+            "half subtracted); npu_rotary_mul only computes `x * cos + cat((-x2, x1)) * sin`",
+        )
+    modes = {s.mode for s in found}
+    if len(modes) > 1:
+        return Outcome(ROTARY, "rotary embedding not fused: it mixes half and interleaved rotations")
+    mode = modes.pop()
+    exists, has_mode = _rotary_modes(fn)
+    version = fn.api.version if fn.api is not None else "?"
+    if not exists:
+        return Outcome(ROTARY, f"rotary embedding not fused: torch_npu {version} has no npu_rotary_mul")
+    if mode == "interleave" and not has_mode:
+        return Outcome(
+            ROTARY,
+            f"interleaved rotary embedding not fused: npu_rotary_mul in torch_npu {version} has no rotary_mode='interleave'",
+        )
+    if _jit_scripted(fn):
+        return Outcome(ROTARY, "rotary embedding not fused: the function is TorchScript, which cannot call torch_npu")
+    return _rewrite(fn, result, found, mode)
+
+
+def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Outcome:
+    # One cos and one sin for every site, as in every known implementation: binding them once keeps
+    # each evaluated exactly once, as in the original.
+    cos, sin = found[0].cos, found[0].sin
+    for site in found[1:]:
+        for mine, first in ((site.cos, cos), (site.sin, sin)):
+            if not (mine is first or (same(mine, first) and not contains_call(mine))):
+                return Outcome(ROTARY, "rotary embedding not fused: its rotations use different cos/sin tables")
+    if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in ast.walk(fn.tree)):
+        return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")
+    replacements: dict[int, ast.AST] = {}
+    tables = []  # the guard's first arguments: cos and sin, bound where they are computed
+    for table, name in ((cos, _NAMES[0]), (sin, _NAMES[1])):
+        if contains_call(table):
+            replacements[id(table)] = ast.Name(name, ast.Load())
+            tables.append(ast.NamedExpr(ast.Name(name, ast.Store()), table))
+        else:
+            tables.append(table)
+    r1, r2 = (replacements.get(id(t), t) for t in (cos, sin))
+    xs = []  # the guard's other arguments: each rotated tensor, bound where it is computed (`q.float()`)
+    fused: dict[int, ast.AST] = {}
+    for site in found:
+        x = replace_nodes(site.x, replacements)
+        if contains_call(x):
+            if id(site.x) not in replacements:
+                name = ast.Name(f"_npu_x{len(xs)}", ast.Load())
+                replacements[id(site.x)] = name
+                xs.append(ast.NamedExpr(ast.Name(name.id, ast.Store()), x))
+            x = replacements[id(site.x)]
+        else:
+            xs.append(x)
+        fused[id(site.node)] = ast.Call(
+            ast.Attribute(ast.Name("torch_npu", ast.Load()), "npu_rotary_mul", ast.Load()),
+            [x, r1, r2],
+            [ast.keyword("rotary_mode", ast.Constant("interleave"))] if mode == "interleave" else [],
+        )
+    rewritten = replace_nodes(result, {**replacements, **fused})
+    evaluated = [t.value for t in (*tables, *xs) if isinstance(t, ast.NamedExpr)]
+    if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
+        return Outcome(ROTARY, "rotary embedding not fused: the branch would evaluate a call of the original twice")
+    x_param = next(
+        (p for p in fn.params if any(isinstance(n, ast.Name) and n.id == p for n in walk_shared(found[0].x))),
+        None,
+    )
+    if x_param is None:
+        return Outcome(ROTARY, "rotary embedding not fused: the rotated tensor is not computed from a parameter")
+    # cos and sin come first: an x such as Phi-3's `q[..., : cos.shape[-1]]` reads the bound table.
+    fits = ast.Call(
+        ast.Name("_npu_rotary_fits", ast.Load()),
+        [*tables, *_unique(xs)],
+        [ast.keyword("mode", ast.Constant("interleave"))] if mode == "interleave" else [],
+    )
+    what = "interleaved rotary embedding" if mode == "interleave" else "rotary embedding"
+    context = {"x": x_param, "guards": [source(fits)], "result": source(rewritten)}
+    return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+def _unique(nodes: list[ast.expr]) -> list[ast.expr]:
+    kept: list[ast.expr] = []
+    for node in nodes:
+        if not any(same(node, k) for k in kept):
+            kept.append(node)
+    return kept
