@@ -49,6 +49,13 @@ class _Class:
             stmt.name.value: stmt for stmt in node.body.body if isinstance(stmt, cst.FunctionDef)
         } if isinstance(node.body, cst.IndentedBlock) else {}
         self._trees: dict[str, ast.FunctionDef] | None = None
+        self._code: str | None = None
+
+    def code(self, code) -> str:
+        """The class's source, generated once: every method looks at it (quadratic otherwise)."""
+        if self._code is None:
+            self._code = code(self.node)
+        return self._code
 
     def trees(self, code) -> dict[str, ast.FunctionDef]:
         if self._trees is None:
@@ -169,6 +176,17 @@ class FusedOpsChecker(Checker):
     rules = tuple(m.RULE for m in MATCHERS)
     markers = tuple(dict.fromkeys(marker for m in MATCHERS for marker in m.MARKERS))
 
+    @classmethod
+    def wants(cls, index) -> bool:
+        # Identifiers each idiom cannot be written without: "sin" and "sqrt" as substrings are in
+        # "using" and "sqrt(d_model)" docstrings of half the files that mention them.
+        return (
+            index.uses("rsqrt") or index.uses("sqrt") and index.uses("mean")  # RMSNorm
+            or index.uses("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN", "act")  # SwiGLU
+            or index.uses("cos") and index.uses("sin") or index.uses("view_as_complex", "polar")  # rotary
+            or index.uses("scaled_dot_product_attention", "flash_attn_func", "softmax")  # attention
+        )
+
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         self._classes: list[_Class | None] = []  # None: a function scope between class and method
@@ -195,7 +213,7 @@ class FusedOpsChecker(Checker):
         self._classes.append(None)
         self._defs.append(node)
         # A method may spell the idiom through its siblings (`self._norm(x)`): look at the whole class.
-        scope = self.ctx.code(owner.node if owner is not None else node)
+        scope = owner.code(self.ctx.code) if owner is not None else self.ctx.code(node)
         matchers = [m for m in MATCHERS if m.RULE.id in self.enabled and any(k in scope for k in m.MARKERS)]
         if not matchers:
             return

@@ -1,0 +1,250 @@
+"""Benchmark npu-migrate on a large real tree, against baselines measured in the same run.
+
+    python benchmarks/bench_transformers.py [--version 5.24.0] [--jobs N] [--skip-baselines]
+
+Gets the `transformers` wheel from PyPI (pinned, cached in benchmarks/.cache), unpacks it, and times:
+
+* baselines: reading every file; `ast.parse` of every file; a bare libcst `parse_module` + `.code` of
+  every file (what parsing everything would cost), on the same number of processes as npu-migrate;
+* `npu-migrate apply --diff` over the tree (cold: a fresh process, no cache), with the fused rules on and
+  off, and `npu-migrate analyze` when the command exists;
+* `npu-migrate apply --check` on one small file (start-up cost, what pre-commit pays per commit);
+* scaling: apply over a quarter, a half and the whole tree.
+
+Reports files, lines, wall and CPU seconds, peak memory (largest process RSS), the ratios to the
+baselines, and which checkers made files get parsed. Writes benchmarks/results/<timestamp>.json and .md
+and prints the Markdown table. Machines here are noisy: compare ratios, not single times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CACHE = HERE / ".cache"
+RESULTS = HERE / "results"
+
+
+def fetch_tree(version: str) -> Path:
+    target = CACHE / f"transformers-{version}"
+    if (target / "transformers").is_dir():
+        return target / "transformers"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"transformers=={version}",
+         "-d", str(CACHE)],
+        check=True, stdout=subprocess.DEVNULL,
+    )
+    wheel = next(CACHE.glob(f"transformers-{version}-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(target)
+    return target / "transformers"
+
+
+def python_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+# -- baselines (module-level so worker processes can pickle them) ------------------------------------
+
+
+def _read(path: str) -> int:
+    return len(Path(path).read_bytes())
+
+
+def _ast(path: str) -> int:
+    ast.parse(Path(path).read_bytes())
+    return 0
+
+
+def _libcst(path: str) -> int:
+    import libcst
+
+    source = Path(path).read_text(encoding="utf-8")
+    assert libcst.parse_module(source).code == source
+    return 0
+
+
+def timed_pool(function, files: list[Path], jobs: int) -> dict:
+    start, cpu0 = time.perf_counter(), _cpu()
+    paths = [str(p) for p in files]
+    if jobs <= 1:
+        for p in paths:
+            function(p)
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            list(pool.map(function, paths, chunksize=8))
+    return {"wall_s": time.perf_counter() - start, "cpu_s": _cpu() - cpu0}
+
+
+def _cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed_command(args: list[str], cwd: Path) -> dict:
+    """A command in a fresh process; peak RSS is the largest process of its tree (via a wrapper)."""
+    wrapper = (
+        "import resource, subprocess, sys, json, time\n"
+        "start = time.perf_counter()\n"
+        "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode\n"
+        "wall = time.perf_counter() - start\n"
+        "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(json.dumps({'rc': rc, 'wall_s': wall, 'cpu_s': u.ru_utime + u.ru_stime,"
+        " 'peak_rss_mb': u.ru_maxrss / 1024}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", wrapper, *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def npu_migrate(*args: str) -> list[str]:
+    return [sys.executable, "-m", "npu_migrate", *args]
+
+
+def parse_reasons(files: list[Path]) -> dict:
+    """Which checkers make how many files get parsed by libcst (substring markers, then the ast filter)."""
+    from npu_migrate.astindex import AstIndex
+    from npu_migrate.registry import all_checkers
+
+    checkers = [c for c in all_checkers() if c.markers]
+    by_marker, by_ast = collections.Counter(), collections.Counter()
+    parsed = 0
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        candidates = [c for c in checkers if any(m in text for m in c.markers)]
+        by_marker.update(c.__name__ for c in candidates)
+        if not candidates:
+            continue
+        try:
+            index = AstIndex.of(ast.parse(text))
+        except SyntaxError:
+            continue
+        wanted = [c.__name__ for c in candidates if c.wants(index)]
+        by_ast.update(wanted)
+        parsed += bool(wanted)
+    return {"files_parsed": parsed, "by_substring_marker": dict(by_marker), "after_ast_filter": dict(by_ast)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", default="5.24.0", help="transformers version (pinned for reproducibility)")
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--skip-baselines", action="store_true", help="skip the slow libcst baseline")
+    parser.add_argument("--skip-analyze", action="store_true", help="skip `analyze --mode all` (minutes)")
+    args = parser.parse_args()
+
+    root = fetch_tree(args.version)
+    files = python_files(root)
+    lines = sum(p.read_bytes().count(b"\n") for p in files)
+    workdir = root.parent
+    results: dict = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "jobs": args.jobs, "python": platform.python_version(),
+                    "platform": platform.platform(), "processor": platform.processor() or platform.machine()},
+        "tree": {"name": f"transformers {args.version}", "files": len(files), "lines": lines},
+        "timings": {},
+    }
+    t = results["timings"]
+    t["read every file"] = timed_pool(_read, files, 1)
+    t["ast.parse every file"] = timed_pool(_ast, files, args.jobs)
+    if not args.skip_baselines:
+        t["libcst parse+code every file"] = timed_pool(_libcst, files, args.jobs)
+    rel = root.relative_to(workdir).as_posix()
+    t["apply --diff (fused on)"] = timed_command(npu_migrate("apply", "--diff", "--jobs", str(args.jobs), rel), workdir)
+    t["apply --diff (fused off)"] = timed_command(
+        npu_migrate("apply", "--diff", "--ignore", "NPU7", "--jobs", str(args.jobs), rel), workdir
+    )
+    if not args.skip_analyze:
+        t["analyze --mode all"] = timed_command(
+            npu_migrate("analyze", "--mode", "all", "--no-gitignore", "--format", "json", rel), workdir
+        )
+
+    with tempfile.TemporaryDirectory() as small:
+        (Path(small) / "train.py").write_text("import torch\n\nx = torch.ones(2).cuda()\n")
+        runs = [timed_command(npu_migrate("apply", "--check", "train.py"), Path(small))["wall_s"] for _ in range(5)]
+        bare = [timed_command([sys.executable, "-c", "pass"], Path(small))["wall_s"] for _ in range(5)]
+    t["apply --check one small file (median of 5)"] = {"wall_s": statistics.median(runs)}
+    t["python -c pass (median of 5)"] = {"wall_s": statistics.median(bare)}
+
+    scaling = {}
+    top = sorted({p.relative_to(root).parts[0] for p in files})
+    models = sorted((root / "models").iterdir()) if (root / "models").is_dir() else []
+    for fraction in (0.25, 0.5):
+        subset = [m.relative_to(workdir).as_posix() for m in models[: int(len(models) * fraction)]]
+        scaling[f"{fraction:.2f} of models/"] = {
+            "files": sum(len(python_files(workdir / s)) for s in subset),
+            **timed_command(npu_migrate("apply", "--diff", "--jobs", str(args.jobs), *subset), workdir),
+        }
+    all_models = [m.relative_to(workdir).as_posix() for m in models]
+    scaling["1.00 of models/"] = {
+        "files": sum(len(python_files(workdir / s)) for s in all_models),
+        **timed_command(npu_migrate("apply", "--diff", "--jobs", str(args.jobs), *all_models), workdir),
+    }
+    results["scaling"] = scaling
+    results["parse_reasons"] = parse_reasons(files)
+    results["top_level_entries"] = len(top)
+
+    base = t.get("libcst parse+code every file", {}).get("wall_s")
+    ratios = {}
+    for name in ("apply --diff (fused on)", "apply --diff (fused off)", "analyze --mode all"):
+        if name in t and base:
+            ratios[f"{name} / libcst parse"] = t[name]["wall_s"] / base
+    if "ast.parse every file" in t:
+        ratios["apply --diff (fused on) / ast.parse"] = t["apply --diff (fused on)"]["wall_s"] / t["ast.parse every file"]["wall_s"]
+    ratios["apply --check small / python start-up"] = (
+        t["apply --check one small file (median of 5)"]["wall_s"] / t["python -c pass (median of 5)"]["wall_s"]
+    )
+    results["ratios"] = ratios
+
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    (RESULTS / f"{stamp}.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = markdown(results)
+    (RESULTS / f"{stamp}.md").write_text(table)
+    print(table)
+
+
+def markdown(results: dict) -> str:
+    tree, machine = results["tree"], results["machine"]
+    out = [
+        f"{tree['name']}: {tree['files']} files, {tree['lines']:,} lines; {machine['cpus']} CPUs "
+        f"({machine['processor']}), {machine['jobs']} jobs, Python {machine['python']}",
+        "",
+        "| task | wall s | CPU s | peak RSS MB |",
+        "|---|---|---|---|",
+    ]
+    for name, r in results["timings"].items():
+        rss = f"{r['peak_rss_mb']:.0f}" if "peak_rss_mb" in r else ""
+        cpu = f"{r['cpu_s']:.1f}" if "cpu_s" in r else ""
+        out.append(f"| {name} | {r['wall_s']:.2f} | {cpu} | {rss} |")
+    out += ["", "| ratio | value |", "|---|---|"]
+    out += [f"| {name} | {value:.3f} |" for name, value in results["ratios"].items()]
+    out += ["", "| scaling (apply --diff) | files | wall s | peak RSS MB |", "|---|---|---|---|"]
+    out += [
+        f"| {name} | {r['files']} | {r['wall_s']:.2f} | {r['peak_rss_mb']:.0f} |"
+        for name, r in results["scaling"].items()
+    ]
+    reasons = results["parse_reasons"]
+    out += ["", f"libcst-parsed files: {reasons['files_parsed']} of {tree['files']}; by checker after the ast "
+            f"filter: {reasons['after_ast_filter']}", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
