@@ -148,3 +148,41 @@ def test_older_torch_npu_keeps_cuda_amp_signature_through_torch_npu_amp():
                             torch_npu_version="2.1.0.post8")
     assert "from torch_npu.npu.amp import custom_bwd, custom_fwd" in model
     assert "@custom_fwd(cast_inputs=torch.float16)" in model
+
+
+def test_launch_script_config_and_notebook_migrate_too(tmp_path):
+    """The project's other file kinds: the launcher, the YAML config and the notebook."""
+    import json
+    import shutil
+
+    from test_cli import run_cli
+
+    shutil.copytree(PROJECT, tmp_path / "project")
+    result = run_cli("apply", "--force", "project", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    launch = (tmp_path / "project" / "launch.sh").read_text()
+    for line in (
+        "export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3",
+        "export TORCH_HCCL_ASYNC_ERROR_HANDLING=1",
+        "export PYTORCH_NPU_ALLOC_CONF=expandable_segments:True",
+        "npu-smi info",
+        "torchrun --nproc_per_node=4 train.py --backend hccl --amp-dtype bfloat16",
+        "# Launch on every GPU of this node (nvidia-smi lists them).",  # comments stay
+    ):
+        assert line in launch.splitlines()
+    config = (tmp_path / "project" / "config.yaml").read_text()
+    for line in ('  ASCEND_RT_VISIBLE_DEVICES: "0,1,2,3"', "  HCCL_SOCKET_IFNAME: eth0", '  ASCEND_LAUNCH_BLOCKING: "0"'):
+        assert line in config.splitlines()
+    notebook = json.loads((tmp_path / "project" / "explore.ipynb").read_text())
+    code = "".join(notebook["cells"][2]["source"])
+    for line in (
+        'state = torch.load("ckpt.pt", map_location="npu:0")',
+        "block = Block(64).npu()",
+        'with torch.autocast(device_type="npu", dtype=torch.bfloat16):',
+        '    out = block(torch.randn(2, 8, 64, device="npu"))',
+    ):
+        assert line in code.splitlines()
+    assert notebook["cells"][2]["outputs"] == [{"name": "stdout", "output_type": "stream", "text": ["loaded\n"]}]
+    for migrated_py in (tmp_path / "project").rglob("*.py"):
+        compile(migrated_py.read_text(), str(migrated_py), "exec")
+    assert run_cli("apply", "--diff", "project", cwd=tmp_path).stdout == ""

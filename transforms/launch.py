@@ -1,6 +1,7 @@
 """Launch scripts, Dockerfiles, .env and YAML configs: the environment-variable table and `nvidia-smi`.
 
-These files are not Python, so they are read line by line (`npu_migrate.textfiles`): names are matched
+Options a launcher passes to the training script (`--backend nccl`, `--device cuda:0`) follow the
+Python rules' ids (NPU301, NPU102). These files are not Python, so they are read line by line (`npu_migrate.textfiles`): names are matched
 as whole tokens and never inside comments. Variables follow the same table as Python code
 (`data/env_vars.toml`, rules NPU601-NPU604), so one place says what `CUDA_VISIBLE_DEVICES` becomes.
 """
@@ -13,6 +14,8 @@ from npu_migrate import kinds
 from npu_migrate.findings import Severity
 from npu_migrate.rule import Rule, TextChecker
 from npu_migrate.textfiles import TextReport, is_prose, split_lines, token
+from npu_migrate.transforms.device import DEVICE_STRING
+from npu_migrate.transforms.distributed import BACKEND
 from npu_migrate.transforms.environment import RENAMED, VISIBLE_DEVICES_ORDER, verdict, visible_devices_problem
 from npu_migrate.transforms.literals import load_table
 
@@ -46,11 +49,14 @@ _NAMES = re.compile(
 # The value right after a variable: `NAME=v`, `NAME: v`, Dockerfile `ENV NAME v`; quotes optional.
 _VALUE = re.compile(r"""\s*(?:=|:[ \t]+|[ \t]+)["']?([0-9][0-9, ]*[0-9]|[0-9])["']?""")
 _SMI = token("nvidia-smi", word="A-Za-z0-9_-")
+# Command-line options that hand a backend or a device to the training script (`--backend nccl`).
+_BACKEND_OPTION = re.compile(r"--(?:dist[-_])?backend(?:=|[ \t]+)[\"']?(nccl)(?![\w-])")
+_DEVICE_OPTION = re.compile(r"--device(?:=|[ \t]+)[\"']?(cuda)(?::\d+)?(?![\w-])")
 _END_OF_COMMAND = re.compile(r"\s*($|[;|&)`]|\\$)")
 
 
 class LaunchChecker(TextChecker):
-    rules = (NVIDIA_SMI,)
+    rules = (NVIDIA_SMI, BACKEND, DEVICE_STRING)
     kinds = frozenset({kinds.SHELL, kinds.DOCKERFILE, kinds.DOTENV, kinds.YAML})
 
     def check(self, text: str, kind: str) -> list[TextReport]:
@@ -63,6 +69,13 @@ class LaunchChecker(TextChecker):
             for match in _SMI.finditer(code):
                 if not is_prose(code, match.start(), match.end()):
                     reports.append(self._nvidia_smi(line, match))
+            for pattern, rule, new in ((_BACKEND_OPTION, BACKEND, "hccl"), (_DEVICE_OPTION, DEVICE_STRING, "npu")):
+                for match in pattern.finditer(code):
+                    span = (line.start + match.start(1), line.start + match.end(1))
+                    reports.append(
+                        TextReport(rule, line.number, match.start(1) + 1, f"`{match.group(1)}` option value -> `{new}`",
+                                   Severity.INFO, span, new)
+                    )
         return [r for r in reports if r.rule.id in self.enabled]
 
     def _variable(self, line, match) -> list[TextReport]:
