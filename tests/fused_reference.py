@@ -1,5 +1,5 @@
 """CPU stand-ins for the torch_npu kernels the fused branches call, written from
-/work/shared/reference/torch_npu_facts.md (sections 1.1-1.5), never from the code under test.
+../shared/reference/torch_npu_facts.md (sections 1.1-1.5), never from the code under test.
 
 Each kernel asserts the constraints the facts give for it, so a guard in the generated code that lets a
 violation through fails the test instead of passing silently, and counts its calls in `CALLS`.

@@ -3,7 +3,7 @@
 `npu-migrate verify` installs `torch_npu_module()` as `torch_npu` in the migrated modules when no NPU is
 present, so the fused branches really run. Two things matter as much as the numbers:
 
-* The semantics are the documented ones (torch_npu 2.14; /work/shared/reference/torch_npu_facts.md §1),
+* The semantics are the documented ones (torch_npu 2.14; ../shared/reference/torch_npu_facts.md §1),
   including the surprising ones a rewrite can get wrong: `npu_swiglu` activates the *first* half,
   `npu_fusion_attention` masks where the mask is True and scales by 1.0 unless told otherwise, and
   `atten_mask=None` means full attention whatever `sparse_mode` says.
