@@ -104,11 +104,12 @@ _SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 _GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 
 
-def sarif_document(findings: list[Finding]) -> dict:
-    """SARIF 2.1.0, so code-scanning UIs show the findings inline."""
+def sarif_document(findings: list[Finding], extra_rules: tuple = ()) -> dict:
+    """SARIF 2.1.0, so code-scanning UIs show the findings inline. `extra_rules`: rules outside the
+    registry whose findings are included too (analyze's NPU9xx)."""
     from npu_migrate.registry import all_rules
 
-    rules = all_rules()
+    rules = [*all_rules(), *extra_rules]
     index = {rule.id: i for i, rule in enumerate(rules)}
     return {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
@@ -147,6 +148,7 @@ def sarif_document(findings: list[Finding]) -> dict:
                         ],
                     }
                     for f in findings
+                    if f.rule_id in index
                 ],
             }
         ],

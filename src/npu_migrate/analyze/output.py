@@ -89,45 +89,12 @@ def json_document(analysis: Analysis) -> dict:
     }
 
 
-_SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
-
-
 def sarif(analysis: Analysis) -> dict:
-    """SARIF 2.1.0: the engine's document for rule findings, extended with the analysis-only rules."""
+    """SARIF 2.1.0: the engine's document, with the analysis-only rules as extra rules."""
     from npu_migrate.analyze.rules import RULES
-    from npu_migrate.registry import all_rules
 
-    known = {r.id for r in all_rules()}
-    findings = analysis.findings
-    document = sarif_document([f for f in findings if f.rule_id in known])
+    document = sarif_document(analysis.findings, extra_rules=tuple(RULES))
     run = document["runs"][0]
-    driver = run["tool"]["driver"]
-    offset = len(driver["rules"])
-    index = {rule.id: offset + i for i, rule in enumerate(RULES)}
-    driver["rules"].extend(
-        {
-            "id": rule.id,
-            "name": rule.name,
-            "shortDescription": {"text": rule.summary},
-            "fullDescription": {"text": rule.documentation},
-            "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity.value]},
-        }
-        for rule in RULES
-    )
-    run["results"].extend(
-        {
-            "ruleId": f.rule_id,
-            "ruleIndex": index[f.rule_id],
-            "level": _SARIF_LEVEL[f.severity.value],
-            "message": {"text": f.message},
-            "locations": [
-                {"physicalLocation": {"artifactLocation": {"uri": f.path},
-                                      "region": {"startLine": f.line, "startColumn": f.col}}}
-            ],
-        }
-        for f in findings
-        if f.rule_id in index
-    )
     base = analysis.root.as_uri() + "/"
     run["originalUriBaseIds"] = {"SRCROOT": {"uri": base}}
     for result in run["results"]:
