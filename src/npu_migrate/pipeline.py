@@ -23,7 +23,7 @@ from npu_migrate.context import FileContext, Report
 from npu_migrate.findings import Finding, Severity
 from npu_migrate.lines import StatementIndex, Suppressions, add_todo, line_of, todo_comment
 from npu_migrate.rule import Checker
-from npu_migrate.source import SourceError, SourceFile, atomic_write, read_source
+from npu_migrate.source import SourceError, SourceFile, atomic_write, parse_python, read_source
 
 
 class Status(str, enum.Enum):
@@ -133,20 +133,11 @@ def migrate_source(
     active = [checker for checker in checkers if any(m in text for m in checker.markers)]
     if not active:
         return text, [], False
-    # CPython's own parser first: it is an order of magnitude cheaper, gives the familiar syntax error
-    # messages, and refuses nesting deep enough to crash libcst's native parser (seen: a segfault at
-    # 5,000 nested parentheses). Code CPython cannot parse cannot run either.
-    try:
-        tree = ast.parse(text, filename=display)
-    except SyntaxError as exc:
-        raise SourceError(f"syntax error at line {exc.lineno}: {exc.msg}") from None
-    except (RecursionError, MemoryError):
-        raise SourceError("too deeply nested to parse") from None
-    index = AstIndex.of(tree)
+    index = AstIndex.of(parse_python(text, display))
     active = [checker for checker in active if checker.wants(index)]
     if not active:
         return text, [], False
-    active += [c for c in checkers if getattr(c, "follows_others", False)]
+    active += [c for c in checkers if c.follows_others]
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -271,12 +262,12 @@ def _migrate_notebook(source, display, plan, api, job_ignore):
 
 
 def validate(text: str, display: str, kind: str = kinds.PYTHON) -> None:
+    """Never write code that does not parse: an engine bug must fail the file, not corrupt it."""
     if kind == kinds.NOTEBOOK:
         notebooks.validate(text)
         return
     if kind != kinds.PYTHON:
         return  # text edits replace whole tokens only; there is no parser to ask
-    """Never write code that does not parse: an engine bug must fail the file, not corrupt it."""
     try:
         ast.parse(text, filename=display)
     except SyntaxError as exc:

@@ -50,6 +50,8 @@ class Checker(cst.BatchableCSTVisitor):
     rules: ClassVar[tuple[Rule, ...]]
     #: Substrings of which a file must contain at least one for this checker to run: the cheap prefilter.
     markers: ClassVar[tuple[str, ...]] = ("cuda",)
+    #: Runs on every file some other checker parses, never on its own (the `import torch_npu` rule).
+    follows_others: ClassVar[bool] = False
 
     @classmethod
     def wants(cls, index: AstIndex) -> bool:

@@ -7,6 +7,7 @@ Writes are atomic: a temporary file in the same folder, fsync, then rename over 
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import stat
@@ -46,6 +47,21 @@ def decode_source(path: Path, raw: bytes) -> SourceFile:
     except (UnicodeDecodeError, LookupError) as exc:
         raise SourceError(f"cannot decode as {encoding}: {exc}") from None
     return SourceFile(path=path, raw=raw, text=text, encoding=encoding)
+
+
+def parse_python(text: str, display: str) -> ast.Module:
+    """CPython's parse of a file, with its failures as one-line reasons.
+
+    Run before libcst sees a file: it is an order of magnitude cheaper, gives the familiar syntax error
+    messages, and refuses nesting deep enough to crash libcst's native parser (seen: a segfault at 5,000
+    nested parentheses). Code CPython cannot parse cannot run either.
+    """
+    try:
+        return ast.parse(text, filename=display)
+    except SyntaxError as exc:
+        raise SourceError(f"syntax error at line {exc.lineno}: {exc.msg}") from None
+    except (RecursionError, MemoryError, ValueError):
+        raise SourceError("too deeply nested (or otherwise too large) to parse") from None
 
 
 def read_source(path: Path) -> SourceFile:

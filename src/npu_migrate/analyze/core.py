@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 from npu_migrate.analyze.names import Names
 from npu_migrate.findings import Finding
 from npu_migrate.pipeline import Job, Mode, Plan, Status, process
-from npu_migrate.source import SourceError, read_source
+from npu_migrate.source import SourceError, parse_python, read_source
 
 MODES = ("torch_apis", "third_party", "custom_kernels", "affinity_apis", "dynamic_shape", "model")
 
@@ -203,12 +203,7 @@ def package_of(module: str | None, display: str) -> str | None:
 
 def parse(path: Path, display: str, module: str | None) -> Source:
     text = read_source(path).text
-    try:
-        tree = ast.parse(text, filename=display)
-    except SyntaxError as exc:
-        raise SourceError(f"syntax error at line {exc.lineno}: {exc.msg}") from None
-    except (RecursionError, MemoryError):
-        raise SourceError("too deeply nested to parse") from None
+    tree = parse_python(text, display)
     return Source(display, module, text, tree, Names.of(tree, package_of(module, display)), text.splitlines())
 
 
