@@ -25,10 +25,17 @@ class StatementIndex:
     """Statements by the lines they span."""
 
     def __init__(self, positions) -> None:
-        self.spans: list[tuple[int, int, cst.CSTNode]] = sorted(
+        self.spans: list[tuple[int, int, object]] = sorted(
             ((r.start.line, r.end.line, node) for node, r in positions.items() if isinstance(node, _STATEMENTS)),
             key=lambda item: (item[0], -item[1]),
         )
+
+    @classmethod
+    def of_spans(cls, spans) -> StatementIndex:
+        """From (first line, last line, statement) triples: the statements of an `ast` tree."""
+        index = cls.__new__(cls)
+        index.spans = sorted(spans, key=lambda item: (item[0], -item[1]))
+        return index
 
     def starting_at(self, line: int) -> list[tuple[int, int, cst.CSTNode]]:
         return [span for span in self.spans if span[0] == line]
@@ -94,6 +101,18 @@ def add_todo(statement: cst.CSTNode, comment: str):
         return updated.with_changes(leading_lines=lines)
 
     return fix
+
+
+def todo_above(lines: list[str], line: int, tag: str) -> bool:
+    """Whether the comment lines right above `line` hold a TODO starting with `tag` (from an earlier run).
+    The comments above a module's first statement belong to the module header, not the statement,
+    so this reads the text rather than the statement's leading lines."""
+    index = line - 2
+    while index >= 0 and lines[index].strip().startswith("#"):
+        if lines[index].strip().startswith(tag):
+            return True
+        index -= 1
+    return False
 
 
 def line_of(positions, node: cst.CSTNode) -> int:

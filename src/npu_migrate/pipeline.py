@@ -10,19 +10,20 @@ import difflib
 import enum
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from npu_migrate import kinds, notebooks
+from npu_migrate import kinds, notebooks, scoped
 from npu_migrate.api import NpuApi
 from npu_migrate.astindex import AstIndex
 from npu_migrate.context import FileContext, Report
 from npu_migrate.findings import Finding, Severity
-from npu_migrate.lines import StatementIndex, Suppressions, add_todo, line_of, todo_comment
-from npu_migrate.rule import Checker
+from npu_migrate.fixes import apply_fixes, node_code
+from npu_migrate.lines import StatementIndex, Suppressions, add_todo, line_of, todo_above, todo_comment
+from npu_migrate.rule import Checker, TreeChecker
 from npu_migrate.source import SourceError, SourceFile, atomic_write, parse_python, read_source
 
 
@@ -80,36 +81,6 @@ def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
     return [c for c in all_checkers() if any(r.id in enabled for r in c.rules)]
 
 
-class FixApplier(cst.CSTTransformer):
-    """Applies every accepted fix in one pass; a fix sees its node with the children already rewritten."""
-
-    def __init__(self, reports: list[Report], edits) -> None:
-        super().__init__()
-        self.fixes: dict[int, list] = {}
-        for report in reports:
-            if report.applied and report.fix is not None:
-                self.fixes.setdefault(id(report.node), []).append(report.fix)
-        for node, fix in edits:
-            self.fixes.setdefault(id(node), []).append(fix)
-        self.results: dict[int, cst.CSTNode | cst.FlattenSentinel] = {}
-
-    def on_leave(self, original_node, updated_node):
-        fixes = self.fixes.get(id(original_node))
-        if not fixes:
-            return updated_node
-        for fix in fixes:
-            updated_node = fix(updated_node)
-        self.results[id(original_node)] = updated_node
-        return updated_node
-
-
-def _node_code(node) -> str:
-    empty = cst.Module(body=[])
-    if isinstance(node, cst.FlattenSentinel):
-        return "".join(empty.code_for_node(n) for n in node.nodes)
-    return empty.code_for_node(node)
-
-
 def unified_diff(display: str, before: str, after: str) -> str:
     """A patch that `git apply` and `patch -p1` accept, newline style and missing final newline included."""
     a_lines = before.splitlines(keepends=True)
@@ -125,7 +96,8 @@ def unified_diff(display: str, before: str, after: str) -> str:
 def migrate_source(
     source: SourceFile, display: str, plan: Plan, api: NpuApi, job_ignore: tuple[str, ...] = ()
 ) -> tuple[str, list[Finding], bool]:
-    """The migrated text of one file and its findings. Raises SourceError for unparsable input."""
+    """The migrated text of one file, its findings, and whether any rule looked into it.
+    Raises SourceError for unparsable input."""
     text = source.text
     enabled = plan.enabled_for(job_ignore)
     # The prefilter: a checker whose markers are all absent cannot match, so the file is not parsed for it.
@@ -133,11 +105,37 @@ def migrate_source(
     active = [checker for checker in checkers if any(m in text for m in checker.markers)]
     if not active:
         return text, [], False
-    index = AstIndex.of(parse_python(text, display))
+    tree = parse_python(text, display)
+    index = AstIndex.of(tree)
     active = [checker for checker in active if checker.wants(index)]
     if not active:
         return text, [], False
-    active += [c for c in checkers if c.follows_others]
+    on_tree = [c for c in active if issubclass(c, TreeChecker)]
+    on_cst = [c for c in active if not issubclass(c, TreeChecker)]
+    new_text, findings = text, []
+    if on_cst:
+        on_cst += [c for c in checkers if c.follows_others]
+        new_text, findings = _migrate_cst(text, display, plan, api, enabled, on_cst)
+    if on_tree:
+        if new_text != text:
+            validate(new_text, display)
+            tree = parse_python(new_text, display)
+        tree_text, tree_findings = scoped.run(
+            on_tree, tree, scoped.Source(new_text), display, enabled, api, annotate=plan.annotate
+        )
+        if new_text != text:  # their positions are in the text the libcst rules rewrote
+            original_line = scoped.line_map(text, new_text)
+            tree_findings = [replace(f, line=original_line(f.line)) for f in tree_findings]
+        new_text = tree_text
+        findings += tree_findings
+    findings.sort(key=lambda f: (f.line, f.col, f.rule_id))
+    return new_text, findings, True
+
+
+def _migrate_cst(
+    text: str, display: str, plan: Plan, api: NpuApi, enabled: frozenset[str], active: list[type[Checker]]
+) -> tuple[str, list[Finding]]:
+    """The libcst checkers' part: parse, visit, decide, fix, all on the whole module."""
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -150,7 +148,7 @@ def migrate_source(
     for visitor in visitors:
         visitor.finish()
     if not ctx.pending:
-        return text, [], True
+        return text, []
 
     positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
     statement_index: list[StatementIndex] = []
@@ -167,12 +165,12 @@ def migrate_source(
     for visitor in visitors:
         visitor.finalize()
     if not ctx.reports:
-        return text, [], True
+        return text, []
     if plan.annotate:
         _annotate(ctx, positions, statements(), text)
 
-    applier = FixApplier(ctx.reports, ctx.edits)
-    new_module = module.visit(applier) if applier.fixes else module
+    fixes = [(r.node, r.fix) for r in ctx.reports if r.applied and r.fix is not None] + ctx.edits
+    new_module, applier = apply_fixes(module, fixes)
     new_text = new_module.code
     findings = []
     for report in ctx.reports:
@@ -189,11 +187,10 @@ def migrate_source(
                 severity=report.severity,
                 fixed=report.applied and new_text != text,
                 original=ctx.code(report.node).strip() if report.applied else "",
-                replacement=_node_code(replacement).strip() if replacement is not None else "",
+                replacement=node_code(replacement).strip() if replacement is not None else "",
             )
         )
-    findings.sort(key=lambda f: (f.line, f.col, f.rule_id))
-    return new_text, findings, True
+    return new_text, findings
 
 
 def _annotate(ctx: FileContext, positions, statements: StatementIndex, text: str) -> None:
@@ -207,19 +204,8 @@ def _annotate(ctx: FileContext, positions, statements: StatementIndex, text: str
         if statement is None:
             continue
         comment = todo_comment(report.rule.id, report.message)
-        if not _todo_above(lines, line_of(positions, statement), comment.split(")")[0]):
+        if not todo_above(lines, line_of(positions, statement), comment.split(")")[0]):
             ctx.edits.append((statement, add_todo(statement, comment)))
-
-
-def _todo_above(lines: list[str], line: int, tag: str) -> bool:
-    # The comments above a module's first statement belong to the module header, not the statement,
-    # so the check reads the text rather than the statement's leading lines.
-    index = line - 2
-    while index >= 0 and lines[index].strip().startswith("#"):
-        if lines[index].strip().startswith(tag):
-            return True
-        index -= 1
-    return False
 
 
 def migrate_file(
@@ -240,7 +226,6 @@ def migrate_file(
 
 
 def _migrate_notebook(source, display, plan, api, job_ignore):
-    from dataclasses import replace
 
     notebook = notebooks.load(source.text, display)
     module, indexes, magics = notebooks.join_cells(notebook)

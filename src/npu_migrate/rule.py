@@ -22,8 +22,12 @@ import libcst as cst
 from npu_migrate.findings import Severity
 
 if TYPE_CHECKING:
+    import ast
+
+    from npu_migrate.api import NpuApi
     from npu_migrate.astindex import AstIndex
     from npu_migrate.context import FileContext
+    from npu_migrate.scoped import Source, TreeReport
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,36 @@ class NameUseChecker(Checker):
             self._skip.add(id(node.attr))
             node = node.value
         self._skip.add(id(node))
+
+
+class TreeChecker:
+    """A checker that decides on the `ast` tree every file is vetted with, and never needs the whole file
+    in libcst: its fixes are libcst fixes of the few statements it changes, which the engine parses
+    alone (`npu_migrate.scoped`). For rules that must look at many files and change few (the fused-op
+    idioms), where a libcst parse and walk of every candidate file would cost ten times the `ast`.
+
+    It runs after the libcst checkers of the same file, on their result: what they rewrote, it sees
+    rewritten, as a second run would.
+    """
+
+    rules: ClassVar[tuple[Rule, ...]]
+    markers: ClassVar[tuple[str, ...]] = ()
+    follows_others: ClassVar[bool] = False
+
+    @classmethod
+    def wants(cls, index: AstIndex) -> bool:
+        return True
+
+    def __init__(self, enabled: frozenset[str], api: NpuApi) -> None:
+        self.enabled = enabled
+        self.api = api
+
+    def check(self, tree: ast.Module, source: Source) -> list[TreeReport]:
+        raise NotImplementedError
+
+    @classmethod
+    def family(cls) -> str:
+        return cls.__module__.rsplit(".", 1)[-1]
 
 
 class TextChecker:

@@ -30,8 +30,9 @@ from collections.abc import Mapping
 
 import libcst as cst
 
-from npu_migrate.imports import insertion_index
-from npu_migrate.rule import Checker
+from npu_migrate.imports import ast_import_bindings
+from npu_migrate.rule import TreeChecker
+from npu_migrate.scoped import Source, TreeReport
 from npu_migrate.templating import render
 from npu_migrate.transforms.fused import attention, rms_norm, rotary, swiglu
 from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch
@@ -40,87 +41,59 @@ MATCHERS = (rms_norm, swiglu, rotary, attention)
 PRELUDE = "prelude.py.j2"
 #: The module-level definition each helper template provides: present means already inserted.
 HELPER_NAMES = {PRELUDE: "_is_npu", "is_silu.py.j2": "_is_silu", rotary.HELPER: "_npu_rotary_fits", attention.HELPER: attention.WRAPPER}
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_SCRIPTED = ("torch.jit.script", "torch.jit.script_method")
+_BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match)
 
 
-class _Class:
-    def __init__(self, node: cst.ClassDef) -> None:
-        self.node = node
-        self.methods = {
-            stmt.name.value: stmt for stmt in node.body.body if isinstance(stmt, cst.FunctionDef)
-        } if isinstance(node.body, cst.IndentedBlock) else {}
-        self._trees: dict[str, ast.FunctionDef] | None = None
-        self._code: str | None = None
-
-    def code(self, code) -> str:
-        """The class's source, generated once: every method looks at it (quadratic otherwise)."""
-        if self._code is None:
-            self._code = code(self.node)
-        return self._code
-
-    def trees(self, code) -> dict[str, ast.FunctionDef]:
-        if self._trees is None:
-            self._trees = {name: _parse_function(code(node)) for name, node in self.methods.items()}
-        return self._trees
-
-
-def _parse_function(code: str) -> ast.FunctionDef:
-    return ast.parse(code).body[0]
-
-
-class _BoundNames(cst.CSTVisitor):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        self.names.add(node.name.value)
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.names.add(node.name.value)
-        return False
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)  # over-approximates: a name merely read there is dropped too
+def _identifiers(node: ast.AST) -> set[str]:
+    """Every name a statement binds or mentions, defs and classes by their names only (not their bodies)."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, (*_DEFS, ast.ClassDef)) and current is not node:
+            found.add(current.name)
+            continue
+        if isinstance(current, ast.Name):
+            found.add(current.id)
+        elif isinstance(current, ast.Attribute):
+            found.add(current.attr)
+        elif isinstance(current, ast.alias):
+            found.update((current.asname or current.name).split("."))
+        elif isinstance(current, ast.arg):
+            found.add(current.arg)
+        elif isinstance(current, ast.ExceptHandler) and current.name:
+            found.add(current.name)
+        stack.extend(ast.iter_child_nodes(current))
+    return found
 
 
 class _ModuleFunctions(Mapping):
-    """The module-level defs a fused idiom may call (`rotate_half`), parsed on first use. A name the
-    module defines twice or also binds otherwise is left out: which definition a call reaches is unknown."""
+    """The module-level defs a fused idiom may call (`rotate_half`). A name the module defines twice or
+    also binds otherwise is left out: which definition a call reaches is unknown."""
 
-    def __init__(self, module: cst.Module, code) -> None:
-        defs: dict[str, cst.FunctionDef] = {}
+    def __init__(self, tree: ast.Module) -> None:
+        defs: dict[str, ast.FunctionDef] = {}
         rebound: set[str] = set()
-        for stmt in module.body:
-            if isinstance(stmt, cst.FunctionDef):
-                if stmt.name.value in defs:
-                    rebound.add(stmt.name.value)
-                defs[stmt.name.value] = stmt
-            elif isinstance(stmt, cst.ClassDef):
-                rebound.add(stmt.name.value)
-            elif isinstance(stmt, cst.SimpleStatementLine):
-                for small in stmt.body:
-                    targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else (
-                        [small.target] if isinstance(small, (cst.AnnAssign, cst.AugAssign)) else []
-                    )
-                    rebound.update(t.value for t in targets if isinstance(t, cst.Name))
-                    if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
-                        for alias in small.names:
-                            bound = alias.asname.name if alias.asname else alias.name
-                            if isinstance(bound, cst.Name):
-                                rebound.add(bound.value)
-            else:  # `if`/`try`/`with` at top level: whatever they bind
-                collector = _BoundNames()
-                stmt.visit(collector)
-                rebound.update(collector.names)
+        for stmt in tree.body:
+            if isinstance(stmt, _DEFS):
+                if stmt.name in defs:
+                    rebound.add(stmt.name)
+                defs[stmt.name] = stmt
+            elif isinstance(stmt, ast.ClassDef):
+                rebound.add(stmt.name)
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                rebound.update(t.id for t in targets if isinstance(t, ast.Name))
+            elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                rebound.update((a.asname or a.name) for a in stmt.names if a.name != "*")
+            elif isinstance(stmt, _BLOCKS):  # `if`/`try`/`with` at top level: whatever they bind
+                rebound.update(_identifiers(stmt))
         self._nodes = {name: node for name, node in defs.items() if name not in rebound}
-        self._code = code
-        self._trees: dict[str, ast.FunctionDef] = {}
 
     def __getitem__(self, name: str) -> ast.FunctionDef:
-        if name not in self._trees:
-            self._trees[name] = _parse_function(self._code(self._nodes[name]))
-        return self._trees[name]
+        return self._nodes[name]
 
     def __iter__(self):
         return iter(self._nodes)
@@ -129,34 +102,47 @@ class _ModuleFunctions(Mapping):
         return len(self._nodes)
 
 
-def _defined_names(module: cst.Module) -> set[str]:
-    return {stmt.name.value for stmt in module.body if isinstance(stmt, (cst.FunctionDef, cst.ClassDef))}
+def _defined_names(tree: ast.Module) -> set[str]:
+    return {stmt.name for stmt in tree.body if isinstance(stmt, (*_DEFS, ast.ClassDef))}
 
 
-def _prelude_index(module: cst.Module) -> int:
-    """After the last top-level import that precedes the first def or class."""
-    index = insertion_index(module)
-    for position, stmt in enumerate(module.body):
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _prelude_anchor(tree: ast.Module) -> tuple[ast.stmt, bool]:
+    """The top-level statement the helpers go next to, and whether after it: after the last import that
+    precedes the first def or class, else after the docstring and `__future__` imports, else first."""
+    body = tree.body
+    index = 1 if body and _is_docstring(body[0]) else 0
+    while index < len(body) and isinstance(body[index], ast.ImportFrom) and body[index].module == "__future__":
+        index += 1
+    for position, stmt in enumerate(body):
+        if isinstance(stmt, (*_DEFS, ast.ClassDef)):
             break
-        if isinstance(stmt, cst.SimpleStatementLine) and all(
-            isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
-        ):
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)) and not _shares_line(body, position):
             index = position + 1
-    return index
+    return (body[index - 1], True) if index else (body[0], False)
 
 
-def _insert_helpers(module: cst.Module, templates: list[str]) -> cst.Module:
-    existing = _defined_names(module)
-    wanted = [t for t in templates if HELPER_NAMES[t] not in existing]
-    text = "\n\n".join(render(t) for t in wanted)
-    new = list(cst.parse_module(text).body)
-    blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
-    new[0] = new[0].with_changes(leading_lines=[blank, blank])
-    body = list(module.body)
-    index = _prelude_index(module)
-    body[index:index] = new
-    return module.with_changes(body=body)
+def _shares_line(body: list[ast.stmt], position: int) -> bool:
+    """`import a; x = 1`: one libcst statement line, which is not all imports."""
+    stmt = body[position]
+    neighbours = body[max(position - 1, 0):position] + body[position + 1:position + 2]
+    return any(n.end_lineno == stmt.lineno or n.lineno == stmt.end_lineno for n in neighbours)
+
+
+def _helpers_fix(templates: list[str], after: bool):
+    """A fix of the anchor statement: the anchor and the rendered helpers, two blank lines between."""
+
+    def fix(updated: cst.BaseStatement):
+        text = "\n\n".join(render(t) for t in templates)
+        new = list(cst.parse_module(text).body)
+        blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
+        new[0] = new[0].with_changes(leading_lines=[blank, blank])
+        return cst.FlattenSentinel([updated, *new] if after else [*new, updated])
+
+    return fix
 
 
 def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement) -> cst.FunctionDef:
@@ -172,7 +158,7 @@ def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement) -> cst.F
     return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
-class FusedOpsChecker(Checker):
+class FusedOpsChecker(TreeChecker):
     rules = tuple(m.RULE for m in MATCHERS)
     markers = tuple(dict.fromkeys(marker for m in MATCHERS for marker in m.MARKERS))
 
@@ -187,92 +173,97 @@ class FusedOpsChecker(Checker):
             or index.uses("scaled_dot_product_attention", "flash_attn_func", "softmax")  # attention
         )
 
-    def __init__(self, ctx, enabled) -> None:
-        super().__init__(ctx, enabled)
-        self._classes: list[_Class | None] = []  # None: a function scope between class and method
-        self._applied: list[Outcome] = []
-        self._functions: _ModuleFunctions | None = None
-        self._defs: list[cst.FunctionDef] = []  # the enclosing functions, innermost last
+    def check(self, tree: ast.Module, source: Source) -> list[TreeReport]:
+        self.source = source
+        self.bindings = ast_import_bindings(tree)
+        self.functions = _ModuleFunctions(tree)
+        self.reports: list[TreeReport] = []
+        self.applied: list[Outcome] = []
+        self._walk(tree.body, owner=None, defs=())
+        self._prelude(tree)
+        return self.reports
 
-    # -- scopes ----------------------------------------------------------------------------------------
+    # -- the walk: defs with their class, calls with their enclosing defs ------------------------------
 
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self._classes.append(_Class(node))
+    def _walk(self, nodes: list[ast.stmt], owner: ast.ClassDef | None, defs: tuple) -> None:
+        for node in nodes:
+            # The expressions of the statement itself (a def's decorators and defaults, a class's bases),
+            # then its blocks.
+            self._calls(
+                [c for c in ast.iter_child_nodes(node) if not isinstance(c, (ast.stmt, ast.ExceptHandler, ast.match_case))]
+                + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
+                + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
+                defs,
+            )
+            if isinstance(node, ast.ClassDef):
+                self._walk(node.body, owner=node, defs=defs)
+            elif isinstance(node, _DEFS):
+                self._function(node, owner)
+                self._walk(node.body, owner=None, defs=(*defs, node))
+            else:
+                blocks = [getattr(node, a, None) for a in ("body", "orelse", "finalbody")]
+                blocks += [h.body for h in getattr(node, "handlers", ())] + [c.body for c in getattr(node, "cases", ())]
+                self._walk([s for block in blocks if isinstance(block, list) for s in block], owner, defs)
 
-    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
-        self._classes.pop()
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
-        self._classes.pop()
-        self._defs.pop()
+    def _calls(self, nodes, defs) -> None:
+        if attention.RULE.id not in self.enabled:
+            return
+        for root in nodes:
+            for node in ast.walk(root):
+                if isinstance(node, ast.Call):
+                    self._call(node, defs)
 
     # -- matching --------------------------------------------------------------------------------------
 
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        owner = self._classes[-1] if self._classes else None
-        self._classes.append(None)
-        self._defs.append(node)
+    def _function(self, node: ast.FunctionDef, owner: ast.ClassDef | None) -> None:
         # A method may spell the idiom through its siblings (`self._norm(x)`): look at the whole class.
-        scope = owner.code(self.ctx.code) if owner is not None else self.ctx.code(node)
+        scope = self.source.segment(owner if owner is not None else node)
         matchers = [m for m in MATCHERS if m.RULE.id in self.enabled and any(k in scope for k in m.MARKERS)]
-        if not matchers:
+        if not matchers or has_fused_branch(node):
             return
-        tree = _parse_function(self.ctx.code(node))
-        if has_fused_branch(tree):
-            return
-        siblings = owner.trees(self.ctx.code) if owner is not None else {}
-        if self._functions is None:
-            self._functions = _ModuleFunctions(self.ctx.module, self.ctx.code)
-        fn = Function(tree, owner is not None, self._qualname, siblings, self._functions, self.ctx.api)
+        siblings = {s.name: s for s in owner.body if isinstance(s, _DEFS)} if owner is not None else {}
+        fn = Function(node, owner is not None, self._qualname, siblings, self.functions, self.api)
         for matcher in matchers:
             outcome = matcher.match(fn)
             if outcome is not None:
                 self._decide(node, outcome)
                 return
 
-    def _decide(self, node: cst.FunctionDef | cst.Call, outcome: Outcome, fix=None) -> None:
-        torch = self.ctx.imports.bindings.get("torch")
-        if outcome.template is not None and (torch is None or torch.qualname != "torch"):
-            outcome.message += " not injected: the file does not `import torch` at module level, which the branch uses"
-            outcome.template = None
-        if outcome.template is not None and isinstance(node, cst.FunctionDef) and not isinstance(node.body, cst.IndentedBlock):
-            outcome.message += " not injected: the function body is on the `def` line"
-            outcome.template = None
-        if outcome.template is None:
-            self.report(outcome.rule, node, outcome.message)
-            return
-        self._applied.append(outcome)
-        if fix is not None:  # a call rewritten in place; the template is a module-level helper
-            self.report(outcome.rule, node, outcome.message, fix=fix)
-            return
-        branch = cst.parse_statement(render(outcome.template, **outcome.context))
-        self.report(outcome.rule, node, outcome.message, fix=lambda updated: _insert_branch(updated, branch))
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if attention.RULE.id not in self.enabled:
-            return
-        name = self.ctx.qualname(node.func)
+    def _call(self, node: ast.Call, defs) -> None:
+        name = self._qualname(node.func)
         if name is None or not name.startswith(("torch.nn.functional.", "flash_attn.")):
             return
-        outcome = attention.match_call(name, self.ctx.api)
+        outcome = attention.match_call(name, self.api)
         if outcome is None:
             return
-        torch = self.ctx.imports.bindings.get("torch")
-        if outcome.template is not None and (torch is None or torch.qualname != "torch"):
+        if outcome.template is not None and self.bindings.get("torch") != "torch":
             outcome.message = (
                 "scaled_dot_product_attention not fused: the file does not `import torch` at module level, "
                 "which the wrapper uses"
             )
             outcome.template = None
-        if outcome.template is not None:
-            scripted = any(
-                self.ctx.qualname(d.decorator) in ("torch.jit.script", "torch.jit.script_method")
-                for d in (dec for f in self._defs for dec in f.decorators)
-            )
-            if scripted:
-                outcome.message = "scaled_dot_product_attention not fused: it is called from TorchScript, which cannot call the wrapper"
-                outcome.template = None
+        if outcome.template is not None and any(
+            self._qualname(d) in _SCRIPTED for f in defs for d in f.decorator_list
+        ):
+            outcome.message = "scaled_dot_product_attention not fused: it is called from TorchScript, which cannot call the wrapper"
+            outcome.template = None
         self._decide(node, outcome, fix=attention.wrap)
+
+    def _decide(self, node: ast.FunctionDef | ast.Call, outcome: Outcome, fix=None) -> None:
+        if outcome.template is not None and self.bindings.get("torch") != "torch":
+            outcome.message += " not injected: the file does not `import torch` at module level, which the branch uses"
+            outcome.template = None
+        if outcome.template is not None and isinstance(node, _DEFS) and not self.source.starts_line(node.body[0]):
+            outcome.message += " not injected: the function body is on the `def` line"
+            outcome.template = None
+        if outcome.template is None:
+            self.reports.append(TreeReport(outcome.rule, node, outcome.message))
+            return
+        self.applied.append(outcome)
+        if fix is None:
+            branch = cst.parse_statement(render(outcome.template, **outcome.context))
+            fix = lambda updated: _insert_branch(updated, branch)  # noqa: E731
+        self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
 
     def _qualname(self, node: ast.expr) -> str | None:
         parts = []
@@ -281,21 +272,22 @@ class FusedOpsChecker(Checker):
             node = node.value
         if not isinstance(node, ast.Name):
             return None
-        binding = self.ctx.imports.bindings.get(node.id)
-        return None if binding is None else ".".join([binding.qualname, *reversed(parts)])
+        qualname = self.bindings.get(node.id)
+        return None if qualname is None else ".".join([qualname, *reversed(parts)])
 
     # -- the prelude -----------------------------------------------------------------------------------
 
-    def finish(self) -> None:
-        if not self._applied:
+    def _prelude(self, tree: ast.Module) -> None:
+        if not self.applied:
             return
-        templates = [PRELUDE, *dict.fromkeys(h for o in self._applied for h in o.helpers)]
-        existing = _defined_names(self.ctx.module)
+        templates = [PRELUDE, *dict.fromkeys(h for o in self.applied for h in o.helpers)]
+        existing = _defined_names(tree)
         missing = [t for t in templates if HELPER_NAMES[t] not in existing]
         if missing:
             names = ", ".join(f"`{HELPER_NAMES[t]}`" for t in missing)
-            self.report(
-                self._applied[0].rule, self.ctx.module,
+            anchor, after = _prelude_anchor(tree)
+            self.reports.append(TreeReport(
+                self.applied[0].rule, tree,
                 f"fused-op helpers {names} (and a guarded `import torch_npu`) added after the imports",
-                fix=lambda updated: _insert_helpers(updated, missing),
-            )
+                fix=_helpers_fix(missing, after), target=anchor,
+            ))

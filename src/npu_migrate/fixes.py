@@ -1,0 +1,41 @@
+"""Applying libcst fixes: every fix of a tree in one pass, each seeing its node with the children already
+rewritten, so that fixes of nested nodes compose."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import libcst as cst
+
+Fix = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel]
+
+
+class FixApplier(cst.CSTTransformer):
+    def __init__(self, fixes: Iterable[tuple[cst.CSTNode, Fix]]) -> None:
+        super().__init__()
+        self.fixes: dict[int, list[Fix]] = {}
+        for node, fix in fixes:
+            self.fixes.setdefault(id(node), []).append(fix)
+        #: id of an original node -> what the fixes made of it
+        self.results: dict[int, cst.CSTNode | cst.FlattenSentinel] = {}
+
+    def on_leave(self, original_node, updated_node):
+        fixes = self.fixes.get(id(original_node))
+        if not fixes:
+            return updated_node
+        for fix in fixes:
+            updated_node = fix(updated_node)
+        self.results[id(original_node)] = updated_node
+        return updated_node
+
+
+def apply_fixes(module: cst.Module, fixes: Iterable[tuple[cst.CSTNode, Fix]]) -> tuple[cst.Module, FixApplier]:
+    applier = FixApplier(fixes)
+    return (module.visit(applier) if applier.fixes else module), applier
+
+
+def node_code(node: cst.CSTNode | cst.FlattenSentinel) -> str:
+    empty = cst.Module(body=[])
+    if isinstance(node, cst.FlattenSentinel):
+        return "".join(empty.code_for_node(n) for n in node.nodes)
+    return empty.code_for_node(node)

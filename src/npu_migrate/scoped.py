@@ -1,0 +1,291 @@
+"""libcst edits without parsing the whole module: only the top-level statements that change are parsed.
+
+A libcst parse, and above all a walk over its tree in Python, costs ten to twenty times what `ast` costs
+(`benchmarks/`). Rules that can decide on the `ast` every file is vetted with anyway (`TreeChecker`s: the
+fused-operator idioms, looked for in 800 of transformers' 2,900 files and rewritten in 260 of them)
+report `ast` nodes, and give their fixes as libcst fixes of those nodes. The engine then parses with
+libcst only the top-level statements that hold a node to fix, finds each node's libcst twin by its
+position, applies the fixes there in one pass (`npu_migrate.fixes`), and puts the regenerated
+statements back in place of their lines. The rest of the file is never parsed by libcst and is kept
+byte for byte; libcst's round trip keeps the parsed statements so too, apart from the fixes.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from npu_migrate.findings import Finding, Severity
+from npu_migrate.fixes import Fix, apply_fixes, node_code
+from npu_migrate.lines import StatementIndex, Suppressions, add_todo, todo_above, todo_comment
+
+if TYPE_CHECKING:
+    from npu_migrate.api import NpuApi
+    from npu_migrate.rule import Rule, TreeChecker
+
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+_COMPOUND = (
+    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
+    ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match,
+)
+
+
+@dataclass(eq=False)
+class TreeReport:
+    """A finding of a `TreeChecker`: where (an `ast` node), what, and optionally how to fix it."""
+
+    rule: Rule
+    node: ast.AST  # the site; an `ast.Module` reports at line 1
+    message: str
+    severity: Severity | None = None  # the rule's when None
+    fix: Fix | None = None  # applied to the libcst twin of `target`
+    #: What `fix` rewrites when it is not `node`: a def or class (found by name and line), a call (by
+    #: the position of its function), or another statement (by its first line).
+    target: ast.AST | None = None
+    applied: bool = False
+
+
+class Source:
+    """The text of a file as `ast` sees it: lines split on the newlines the tokenizer knows (never on
+    form feeds or the other separators `str.splitlines` breaks at), columns in characters."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = _LINE.findall(text)
+
+    def char_col(self, lineno: int, byte_col: int) -> int:
+        """`ast` columns count UTF-8 bytes; libcst's and the user's count characters."""
+        line = self.lines[lineno - 1] if lineno <= len(self.lines) else ""
+        return len(line.encode("utf-8")[:byte_col].decode("utf-8", errors="replace"))
+
+    def segment(self, node: ast.stmt) -> str:
+        """The whole lines of a statement, decorators included."""
+        return "".join(self.lines[first_line(node) - 1:node.end_lineno])
+
+    def starts_line(self, node: ast.stmt) -> bool:
+        """Whether nothing but indentation precedes `node` on its first line (its block is indented)."""
+        return not self.lines[node.lineno - 1][:node.col_offset].strip()
+
+    def position(self, node: ast.AST) -> tuple[int, int]:
+        if not hasattr(node, "lineno"):
+            return 1, 1
+        return node.lineno, self.char_col(node.lineno, node.col_offset) + 1
+
+
+def first_line(node: ast.stmt) -> int:
+    decorators = getattr(node, "decorator_list", ())
+    return min([node.lineno, *(d.lineno for d in decorators)])
+
+
+def statement_index(tree: ast.Module) -> StatementIndex:
+    """Statements by the lines they span, as `lines.StatementIndex` has them from libcst positions (a def
+    starts at its `def` line, as in libcst)."""
+    return StatementIndex.of_spans(
+        (node.lineno, node.end_lineno, node) for node in ast.walk(tree) if isinstance(node, ast.stmt)
+    )
+
+
+def run(checkers: list[type[TreeChecker]], tree: ast.Module, source: Source, display: str,
+        enabled: frozenset[str], api: NpuApi, *, annotate: bool = False) -> tuple[str, list[Finding]]:
+    """Run tree checkers on one file: its migrated text and the findings (positions in `source`)."""
+    reports = [report for checker in checkers for report in checker(enabled, api).check(tree, source)]
+    if not reports:
+        return source.text, []
+    index: list[StatementIndex] = []
+
+    def statements() -> StatementIndex:
+        if not index:
+            index.append(statement_index(tree))
+        return index[0]
+
+    suppressions = Suppressions.scan(source.text, statements)
+    if suppressions.ranges:
+        reports = [r for r in reports if not suppressions.covers(source.position(r.node)[0], r.rule.id)]
+    for report in reports:
+        report.severity = report.severity or report.rule.severity
+        report.applied = report.fix is not None
+    edits: list[tuple[ast.AST, Fix]] = [(r.target or r.node, r.fix) for r in reports if r.applied]
+    if annotate:
+        edits += _todos(reports, source, statements())
+    new_text, twins = _splice(source, tree, edits)
+    findings = []
+    for report in reports:
+        line, col = source.position(report.node)
+        original, replacement = twins.get(id(report.fix), ("", "")) if report.applied else ("", "")
+        if report.applied and id(report.fix) not in twins:
+            report.message += " (not rewritten: libcst could not parse or locate this code)"
+            report.applied = False
+        findings.append(
+            Finding(
+                rule_id=report.rule.id, path=display, line=line, col=col, message=report.message,
+                severity=report.severity, fixed=report.applied and new_text != source.text,
+                original=original, replacement=replacement,
+            )
+        )
+    return new_text, findings
+
+
+def _todos(reports: list[TreeReport], source: Source, statements: StatementIndex) -> list[tuple[ast.AST, Fix]]:
+    """`--annotate`: a TODO comment above the statement of each finding a human must act on."""
+    lines = [line.rstrip("\r\n") for line in source.lines]
+    edits = []
+    for report in reports:
+        if report.applied or report.severity is Severity.INFO:
+            continue
+        statement = statements.innermost(source.position(report.node)[0])
+        if statement is None:
+            continue
+        comment = todo_comment(report.rule.id, report.message)
+        if not todo_above(lines, statement.lineno, comment.split(")")[0]):
+            edits.append((statement, add_todo(statement, comment)))
+    return edits
+
+
+# -- splicing -----------------------------------------------------------------------------------------
+
+
+def _blocks(tree: ast.Module) -> list[tuple[int, int]]:
+    """The line ranges of the top-level statements; statements sharing a line (`a; b`) share a range."""
+    blocks: list[list[int]] = []
+    for stmt in tree.body:
+        start, end = first_line(stmt), stmt.end_lineno
+        if blocks and start <= blocks[-1][1]:
+            blocks[-1][1] = max(blocks[-1][1], end)
+        else:
+            blocks.append([start, end])
+    return [(start, end) for start, end in blocks]
+
+
+def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
+    """Apply `edits` block by block. Returns the new text and, per applied fix (by id), the code of its
+    node before and after."""
+    twins: dict[int, tuple[str, str]] = {}
+    if not edits:
+        return source.text, twins
+    blocks = _blocks(tree)
+    by_block: dict[int, list[tuple[ast.AST, Fix]]] = {}
+    for target, fix in edits:
+        line = target.lineno if hasattr(target, "lineno") else 1
+        number = next((i for i, (start, end) in enumerate(blocks) if start <= line <= end), None)
+        if number is not None:
+            by_block.setdefault(number, []).append((target, fix))
+    lines = list(source.lines)
+    config = _FileConfig.of(tree, source)
+    for number in sorted(by_block, reverse=True):  # from the bottom, so earlier line numbers hold
+        start, end = blocks[number]
+        snippet = "".join(lines[start - 1:end])
+        try:
+            module = config.pin(cst.parse_module(snippet))
+        except (cst.ParserSyntaxError, RecursionError):
+            continue  # its reports say so: no twin, not rewritten
+        positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+        located = []
+        for target, fix in by_block[number]:
+            twin = _twin(target, positions, start - 1, source)
+            if twin is not None:
+                located.append((twin, fix))
+        if not located:
+            continue
+        new_module, applier = apply_fixes(module, located)
+        for twin, fix in located:
+            result = applier.results.get(id(twin))
+            if result is not None:
+                twins[id(fix)] = (module.code_for_node(twin).strip(), node_code(result).strip())
+        lines[start - 1:end] = [new_module.code]
+    return "".join(lines), twins
+
+
+def _twin(target: ast.AST, positions, offset: int, source: Source) -> cst.CSTNode | None:
+    """The libcst node of the snippet (which starts after line `offset`) that `target` is."""
+    line = target.lineno - offset
+    if isinstance(target, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        kind = cst.ClassDef if isinstance(target, ast.ClassDef) else cst.FunctionDef
+        return next(
+            (node for node, where in positions.items()
+             if isinstance(node, kind) and node.name.value == target.name and where.start.line == line),
+            None,
+        )
+    if isinstance(target, ast.Call):
+        column = source.char_col(target.func.lineno, target.func.col_offset)
+        func_line = target.func.lineno - offset
+        return next(
+            (node for node, where in positions.items()
+             if isinstance(node, cst.Call) and (positions[node.func].start.line, positions[node.func].start.column)
+             == (func_line, column)),
+            None,
+        )
+    if isinstance(target, ast.stmt):
+        found = [
+            node for node, where in positions.items()
+            if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and where.start.line == line
+        ]
+        return found[-1] if found else None
+    return None
+
+
+@dataclass(frozen=True)
+class _FileConfig:
+    """The indentation and newline libcst would detect for the whole file. A snippet detects its own (from
+    its first block and first line), and code a fix inserts is written with the snippet's: so where
+    they differ the snippet's blocks and newlines are pinned to what they are and it gets the file's."""
+
+    indent: str
+    newline: str
+
+    @classmethod
+    def of(cls, tree: ast.Module, source: Source) -> _FileConfig:
+        newline = _NEWLINE.search(source.text)
+        return cls(_first_indent(tree, source) or "    ", newline.group() if newline else "\n")
+
+    def pin(self, module: cst.Module) -> cst.Module:
+        if module.default_indent == self.indent and module.default_newline == self.newline:
+            return module
+        pinned = module.visit(_Pin(module.default_indent, module.default_newline))
+        return pinned.with_changes(default_indent=self.indent, default_newline=self.newline)
+
+
+def _first_indent(tree: ast.Module, source: Source) -> str | None:
+    """libcst's default indent is the first INDENT token's: the body of the first top-level compound
+    statement that does not sit on its header's line."""
+    for stmt in tree.body:
+        if not isinstance(stmt, _COMPOUND):
+            continue
+        first = stmt.cases[0].pattern if isinstance(stmt, ast.Match) else stmt.body[0]
+        line = source.lines[first.lineno - 1]
+        if not line[:first.col_offset].strip():
+            return line[:len(line) - len(line.lstrip(" \t\f"))]
+    return None
+
+
+class _Pin(cst.CSTTransformer):
+    def __init__(self, indent: str, newline: str) -> None:
+        super().__init__()
+        self.indent, self.newline = indent, newline
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        return updated_node if updated_node.indent is not None else updated_node.with_changes(indent=self.indent)
+
+    def leave_Newline(self, original_node, updated_node):
+        return updated_node if updated_node.value is not None else updated_node.with_changes(value=self.newline)
+
+
+# -- positions after an earlier stage changed the text ------------------------------------------------
+
+
+def line_map(before: str, after: str):
+    """A function from a line of `after` to the line of `before` it comes from (for an inserted or
+    replaced line, the first line of what it replaced), for findings made on text an earlier stage
+    rewrote."""
+    old, new = before.splitlines(), after.splitlines()
+    mapping: dict[int, int] = {}
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        for j in range(j1, j2):
+            mapping[j + 1] = (i1 + (j - j1) + 1) if tag == "equal" else min(i1 + (j - j1), max(i2 - 1, i1)) + 1
+    return lambda line: mapping.get(line, line)
