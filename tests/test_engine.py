@@ -177,6 +177,22 @@ def test_lookalikes_are_untouched(source):
     assert migrate_text(source)[0] == source
 
 
+@pytest.mark.parametrize(
+    "source, rules",
+    [
+        # `torch.cudart` only begins like `torch.cuda`; it used to reach the torch.cuda table and fail the file
+        ("import torch\nfrom torch import cudart\ncudart(args.cuda)\n", []),
+        # `torch.cuda.amplify` is a torch.cuda name unknown to the tables (import and use reported), not a
+        # torch.cuda.amp one
+        ("import torch\nfrom torch.cuda import amplify\namplify(torch.autocast)\n", ["NPU205", "NPU205"]),
+    ],
+)
+def test_names_that_only_begin_like_a_module_are_not_in_it(source, rules):
+    migrated, findings = migrate_text(source)
+    assert migrated == source
+    assert [f.rule_id for f in findings] == rules
+
+
 def test_a_crashing_rule_costs_one_file_not_the_run(tmp_path, monkeypatch):
     from npu_migrate.transforms import device
 

@@ -17,7 +17,7 @@ from npu_migrate.imports import Binding, rebind_import
 from npu_migrate.rule import NameUseChecker, Rule
 from npu_migrate.transforms.device import device_literal, rewrite_device_literal
 from npu_migrate.transforms.distributed import argument
-from npu_migrate.transforms.literals import load_table, torch_version, with_tail
+from npu_migrate.transforms.literals import is_under, load_table, torch_version, with_tail
 
 CUDA_AMP = Rule(
     id="NPU401",
@@ -198,7 +198,7 @@ class AmpChecker(NameUseChecker):
         qualname, binding = self.ctx.resolve(node)
         if qualname is None:
             return
-        if qualname == PREFIX or qualname.startswith(PREFIX + "."):
+        if is_under(qualname, PREFIX):
             self._skip_chain(node.value)
             self._uses.append(Use(node, qualname, binding, self._parents.get(id(node))))
         elif qualname in _RENAMED and binding.qualname != qualname:
@@ -209,7 +209,7 @@ class AmpChecker(NameUseChecker):
         if id(node) in self._skip:
             return
         binding = self.ctx.imports.bindings.get(node.value)
-        if binding is not None and binding.qualname.startswith(PREFIX):
+        if binding is not None and is_under(binding.qualname, PREFIX):
             self._uses.append(Use(node, binding.qualname, binding, self._parents.get(id(node))))
 
     def _renamed(self, node: cst.Attribute, qualname: str, binding: Binding) -> None:
@@ -279,7 +279,7 @@ class AmpChecker(NameUseChecker):
             by_binding.setdefault(id(use.binding), []).append(use)
         for uses in by_binding.values():
             binding = uses[0].binding
-            if binding.qualname.startswith(PREFIX):
+            if is_under(binding.qualname, PREFIX):
                 continue  # decided with the imports below
             for use in uses:
                 why = self._why_not(use)
@@ -298,7 +298,7 @@ class AmpChecker(NameUseChecker):
         # Per import line: statement index -> alias index -> new target. One fix per line covers them all.
         lines: dict[int, tuple[cst.SimpleStatementLine, dict[int, dict[int, str]]]] = {}
         for binding in self.ctx.imports.bindings.values():
-            if not binding.qualname.startswith(PREFIX):
+            if not is_under(binding.qualname, PREFIX):
                 continue
             uses = by_binding.get(id(binding), [])
             names = {use.name for use in uses} if binding.qualname == PREFIX else {binding.qualname.split(".")[3]}
@@ -339,6 +339,6 @@ class AmpChecker(NameUseChecker):
     def _shares_statement(self, binding: Binding) -> bool:
         """Whether the import statement also binds torch.cuda names another rule family rewrites."""
         for other in self.ctx.imports.bindings.values():
-            if other.stmt is binding.stmt and other.qualname.startswith("torch.cuda") and not other.qualname.startswith(PREFIX):
+            if other.stmt is binding.stmt and is_under(other.qualname, "torch.cuda") and not is_under(other.qualname, PREFIX):
                 return True
         return False

@@ -15,7 +15,7 @@ from npu_migrate.api import Kind
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
 from npu_migrate.rule import Checker, Rule
-from npu_migrate.transforms.literals import with_tail
+from npu_migrate.transforms.literals import is_under, with_tail
 
 SAME_NAME = Rule(
     id="NPU201",
@@ -158,7 +158,7 @@ class CudaApiChecker(Checker):
     def visit_Name(self, node: cst.Name) -> None:
         # A name imported from torch.cuda used on its own (`sync()` after `from torch.cuda import synchronize as sync`).
         binding = self.ctx.imports.bindings.get(node.value)
-        if binding is None or not binding.qualname.startswith("torch.cuda") or self.ctx.claimed(node):
+        if binding is None or not is_under(binding.qualname, "torch.cuda") or self.ctx.claimed(node):
             return
         self._use(node, binding.qualname, binding)
 
@@ -185,7 +185,7 @@ class CudaApiChecker(Checker):
             # rewrite; an import of the owned module itself (`from torch.cuda.amp import x`) is theirs.
             if (
                 binding is not None
-                and binding.qualname.startswith("torch.cuda")
+                and is_under(binding.qualname, "torch.cuda")
                 and self.api.map_cuda(binding.qualname).kind is not Kind.OWNED
             ):
                 self.ctx.veto(binding, f"`{qualname}` is migrated by another rule family")
@@ -193,16 +193,16 @@ class CudaApiChecker(Checker):
         if mapping.kind in _KIND_RULE:
             rule = _KIND_RULE[mapping.kind]
             self.report(rule, node, f"`{qualname}`: {mapping.advice}")
-            if binding is not None and binding.qualname.startswith("torch.cuda"):
+            if binding is not None and is_under(binding.qualname, "torch.cuda"):
                 self.ctx.veto(binding, f"`{qualname}` has no direct NPU counterpart")
             return
         rule = RENAMED if mapping.kind is Kind.RENAMED else SAME_NAME
         target = mapping.target
         if rule.id not in self.enabled:
-            if binding is not None and binding.qualname.startswith("torch.cuda"):
+            if binding is not None and is_under(binding.qualname, "torch.cuda"):
                 self.ctx.veto(binding, f"rule {rule.id} is not selected")
             return
-        if binding is None or not binding.qualname.startswith("torch.cuda"):
+        if binding is None or not is_under(binding.qualname, "torch.cuda"):
             # Reached through `torch` itself: rewrite the attribute chain at the use site.
             root_parts = len(binding.qualname.split(".")) if binding else 1
             tail = target.split(".")[root_parts:]
@@ -230,7 +230,7 @@ class CudaApiChecker(Checker):
     def finish(self) -> None:
         # Imports from torch.cuda that nothing else touched still move to torch.npu.
         for binding in self.ctx.imports.bindings.values():
-            if not binding.qualname.startswith("torch.cuda"):
+            if not is_under(binding.qualname, "torch.cuda"):
                 continue
             mapping = self.api.map_cuda(binding.qualname)
             if mapping.kind in (Kind.SAME, Kind.RENAMED):

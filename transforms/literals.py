@@ -58,6 +58,11 @@ def torch_npu_root(ctx: FileContext, enabled: frozenset[str]) -> str | None:
     return None
 
 
+def is_under(qualname: str | None, module: str) -> bool:
+    """Whether `qualname` is `module` or a name inside it: `torch.cudart` is not under `torch.cuda`."""
+    return qualname is not None and (qualname == module or qualname.startswith(module + "."))
+
+
 def with_tail(expr: cst.BaseExpression, tail: list[str]) -> cst.BaseExpression:
     """The root name of the chain `expr` followed by the names `tail` (`torch.cuda.x`, [amp, y] -> `torch.amp.y`)."""
     while isinstance(expr, cst.Attribute):
