@@ -49,6 +49,9 @@ class TreeReport:
     #: What `fix` rewrites when it is not `node`: a def or class (found by name and line), a call (by
     #: the position of its function), or another statement (by its first line).
     target: ast.AST | None = None
+    #: Reports whose fixes this one exists for (the helpers their branches call): when a comment
+    #: suppresses all of them, this one goes too.
+    serves: tuple[TreeReport, ...] = ()
     applied: bool = False
 
 
@@ -108,6 +111,8 @@ def run(checkers: list[type[TreeChecker]], tree: ast.Module, source: Source, dis
     suppressions = Suppressions.scan(source.text, statements)
     if suppressions.ranges:
         reports = [r for r in reports if not suppressions.covers(source.position(r.node)[0], r.rule.id)]
+        kept = {id(r) for r in reports}
+        reports = [r for r in reports if not r.serves or any(id(s) in kept for s in r.serves)]
     for report in reports:
         report.severity = report.severity or report.rule.severity
         report.applied = report.fix is not None
@@ -143,7 +148,7 @@ def _todos(reports: list[TreeReport], source: Source, statements: StatementIndex
         if statement is None:
             continue
         comment = todo_comment(report.rule.id, report.message)
-        if not todo_above(lines, statement.lineno, comment.split(")")[0]):
+        if not todo_above(lines, first_line(statement), comment.split(")")[0]):
             edits.append((statement, add_todo(statement, comment)))
     return edits
 

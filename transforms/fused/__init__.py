@@ -111,25 +111,24 @@ def _is_docstring(stmt: ast.stmt) -> bool:
 
 
 def _prelude_anchor(tree: ast.Module) -> tuple[ast.stmt, bool]:
-    """The top-level statement the helpers go next to, and whether after it: after the last import that
-    precedes the first def or class, else after the docstring and `__future__` imports, else first."""
-    body = tree.body
-    index = 1 if body and _is_docstring(body[0]) else 0
-    while index < len(body) and isinstance(body[index], ast.ImportFrom) and body[index].module == "__future__":
+    """The top-level statement the helpers go next to, and whether after it: after the last import line
+    that precedes the first def or class, else after the docstring and `__future__` imports, else first.
+    Statements sharing a line (`import a; import b`) count as one line, an import line if all are."""
+    lines: list[list[ast.stmt]] = []
+    for stmt in tree.body:
+        if lines and stmt.lineno <= lines[-1][-1].end_lineno:
+            lines[-1].append(stmt)
+        else:
+            lines.append([stmt])
+    index = 1 if lines and len(lines[0]) == 1 and _is_docstring(lines[0][0]) else 0
+    while index < len(lines) and all(isinstance(s, ast.ImportFrom) and s.module == "__future__" for s in lines[index]):
         index += 1
-    for position, stmt in enumerate(body):
-        if isinstance(stmt, (*_DEFS, ast.ClassDef)):
+    for position, line in enumerate(lines):
+        if any(isinstance(s, (*_DEFS, ast.ClassDef)) for s in line):
             break
-        if isinstance(stmt, (ast.Import, ast.ImportFrom)) and not _shares_line(body, position):
+        if all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in line):
             index = position + 1
-    return (body[index - 1], True) if index else (body[0], False)
-
-
-def _shares_line(body: list[ast.stmt], position: int) -> bool:
-    """`import a; x = 1`: one libcst statement line, which is not all imports."""
-    stmt = body[position]
-    neighbours = body[max(position - 1, 0):position] + body[position + 1:position + 2]
-    return any(n.end_lineno == stmt.lineno or n.lineno == stmt.end_lineno for n in neighbours)
+    return (lines[index - 1][-1], True) if index else (lines[0][0], False)
 
 
 def _helpers_fix(templates: list[str], after: bool):
@@ -178,7 +177,7 @@ class FusedOpsChecker(TreeChecker):
         self.bindings = ast_import_bindings(tree)
         self.functions = _ModuleFunctions(tree)
         self.reports: list[TreeReport] = []
-        self.applied: list[Outcome] = []
+        self.applied: list[tuple[Outcome, TreeReport]] = []
         self._walk(tree.body, owner=None, defs=())
         self._prelude(tree)
         return self.reports
@@ -259,11 +258,11 @@ class FusedOpsChecker(TreeChecker):
         if outcome.template is None:
             self.reports.append(TreeReport(outcome.rule, node, outcome.message))
             return
-        self.applied.append(outcome)
         if fix is None:
             branch = cst.parse_statement(render(outcome.template, **outcome.context))
             fix = lambda updated: _insert_branch(updated, branch)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
+        self.applied.append((outcome, self.reports[-1]))
 
     def _qualname(self, node: ast.expr) -> str | None:
         parts = []
@@ -280,14 +279,14 @@ class FusedOpsChecker(TreeChecker):
     def _prelude(self, tree: ast.Module) -> None:
         if not self.applied:
             return
-        templates = [PRELUDE, *dict.fromkeys(h for o in self.applied for h in o.helpers)]
+        templates = [PRELUDE, *dict.fromkeys(h for o, _ in self.applied for h in o.helpers)]
         existing = _defined_names(tree)
         missing = [t for t in templates if HELPER_NAMES[t] not in existing]
         if missing:
             names = ", ".join(f"`{HELPER_NAMES[t]}`" for t in missing)
             anchor, after = _prelude_anchor(tree)
             self.reports.append(TreeReport(
-                self.applied[0].rule, tree,
+                self.applied[0][0].rule, tree,
                 f"fused-op helpers {names} (and a guarded `import torch_npu`) added after the imports",
-                fix=_helpers_fix(missing, after), target=anchor,
+                fix=_helpers_fix(missing, after), target=anchor, serves=tuple(r for _, r in self.applied),
             ))

@@ -1,0 +1,167 @@
+"""Statement-scoped libcst edits (`npu_migrate.scoped`), which the fused-operator rules use.
+
+The oracle: the same fixes applied to the whole module parsed at once, which is what the engine did
+before it parsed only the statements it changes. Every layout the splice could get wrong (CRLF, mixed
+newlines, two-space and tab indentation, non-ASCII before a call, statements sharing a line, decorators,
+a file without a trailing newline) must come out byte-identical to it.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from conftest import FIXTURES
+from npu_migrate import scoped
+from npu_migrate.findings import Severity
+from npu_migrate.rule import Rule, TreeChecker
+from npu_migrate.pipeline import migrate_text
+
+FUSED_INPUTS = sorted(p for rule in ("NPU701", "NPU702", "NPU703", "NPU704") for p in (FIXTURES / "rules" / rule).glob("*.in.py"))
+
+RMS_NORM = '''\
+import torch
+from torch import nn
+
+
+@torch.no_grad()
+def unrelated(x):
+    return x
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    @torch.compiler.disable
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+'''
+
+SDPA = '''\
+import torch
+import torch.nn.functional as F
+
+
+def attend(q, k, v):
+    résultat = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return résultat
+'''
+
+
+def _whole_module(monkeypatch, text: str) -> str:
+    """What the fixes make of `text` when the whole file is one snippet, with the indentation and newline
+    libcst detects for it (nothing pinned)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(scoped, "_blocks", lambda tree: [(1, max(len(scoped.Source(text).lines), 1))])
+        patch.setattr(scoped._FileConfig, "pin", lambda self, module: module)
+        return migrate_text(text, select=["NPU7"])[0]
+
+
+def _layouts(text: str):
+    yield "as is", text
+    yield "crlf", text.replace("\n", "\r\n")
+    yield "two spaces", text.replace("    ", "  ")
+    yield "tabs", text.replace("    ", "\t")
+    yield "no final newline", text.rstrip("\n")
+    # The first newline decides the file's newline; the rest are CRLF (the snippets see only CRLF).
+    first, _, rest = text.partition("\n")
+    yield "mixed newlines", first + "\n" + rest.replace("\n", "\r\n")
+
+
+@pytest.mark.parametrize("path", FUSED_INPUTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_fixtures_scoped_equals_whole_module(path, monkeypatch):
+    text = path.read_text(encoding="utf-8")
+    for layout, variant in _layouts(text):
+        scoped_text = migrate_text(variant, select=["NPU7"])[0]
+        assert scoped_text == _whole_module(monkeypatch, variant), layout
+
+
+@pytest.mark.parametrize("layout", [name for name, _ in _layouts(RMS_NORM)])
+def test_layouts_only_insert_lines(layout, monkeypatch):
+    variant = dict(_layouts(RMS_NORM))[layout]
+    new, findings = migrate_text(variant, select=["NPU7"])
+    assert new == _whole_module(monkeypatch, variant)
+    assert [f.rule_id for f in findings if f.fixed] == ["NPU701", "NPU701"]
+    ast.parse(new)
+    old_lines = scoped.Source(variant).lines
+    new_lines = scoped.Source(new).lines
+    # Every original line is still there, in order and byte for byte: the splice only inserted.
+    it = iter(new_lines)
+    assert all(any(line == candidate for candidate in it) for line in old_lines[:-1])
+    if "\r\n" in variant and "mixed" not in layout:
+        assert "\n" not in new.replace("\r\n", "")
+    assert migrate_text(new, select=["NPU7"])[0] == new  # idempotent
+
+
+def test_non_ascii_before_the_call():
+    new, findings = migrate_text(SDPA, select=["NPU704"])
+    assert "    résultat = _npu_sdpa(F.scaled_dot_product_attention, q, k, v, is_causal=True)\n" in new
+    call = next(f for f in findings if f.line == 6)
+    assert call.col == len("    résultat = ") + 1  # characters, not UTF-8 bytes
+    assert call.fixed
+
+
+def test_statements_sharing_a_line_keep_the_prelude_after_them():
+    text = RMS_NORM.replace("import torch\nfrom torch import nn\n", "import torch; from torch import nn\n")
+    new, _ = migrate_text(text, select=["NPU7"])
+    assert new.startswith("import torch; from torch import nn\n\n\ntry:\n    import torch_npu\n")
+    ast.parse(new)
+
+
+def test_findings_of_the_libcst_rules_keep_their_lines_when_both_stages_change_the_file():
+    text = RMS_NORM.replace("    return x\n", "    return x.cuda()\n")
+    new, findings = migrate_text(text)
+    lines = text.splitlines()
+    by_rule = {f.rule_id: f for f in findings}
+    assert lines[by_rule["NPU101"].line - 1].strip() == "return x.cuda()"
+    norm = [f for f in findings if f.rule_id == "NPU701" and f.line > 1]
+    assert [lines[f.line - 1].strip() for f in norm] == ["def forward(self, hidden_states):"]
+    assert "import torch_npu\n" in new.split("try:")[0]  # NPU001 is not fooled by the guarded import
+    assert "return x.npu()" in new and "torch_npu.npu_rms_norm" in new
+    assert migrate_text(new)[0] == new
+
+
+def test_a_statement_libcst_cannot_locate_is_reported_not_rewritten(monkeypatch):
+    monkeypatch.setattr(scoped, "_twin", lambda *args: None)
+    new, findings = migrate_text(RMS_NORM, select=["NPU7"])
+    assert new == RMS_NORM
+    assert findings and all(not f.fixed and "not rewritten" in f.message for f in findings)
+
+
+def test_suppression_comment_on_the_def_line():
+    text = RMS_NORM.replace("def forward(self, hidden_states):", "def forward(self, hidden_states):  # noqa: NPU701")
+    new, findings = migrate_text(text, select=["NPU7"])
+    assert new == text and not findings
+
+
+class _WarnOnDefs(TreeChecker):
+    """A tree checker whose findings a human must act on (the fused rules only report INFO)."""
+
+    rules = (Rule(id="NPU799", name="test-warning", summary="test", doc="test", severity=Severity.WARNING),)
+
+    def check(self, tree, source):
+        return [
+            scoped.TreeReport(self.rules[0], node, "look at this def; it is odd")
+            for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+        ]
+
+
+def test_annotate_puts_a_todo_above_each_open_finding_once():
+    text = RMS_NORM.replace("\r\n", "\n")
+    run = lambda t: scoped.run([_WarnOnDefs], ast.parse(t), scoped.Source(t), "x.py", frozenset({"NPU799"}), None, annotate=True)  # noqa: E731
+    new, findings = run(text)
+    assert len(findings) == 3 and all(not f.fixed for f in findings)
+    todo = "# TODO(npu-migrate NPU799): look at this def (see `npu-migrate rules NPU799`)"
+    assert new.count(todo) == 3
+    # Above the decorators, indented like the def.
+    assert f"{todo}\n@torch.no_grad()\ndef unrelated" in new
+    assert f"    {todo}\n    @torch.compiler.disable\n    def forward" in new
+    assert run(new)[0] == new
