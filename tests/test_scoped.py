@@ -165,3 +165,19 @@ def test_annotate_puts_a_todo_above_each_open_finding_once():
     assert f"{todo}\n@torch.no_grad()\ndef unrelated" in new
     assert f"    {todo}\n    @torch.compiler.disable\n    def forward" in new
     assert run(new)[0] == new
+
+
+def test_fix_pass_walks_only_the_statements_with_fixes_and_falls_back_when_a_fix_is_elsewhere():
+    import libcst as cst
+
+    from npu_migrate.fixes import apply_fixes
+
+    module = cst.parse_module("a = 1\n\n@dec(x)\ndef f():\n    return b\n")
+    decorator_call = module.body[1].decorators[0].decorator
+    rename = lambda node: node.with_changes(func=cst.Name("renamed"))  # noqa: E731
+    new, applier = apply_fixes(module, [(decorator_call, rename)], untouched={0})
+    assert new.code == "a = 1\n\n@renamed(x)\ndef f():\n    return b\n"
+    assert new.body[0] is module.body[0]  # not walked, not copied
+    # Told wrongly that the statement holding the fix is untouched: the fix still lands.
+    new, _ = apply_fixes(module, [(decorator_call, rename)], untouched={1})
+    assert new.code == "a = 1\n\n@renamed(x)\ndef f():\n    return b\n"

@@ -110,6 +110,11 @@ class FileContext:
 
     # -- used by the engine -------------------------------------------------------------------------
 
+    def located_nodes(self) -> list[cst.CSTNode]:
+        """Every node a finding can end up reported at: the module, what was reported, and the import
+        lines rewrites were asked for (`resolve_plans` reports at those)."""
+        return [self.module, *(r.node for r in self.reports), *(p.binding.line for p in self._plans.values())]
+
     @property
     def pending(self) -> bool:
         """Whether anything was reported or any import rewrite was asked for."""

@@ -29,9 +29,30 @@ class FixApplier(cst.CSTTransformer):
         return updated_node
 
 
-def apply_fixes(module: cst.Module, fixes: Iterable[tuple[cst.CSTNode, Fix]]) -> tuple[cst.Module, FixApplier]:
+def apply_fixes(
+    module: cst.Module, fixes: list[tuple[cst.CSTNode, Fix]], untouched: set[int] = frozenset()
+) -> tuple[cst.Module, FixApplier]:
+    """The module with every fix applied, and the applier (which knows what each fixed node became).
+    The top-level statements at the indexes `untouched` hold no fixed node and are not walked."""
     applier = FixApplier(fixes)
-    return (module.visit(applier) if applier.fixes else module), applier
+    if not applier.fixes:
+        return module, applier
+    if not untouched:
+        return module.visit(applier), applier
+    body = []
+    for index, stmt in enumerate(module.body):
+        if index in untouched:
+            body.append(stmt)
+            continue
+        result = stmt.visit(applier)
+        if isinstance(result, cst.FlattenSentinel):
+            body.extend(result.nodes)
+        elif not isinstance(result, cst.RemovalSentinel):
+            body.append(result)
+    if len(applier.results) < len(applier.fixes):  # a fixed node outside the statements walked
+        applier = FixApplier(fixes)
+        return module.visit(applier), applier
+    return module.with_changes(body=body), applier
 
 
 def node_code(node: cst.CSTNode | cst.FlattenSentinel) -> str:

@@ -55,9 +55,13 @@ class Suppressions:
     #: (first line, last line, codes or None for all) per suppression comment
     ranges: list[tuple[int, int, frozenset[str] | None]]
 
+    @staticmethod
+    def may_have(text: str) -> bool:
+        return "npu-migrate:" in text or "noqa" in text
+
     @classmethod
     def scan(cls, text: str, index_factory) -> Suppressions:
-        if "npu-migrate:" not in text and "noqa" not in text:
+        if not cls.may_have(text):
             return cls([])
         found = []
         for number, line in enumerate(text.splitlines(), start=1):

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from npu_migrate import kinds, notebooks, scoped
 from npu_migrate.api import NpuApi
@@ -23,6 +22,7 @@ from npu_migrate.context import FileContext, Report
 from npu_migrate.findings import Finding, Severity
 from npu_migrate.fixes import apply_fixes, node_code
 from npu_migrate.lines import StatementIndex, Suppressions, add_todo, line_of, todo_above, todo_comment
+from npu_migrate.positions import positions_of
 from npu_migrate.rule import Checker, TreeChecker
 from npu_migrate.source import SourceError, SourceFile, atomic_write, parse_python, read_source
 
@@ -118,8 +118,7 @@ def migrate_source(
         new_text, findings = _migrate_cst(text, display, plan, api, enabled, on_cst)
     if on_tree:
         if new_text != text:
-            validate(new_text, display)
-            tree = parse_python(new_text, display)
+            tree = validate(new_text, display)
         tree_text, tree_findings = scoped.run(
             on_tree, tree, scoped.Source(new_text), display, enabled, api, annotate=plan.annotate
         )
@@ -150,7 +149,13 @@ def _migrate_cst(
     if not ctx.pending:
         return text, []
 
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    # Positions for what can be reported, plus every statement when comments or TODOs need them, plus
+    # the top-level statements to know which of them hold something to fix.
+    needs_statements = plan.annotate or Suppressions.may_have(text)
+    decorators = [stmt.decorators[0] for stmt in module.body if getattr(stmt, "decorators", None)]
+    positions = positions_of(
+        module, [*ctx.located_nodes(), *module.body, *decorators], statements=needs_statements
+    )
     statement_index: list[StatementIndex] = []
 
     def statements() -> StatementIndex:
@@ -170,7 +175,7 @@ def _migrate_cst(
         _annotate(ctx, positions, statements(), text)
 
     fixes = [(r.node, r.fix) for r in ctx.reports if r.applied and r.fix is not None] + ctx.edits
-    new_module, applier = apply_fixes(module, fixes)
+    new_module, applier = apply_fixes(module, fixes, _untouched(module, fixes, positions))
     new_text = new_module.code
     findings = []
     for report in ctx.reports:
@@ -186,11 +191,33 @@ def _migrate_cst(
                 message=report.message,
                 severity=report.severity,
                 fixed=report.applied and new_text != text,
-                original=ctx.code(report.node).strip() if report.applied else "",
-                replacement=node_code(replacement).strip() if replacement is not None else "",
+                # A module-level edit (an added import) would quote the whole file: its message says it.
+                original=ctx.code(report.node).strip() if report.applied and report.node is not module else "",
+                replacement=node_code(replacement).strip() if replacement is not None and report.node is not module else "",
             )
         )
     return new_text, findings
+
+
+def _untouched(module: cst.Module, fixes, positions) -> set[int]:
+    """Indexes of the top-level statements no fix is inside: the fix pass need not walk them."""
+    lines = set()
+    for node, _ in fixes:
+        where = positions.get(node)
+        if where is None or node is module:
+            return set()  # a module-level fix may move anything; walk everything
+        lines.update((where.start.line, where.end.line))
+    untouched = set()
+    for index, stmt in enumerate(module.body):
+        where = positions.get(stmt)
+        if where is None:
+            continue
+        # A def's range starts at `def`; its decorators come before.
+        first = positions.get(stmt.decorators[0]) if getattr(stmt, "decorators", None) else None
+        start = first.start.line if first is not None else where.start.line
+        if not any(start <= line <= where.end.line for line in lines):
+            untouched.add(index)
+    return untouched
 
 
 def _annotate(ctx: FileContext, positions, statements: StatementIndex, text: str) -> None:
@@ -246,15 +273,16 @@ def _migrate_notebook(source, display, plan, api, job_ignore):
     return notebooks.dump(notebook, sources, source.text), findings, parsed
 
 
-def validate(text: str, display: str, kind: str = kinds.PYTHON) -> None:
-    """Never write code that does not parse: an engine bug must fail the file, not corrupt it."""
+def validate(text: str, display: str, kind: str = kinds.PYTHON) -> ast.Module | None:
+    """Never write code that does not parse: an engine bug must fail the file, not corrupt it. Returns
+    the tree of Python code."""
     if kind == kinds.NOTEBOOK:
         notebooks.validate(text)
-        return
+        return None
     if kind != kinds.PYTHON:
-        return  # text edits replace whole tokens only; there is no parser to ask
+        return None  # text edits replace whole tokens only; there is no parser to ask
     try:
-        ast.parse(text, filename=display)
+        return ast.parse(text, filename=display)
     except SyntaxError as exc:
         raise SourceError(f"internal error: the migrated code does not parse ({exc.msg}, line {exc.lineno}); file left untouched") from None
 
