@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from npu_migrate.astindex import name_sets
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, rebind_import
 from npu_migrate.rule import NameUseChecker, Rule
-from npu_migrate.transforms.device import device_literal, rewrite_device_literal
+from npu_migrate.transforms.device import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.distributed import argument
 from npu_migrate.transforms.literals import is_under, load_table, torch_version, with_tail
 
@@ -101,6 +102,8 @@ _CUDA_AMP: dict[str, dict] = _TABLE["cuda_amp"]
 _DEVICE_TYPE_ARGS: dict[str, list] = _TABLE["device_type_arguments"]
 _RENAMED: dict[str, str] = _TABLE["renamed"]
 PREFIX = "torch.cuda.amp"
+_NAMES = name_sets([PREFIX, *_RENAMED])
+_DEVICE_CALLS = name_sets(_DEVICE_TYPE_ARGS)
 
 
 def _npu_string() -> cst.SimpleString:
@@ -163,12 +166,10 @@ class AmpChecker(NameUseChecker):
 
     @classmethod
     def wants(cls, index) -> bool:
-        # "amp" is a substring of "example" and "clamp": only the identifier counts.
-        return index.uses(
-            "amp", "autocast", "GradScaler", "custom_fwd", "custom_bwd",
-            "get_autocast_gpu_dtype", "set_autocast_gpu_dtype",
-            "get_autocast_dtype", "set_autocast_dtype", "is_autocast_enabled", "set_autocast_enabled",
-        )
+        # A name under torch.cuda.amp or a GPU-only autocast function; or a call with a device type argument,
+        # which is only rewritten when that argument is a "cuda" literal (`torch.autocast(device_type)` and
+        # `torch.is_autocast_enabled()` alone are not).
+        return index.may_name(_NAMES) or (index.may_name(_DEVICE_CALLS) and has_device_literal(index))
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

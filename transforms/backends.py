@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from npu_migrate.astindex import name_sets
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, dotted_node
 from npu_migrate.rule import NameUseChecker, Rule
@@ -288,15 +289,19 @@ def _lookup(qualname: str) -> tuple[str, Spec] | None:
     return None
 
 
+# A finding needs a name under one of the tables' keys.
+_NEEDED = name_sets([*_SPECS, *_GENERIC])
+
+
 class BackendsChecker(NameUseChecker):
     rules = (TF32_TO_HF32, CUDNN_SETTINGS, SDP_TOGGLES, PROFILER_CUDA, CUDA_BACKEND_SETTINGS)
-    markers = ("backends", "allow_tf32", "cudnn", "sdp", "ProfilerActivity")
+    # Every key holds one of these as a part, and the parts of a name a file uses are spelled out in it.
+    markers = ("backends", "sdpa_kernel", "ProfilerActivity")
 
     @classmethod
     def wants(cls, index) -> bool:
-        # Every name above is reached through `backends` (torch.backends.*, `from torch.backends import
-        # cudnn`), `sdpa_kernel` or `ProfilerActivity`, as an identifier; a docstring mentioning them is not.
-        return index.uses("backends", "sdpa_kernel", "ProfilerActivity")
+        # Not `backends` alone: transformers' `@requires(backends=...)` and `torch.backends.mps` have it too.
+        return index.may_name(_NEEDED)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from npu_migrate.api import Kind
+from npu_migrate.astindex import name_sets
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
 from npu_migrate.rule import Checker, Rule
@@ -123,13 +124,17 @@ def _chain(node: cst.BaseExpression) -> tuple[cst.BaseExpression, list[cst.Attri
     return node, attrs
 
 
+# Every finding is about a name under torch.cuda (through the file's imports).
+_TORCH_CUDA = name_sets(["torch.cuda"])
+
+
 class CudaApiChecker(Checker):
     rules = (SAME_NAME, RENAMED, NO_EQUIVALENT, BEHAVIOUR_DIFFERS, UNKNOWN_API)
     markers = ("cuda",)
 
     @classmethod
     def wants(cls, index) -> bool:
-        return index.uses("cuda")
+        return index.may_name(_TORCH_CUDA)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

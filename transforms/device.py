@@ -135,6 +135,16 @@ def device_literal(node: cst.CSTNode) -> cst.CSTNode | None:
     return None
 
 
+def has_device_literal(index) -> bool:
+    """Whether some string of the file (an `AstIndex`) can be what `device_literal` matches: "cuda",
+    "cuda:N", a "cuda:{}" / "cuda:%d" template, or "cuda:", which an f"cuda:{i}" begins with."""
+    return any(
+        value.startswith("cuda")
+        and (value == "cuda:" or DEVICE_LITERAL.fullmatch(value) or DEVICE_TEMPLATE.fullmatch(value))
+        for value in index.strings
+    )
+
+
 def rewrite_device_literal(node: cst.CSTNode) -> cst.CSTNode:
     """The fix for a node returned by `device_literal`."""
     if isinstance(node, cst.SimpleString):
@@ -166,7 +176,9 @@ class DeviceChecker(Checker):
 
     @classmethod
     def wants(cls, index) -> bool:
-        return index.uses("cuda", "is_cuda") or index.string_containing("cuda")
+        # `.cuda()` and `.is_cuda` are attributes; every other rule here needs a device literal. A string
+        # that only mentions CUDA ("CUDA out of memory", "use_cuda_graph") is neither.
+        return index.uses("cuda", "is_cuda") or has_device_literal(index)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import libcst as cst
 
+from npu_migrate.astindex import name_sets
 from npu_migrate.findings import Severity
 from npu_migrate.imports import dotted_node
 from npu_migrate.rule import Checker, Rule
-from npu_migrate.transforms.device import device_literal, rewrite_device_literal
+from npu_migrate.transforms.device import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.literals import load_table, replaceable, string_value, torch_npu_root, with_value
 
 BACKEND = Rule(
@@ -152,6 +153,9 @@ _DEVICE_TYPE_ARGS: dict[str, int] = _TABLE["device_type_arguments"]
 _RENAMED: dict[str, dict[str, str]] = _TABLE["renamed"]
 _DDP: dict[str, list[int]] = _TABLE["ddp"]
 _DATA_PARALLEL = frozenset(_TABLE["data_parallel"]["names"])
+# `distributed_c10d.` is stripped from a name before the tables are asked, which keeps every part of a key.
+_NAMES = name_sets([*_BACKEND_ARGS, *_RENAMED, *_DATA_PARALLEL])
+_DEVICE_CALLS = name_sets([*_DEVICE_TYPE_ARGS, *_DDP])
 
 
 def _normalized(qualname: str | None) -> str | None:
@@ -214,15 +218,19 @@ UNKNOWN = None
 
 class DistributedChecker(Checker):
     rules = (BACKEND, NCCL_API, DEVICE_MESH, BACKEND_COMPARISON, DATA_PARALLEL, DDP_DEVICES, BACKEND_NOT_FOLLOWED)
-    markers = ("nccl", "NCCL", "DataParallel", "init_process_group", "new_group", "new_subgroups", "DeviceMesh",
-               "init_device_mesh")
+    # "nccl" for the backend strings; each table key has one of the others in a part.
+    markers = ("nccl", "NCCL", "Backend", "is_backend_available", "init_process_group", "new_group",
+               "new_subgroups", "DeviceMesh", "init_device_mesh", "DataParallel", "data_parallel")
 
     @classmethod
     def wants(cls, index) -> bool:
+        # Backend strings are rewritten wherever a backend is set or compared; a call that takes a backend
+        # is reported even without one (NPU307), and so is every NCCL or DataParallel name. The device
+        # mesh and DDP calls only matter with a "cuda" literal to rewrite.
         return (
-            index.string_containing("nccl", "cuda")
-            or index.uses("NCCL", "is_nccl_available", "ProcessGroupNCCL", "DataParallel", "data_parallel",
-                          "DistributedDataParallel", "device_ids", "output_device")
+            any("nccl" in value and hccl_value(value) is not None for value in index.strings)
+            or index.may_name(_NAMES)
+            or (index.may_name(_DEVICE_CALLS) and has_device_literal(index))
         )
 
     def __init__(self, ctx, enabled) -> None:

@@ -121,6 +121,15 @@ def verdict(name: str) -> tuple[str | None, Rule | None, str]:
     return None, None, ""
 
 
+_VARIABLES = frozenset({*_RENAME, *_CONVERT, *_NO_EQUIVALENT, *_CHECKS})
+_VARIABLE_PREFIXES = tuple(_PREFIXES)
+
+
+def _known_variable(name: str) -> bool:
+    """Whether `verdict` or `visible_devices_problem` can have something to say about variable `name`."""
+    return name in _VARIABLES or name.startswith(_VARIABLE_PREFIXES)
+
+
 def visible_devices_problem(name: str, value: str) -> str | None:
     """Why `value` for variable `name` (after renaming) would select other devices on Ascend, if it would."""
     if _CHECKS.get(_RENAME.get(name, name)) == "ascending-ids" and not _ascending_ids(value):
@@ -141,11 +150,14 @@ def _ascending_ids(value: str) -> bool:
 
 class EnvironmentChecker(Checker):
     rules = (RENAMED, NEEDS_CONVERSION, NO_EQUIVALENT, VISIBLE_DEVICES_ORDER)
-    markers = ("environ", "getenv", "putenv", "unsetenv", "env=")
+    # `os.environ`, `os.getenv` / `putenv` / `unsetenv` and `env=` (spaces around the `=` included).
+    markers = ("env",)
 
     @classmethod
     def wants(cls, index) -> bool:
-        return index.string_containing("CUDA", "NCCL", "CUBLAS", "CUDNN", "NVIDIA")
+        # A variable the tables know, as a string (`os.environ["X"]`) or as a keyword
+        # (`os.environ.update(X=...)`); ASCEND_RT_VISIBLE_DEVICES too, whose value is checked.
+        return any(map(_known_variable, index.strings)) or any(map(_known_variable, index.names))
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

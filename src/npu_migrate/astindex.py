@@ -9,6 +9,7 @@ checker wants are parsed by libcst, which costs ten times more than `ast`.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 _LONG_STRING = 200  # longer constants are prose (docstrings, help texts), never an identifier-like value
@@ -46,5 +47,18 @@ class AstIndex:
     def uses(self, *names: str) -> bool:
         return any(name in self.names for name in names)
 
+    def may_name(self, needed: tuple[frozenset[str], ...]) -> bool:
+        """Whether a name resolved through the file's imports can be one of the qualified names `needed` was
+        made from (`name_sets`), or lie below one. Each part of a resolved name is an imported module or
+        name or an attribute, so one of `names`, however the file imports and aliases it."""
+        return any(parts <= self.names for parts in needed)
+
     def string_containing(self, *fragments: str) -> bool:
         return any(fragment in value for value in self.strings for fragment in fragments)
+
+
+def name_sets(qualnames: Iterable[str]) -> tuple[frozenset[str], ...]:
+    """The parts of each qualified name, for `AstIndex.may_name`. A set that holds a smaller one is left
+    out: the file that has its parts has the smaller one's."""
+    sets = {frozenset(qualname.split(".")) for qualname in qualnames}
+    return tuple(s for s in sets if not any(other < s for other in sets))

@@ -1,0 +1,209 @@
+"""The prefilters (`Checker.markers` on the text, then `Checker.wants` on the file's `AstIndex`) may skip a
+file only when its checker cannot report anything there: with them switched off, every file must come out
+the same, findings included. They should also skip the files that merely mention what a rule is about."""
+
+from __future__ import annotations
+
+import ast
+from contextlib import ExitStack, contextmanager
+from unittest import mock
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from npu_migrate.astindex import AstIndex, name_sets
+from npu_migrate.pipeline import migrate_text
+from npu_migrate.registry import all_checkers
+from npu_migrate.rule import Checker
+from npu_migrate.transforms import amp, backends, cuda_api, distributed, environment
+from npu_migrate.transforms.amp import AmpChecker
+from npu_migrate.transforms.backends import BackendsChecker
+from npu_migrate.transforms.cuda_api import CudaApiChecker
+from npu_migrate.transforms.device import DeviceChecker
+from npu_migrate.transforms.distributed import DistributedChecker
+from npu_migrate.transforms.environment import EnvironmentChecker
+
+from conftest import FIXTURES
+
+FILTERED = [c for c in all_checkers() if issubclass(c, Checker) and c.markers]
+
+
+@contextmanager
+def no_prefilter():
+    with ExitStack() as stack:
+        for checker in FILTERED:
+            stack.enter_context(mock.patch.object(checker, "markers", ("",)))  # "" is in every text
+            stack.enter_context(mock.patch.object(checker, "wants", classmethod(lambda cls, index: True)))
+        yield
+
+
+def _run(source: str, select=None):
+    migrated, findings = migrate_text(source, select=select)
+    return migrated, [(f.line, f.col, f.rule_id, f.message, f.fixed) for f in findings]
+
+
+def assert_prefilter_changes_nothing(source: str, select=None) -> None:
+    filtered = _run(source, select)
+    with no_prefilter():
+        assert _run(source, select) == filtered
+
+
+def test_no_prefilter_really_switches_them_off():
+    source = "x = 1\n"
+    index = AstIndex.of(ast.parse(source))
+    with no_prefilter():
+        assert all(any(m in source for m in c.markers) and c.wants(index) for c in FILTERED)
+    assert not any(c.wants(index) for c in FILTERED)
+
+
+# -- every key a checker looks for reaches it past the text markers --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "checker, keys",
+    [
+        (BackendsChecker, [*backends._SPECS, *backends._GENERIC]),
+        (CudaApiChecker, ["torch.cuda"]),
+        (AmpChecker, [amp.PREFIX, *amp._RENAMED, *amp._DEVICE_TYPE_ARGS]),
+        (DistributedChecker, [
+            *distributed._BACKEND_ARGS, *distributed._RENAMED, *distributed._DATA_PARALLEL,
+            *distributed._DEVICE_TYPE_ARGS, *distributed._DDP,
+        ]),
+    ],
+    ids=lambda value: value.__name__ if isinstance(value, type) else "",
+)
+def test_every_key_has_a_marker_in_one_of_its_parts(checker, keys):
+    # A file names a key through its parts (`from torch.backends import cudnn`), so the marker must be in
+    # a part: "cuda.amp" would miss `from torch.cuda import amp`.
+    for key in keys:
+        assert any(marker in part for part in key.split(".") for marker in checker.markers), key
+
+
+def test_name_sets_keep_only_the_smallest():
+    sets = name_sets(["torch.backends.cudnn", "torch.backends.cudnn.benchmark", "torch.nn.attention.sdpa_kernel"])
+    assert sorted(sorted(s) for s in sets) == [
+        ["attention", "nn", "sdpa_kernel", "torch"], ["backends", "cudnn", "torch"],
+    ]
+
+
+# -- what the prefilters used to drop although the checker reports it ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source, rules",
+    [
+        # a variable passed as a keyword, not a string
+        ('import os\nos.environ.update(CUDA_VISIBLE_DEVICES="0,1")\n', ["NPU601"]),
+        ('import os, subprocess\nsubprocess.run(cmd, env=dict(os.environ, NCCL_DEBUG="INFO"))\n', ["NPU603"]),
+        # the Ascend name itself, with devices out of order
+        ('import os\nos.environ["ASCEND_RT_VISIBLE_DEVICES"] = "3,1"\n', ["NPU604"]),
+        # `env = {...}` with spaces, so no "env=" in the text
+        ('import subprocess\nsubprocess.run(cmd, env = {"CUDA_VISIBLE_DEVICES": "0"})\n', ["NPU601"]),
+        # backends that cannot be followed, with no "nccl" anywhere
+        ("import torch.distributed as dist\nok = dist.is_backend_available(name)\n", ["NPU307"]),
+        ("import torch.distributed as dist\nb = dist.Backend(name)\n", ["NPU307"]),
+        ("from torch.nn.parallel import data_parallel\ny = data_parallel(model, x)\n", ["NPU305"]),
+    ],
+)
+def test_sites_the_prefilters_used_to_miss(source, rules):
+    migrated, findings = _run(source, select=[rules[0][:4]])
+    assert [f[2] for f in findings] == rules
+    assert_prefilter_changes_nothing(source)
+
+
+# -- what they skip ------------------------------------------------------------------------------------
+
+
+def _wants(checker, source: str) -> bool:
+    return any(m in source for m in checker.markers) and checker.wants(AstIndex.of(ast.parse(source)))
+
+
+@pytest.mark.parametrize(
+    "checker, skipped, kept",
+    [
+        (BackendsChecker, "import torch\nok = torch.backends.mps.is_available()\n@requires(backends=('torch',))\nclass M: ...\n",
+         "import torch\ntorch.backends.cudnn.benchmark = True\n"),
+        (BackendsChecker, "import torch\nok = torch.backends.mps.is_available()\n",
+         "from torch.backends import cudnn as c\nc.benchmark = True\n"),
+        (CudaApiChecker, "def f(args):\n    return args.cuda\n", "from torch import cuda\ncuda.synchronize()\n"),
+        (DeviceChecker, 'raise RuntimeError("CUDA out of memory on cuda:0")\nflag = "use_cuda_graph"\n',
+         'x = t.to(f"cuda:{rank}")\n'),
+        (AmpChecker, "import torch\nif torch.is_autocast_enabled():\n    dtype = torch.get_autocast_dtype(device_type)\n",
+         'import torch\ndtype = torch.get_autocast_dtype("cuda")\n'),
+        (AmpChecker, "example = clamp(x)\n", "import torch.cuda.amp as A\n"),
+        (DistributedChecker, 'import torch\nmsg = "the nccl backend"\nreport(device_ids)\n',
+         'backend = "cpu:gloo,cuda:nccl"\n'),
+        (EnvironmentChecker, 'import os\nhome = os.environ["HF_HOME"]\nlog("set CUDA_VISIBLE_DEVICES")\n',
+         'import os\nos.environ.pop("NCCL_IB_HCA")\n'),
+    ],
+    ids=lambda value: value.__name__ if isinstance(value, type) else "",
+)
+def test_mentions_are_skipped_uses_are_not(checker, skipped, kept):
+    assert not _wants(checker, skipped)
+    assert _wants(checker, kept)
+
+
+# -- the prefilters never change a result ----------------------------------------------------------------
+
+PY_FIXTURES = sorted(
+    [*(FIXTURES / "rules").glob("*/*.in.py"), *(FIXTURES / "projects").rglob("*.py")], key=str
+)
+
+
+@pytest.mark.parametrize("path", PY_FIXTURES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_fixtures_come_out_the_same_without_prefilters(path):
+    assert_prefilter_changes_nothing(path.read_text(encoding="utf-8"))
+
+
+# Sites and near misses of every family, to be combined at random.
+SNIPPETS = [
+    "x = torch.ones(2).cuda()",
+    "y = x.is_cuda",
+    "dev = torch.device('cuda:1')",
+    "z = x.to(f'cuda:{rank}')",
+    "w = x.to('cuda:{}'.format(i))",
+    "msg = 'CUDA out of memory on cuda:0'",
+    "flag = 'cuda'",
+    "torch.cuda.synchronize()",
+    "v = torch.version.cuda",
+    "from torch import cuda as tc",
+    "ok = tc.is_available()",
+    "with torch.autocast('cuda'):\n    pass",
+    "with torch.autocast(device_type):\n    pass",
+    "d = torch.get_autocast_gpu_dtype()",
+    "s = torch.cuda.amp.GradScaler()",
+    "from torch.cuda.amp import autocast",
+    "torch.backends.cudnn.benchmark = True",
+    "torch.backends.cuda.matmul.allow_tf32 = True",
+    "ok = torch.backends.mps.is_available()",
+    "from torch.backends import cudnn",
+    "cudnn.deterministic = True",
+    "from torch.nn.attention import sdpa_kernel",
+    "acts = [torch.profiler.ProfilerActivity.CUDA]",
+    "dist.init_process_group(backend='nccl')",
+    "dist.init_process_group(backend=cfg.backend)",
+    "b = dist.Backend(name)",
+    "if dist.get_backend() == 'nccl':\n    pass",
+    "mesh = init_device_mesh('cuda', (2,))",
+    "m = torch.nn.DataParallel(m)",
+    "m = DDP(m, device_ids=['cuda:0'])",
+    "os.environ['CUDA_VISIBLE_DEVICES'] = '1,0'",
+    "os.environ.update(NCCL_DEBUG='INFO')",
+    "home = os.getenv('HF_HOME')",
+    "subprocess.run(cmd, env = {'TORCH_NCCL_BLOCKING_WAIT': '1'})",
+    "@requires(backends=('torch',))\nclass Model:\n    pass",
+    "cuda = make()",
+]
+HEADERS = [
+    "import torch\n",
+    "import os\nimport subprocess\nimport torch\nimport torch.distributed as dist\n",
+    "import torch as th\nfrom torch.distributed.device_mesh import init_device_mesh\n"
+    "from torch.nn.parallel import DistributedDataParallel as DDP\n",
+    "",
+]
+
+
+@given(st.sampled_from(HEADERS), st.lists(st.sampled_from(SNIPPETS), min_size=1, max_size=8))
+def test_random_programs_come_out_the_same_without_prefilters(header, body):
+    assert_prefilter_changes_nothing(header + "\n".join(body) + "\n")
