@@ -174,6 +174,23 @@ def test_the_tool_never_imports_torch(project):
     assert "+x = torch.ones(2).npu()" in result.stdout
 
 
+def test_apply_does_not_load_what_only_analyze_and_verify_run(project):
+    # `apply --check` runs on every commit in a pre-commit hook: its start-up is paid each time.
+    code = (
+        "import sys\n"
+        "sys.argv = ['npu-migrate', 'apply', '--check', 'pkg/plain.py']\n"
+        "from npu_migrate.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('npu_migrate.analyze', 'npu_migrate.verify'))))\n"
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(
+        ["npu_migrate.analyze", "npu_migrate.analyze.cli", "npu_migrate.verify", "npu_migrate.verify.cli"]
+    )
+
+
 def test_many_files_through_the_process_pool_keep_input_order(tmp_path):
     for i in range(12):
         (tmp_path / f"m{i:02d}.py").write_text(f"import torch\nx{i} = torch.ones(1).cuda()\n")

@@ -302,6 +302,8 @@ def rules(
     raise _fail(f"unknown rule {rule_id!r}; `npu-migrate rules` lists them")
 
 
+# Both import only typer here; what their commands run (the analysis engine, the verify harness) is imported
+# when they run, so `apply --check` in a pre-commit hook does not pay for it.
 from npu_migrate.analyze.cli import analyze_command  # noqa: E402
 from npu_migrate.verify.cli import verify_command  # noqa: E402  (imports no torch: only its workers do)
 

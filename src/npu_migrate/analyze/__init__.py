@@ -7,9 +7,11 @@ One module per mode (`torch_apis`, `third_party`, `custom_kernels`, `affinity_ap
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from npu_migrate.analyze.core import MODES, FileScan
-from npu_migrate.findings import Finding
+if TYPE_CHECKING:
+    from npu_migrate.analyze.core import FileScan
+    from npu_migrate.findings import Finding
 
 _MODULES = {
     "torch_apis": "torch_apis",
@@ -34,6 +36,16 @@ MODE_MODULES = _Modes()
 def scanner_findings(scan: FileScan) -> list[Finding]:
     """The analysis findings the scanners found in one file (every scanner's, whatever the modes)."""
     return [f for facts in scan.facts.values() for f in facts.get("findings", ())]
+
+
+def __getattr__(name: str):
+    # `core` brings in the engine and libcst: the CLI imports this package (for `analyze`'s options) on
+    # every run, `apply --check` in a pre-commit hook included, and only `analyze` itself needs them.
+    if name == "MODES":
+        from npu_migrate.analyze.core import MODES
+
+        return MODES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["MODES", "MODE_MODULES", "scanner_findings"]

@@ -14,8 +14,6 @@ from typing import Annotated
 
 import typer
 
-from npu_migrate.verify.harness import VerifyUsageError, compare
-
 EXIT_OK, EXIT_FAILED, EXIT_ERROR = 0, 1, 2
 
 
@@ -63,6 +61,8 @@ def verify_command(
     sys.path, seeded alike, and compares one forward pass output by output. Without an NPU the fused
     branches run on a CPU model of the torch_npu ops that also enforces their documented constraints.
     """
+    from npu_migrate.verify.harness import VerifyUsageError, compare
+
     try:
         report = compare(original, migrated, factory, min_cosine=min_cosine, dtype=dtype.value, seed=seed,
                          mode=mode.value)
