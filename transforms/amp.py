@@ -162,7 +162,9 @@ class Use:
 
 class AmpChecker(NameUseChecker):
     rules = (CUDA_AMP, AMP_DEVICE, GPU_DTYPE, AMP_NOT_MIGRATED)
-    markers = ("amp", "autocast", "GradScaler", "custom_fwd", "custom_bwd")
+    # Not "amp", which "example" and "clamp" hold (two thirds of transformers' files): a torch.cuda.amp name
+    # has the identifier `cuda` too, and every other key has one of the rest in a part.
+    markers = ("cuda", "autocast", "GradScaler", "custom_fwd", "custom_bwd")
 
     @classmethod
     def wants(cls, index) -> bool:

@@ -295,8 +295,9 @@ _NEEDED = name_sets([*_SPECS, *_GENERIC])
 
 class BackendsChecker(NameUseChecker):
     rules = (TF32_TO_HF32, CUDNN_SETTINGS, SDP_TOGGLES, PROFILER_CUDA, CUDA_BACKEND_SETTINGS)
-    # Every key holds one of these as a part, and the parts of a name a file uses are spelled out in it.
-    markers = ("backends", "sdpa_kernel", "ProfilerActivity")
+    # Every key holds one of these in a part, and the parts of a name a file uses are spelled out in it.
+    # Not "backends", which transformers' `@requires(backends=...)` puts in 440 files.
+    markers = ("cuda", "cudnn", "sdpa_kernel", "ProfilerActivity")
 
     @classmethod
     def wants(cls, index) -> bool:
