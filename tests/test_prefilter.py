@@ -9,7 +9,8 @@ from contextlib import ExitStack, contextmanager
 from unittest import mock
 
 import pytest
-from hypothesis import given
+import hypothesmith
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from npu_migrate.astindex import AstIndex, name_sets
@@ -78,6 +79,56 @@ def test_every_key_has_a_marker_in_one_of_its_parts(checker, keys):
     # a part: "cuda.amp" would miss `from torch.cuda import amp`.
     for key in keys:
         assert any(marker in part for part in key.split(".") for marker in checker.markers), key
+
+
+def _index_by_ast_walk(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """What AstIndex.of must find, the plain way."""
+    names, strings = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) <= 200:
+            strings.add(node.value)
+        elif isinstance(node, ast.alias):
+            names.update(node.name.split("."))
+            names.update([node.asname] if node.asname else [])
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.update(node.module.split("."))
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return names, strings
+
+
+INDEX_SAMPLE = """\
+import os.path as p, torch.cuda
+from torch.backends import cudnn as c
+from . import sibling
+@dec.orator(key=f"cuda:{i!r:>{w}}")
+class K(Base, metaclass=M):
+    async def m(self, *a, kw="x" * 3, **k):
+        async with ctx() as (u, v):
+            return [await y.attr async for y in z if (w := "nccl")]
+match cmd:
+    case Point(x=0, y=[1, *rest]) | {"k": v}:
+        pass
+lam = lambda q=torch.device("cuda"): q.is_cuda
+global_name = b"bytes" + "%s" % "x" * 300
+"""
+
+
+@given(hypothesmith.from_grammar(auto_target=False))
+@example(INDEX_SAMPLE)
+def test_ast_index_finds_what_a_plain_walk_finds(source):
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return
+    index = AstIndex.of(tree)
+    assert (index.names, index.strings) == _index_by_ast_walk(tree)
 
 
 def test_name_sets_keep_only_the_smallest():
