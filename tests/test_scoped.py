@@ -181,3 +181,24 @@ def test_fix_pass_walks_only_the_statements_with_fixes_and_falls_back_when_a_fix
     # Told wrongly that the statement holding the fix is untouched: the fix still lands.
     new, _ = apply_fixes(module, [(decorator_call, rename)], untouched={1})
     assert new.code == "a = 1\n\n@renamed(x)\ndef f():\n    return b\n"
+
+
+def test_module_fixes_apply_after_the_statements_as_in_a_whole_walk():
+    import libcst as cst
+
+    from npu_migrate.fixes import apply_fixes
+
+    module = cst.parse_module("import torch\nx = 1\ny = torch.cuda\n")
+    seen = []
+
+    def add_import(updated):
+        seen.append(updated.code)
+        return updated.with_changes(body=[cst.parse_statement("import torch_npu\n"), *updated.body])
+
+    attr = module.body[2].body[0].value
+    npu = lambda node: node.with_changes(attr=cst.Name("npu"))  # noqa: E731
+    whole, _ = apply_fixes(module, [(attr, npu), (module, add_import)])
+    partial, applier = apply_fixes(module, [(attr, npu), (module, add_import)], untouched={0, 1})
+    assert partial.code == whole.code == "import torch_npu\nimport torch\nx = 1\ny = torch.npu\n"
+    assert seen == ["import torch\nx = 1\ny = torch.npu\n"] * 2  # the module fix saw the fixed statement
+    assert applier.results[id(module)] is partial

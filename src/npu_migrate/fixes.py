@@ -33,12 +33,15 @@ def apply_fixes(
     module: cst.Module, fixes: list[tuple[cst.CSTNode, Fix]], untouched: set[int] = frozenset()
 ) -> tuple[cst.Module, FixApplier]:
     """The module with every fix applied, and the applier (which knows what each fixed node became).
-    The top-level statements at the indexes `untouched` hold no fixed node and are not walked."""
+    The top-level statements at the indexes `untouched` hold no fixed node and are not walked; fixes of
+    the module itself (an added import) are applied last, to the module with its statements fixed, as a
+    whole walk would."""
     applier = FixApplier(fixes)
     if not applier.fixes:
         return module, applier
     if not untouched:
         return module.visit(applier), applier
+    module_fixes = applier.fixes.pop(id(module), [])
     body = []
     for index, stmt in enumerate(module.body):
         if index in untouched:
@@ -52,7 +55,13 @@ def apply_fixes(
     if len(applier.results) < len(applier.fixes):  # a fixed node outside the statements walked
         applier = FixApplier(fixes)
         return module.visit(applier), applier
-    return module.with_changes(body=body), applier
+    updated = module.with_changes(body=body)
+    for fix in module_fixes:
+        updated = fix(updated)
+    if module_fixes:
+        applier.fixes[id(module)] = module_fixes
+        applier.results[id(module)] = updated
+    return updated, applier
 
 
 def node_code(node: cst.CSTNode | cst.FlattenSentinel) -> str:

@@ -203,9 +203,11 @@ def _untouched(module: cst.Module, fixes, positions) -> set[int]:
     """Indexes of the top-level statements no fix is inside: the fix pass need not walk them."""
     lines = set()
     for node, _ in fixes:
+        if node is module:
+            continue  # applied after the statements (`apply_fixes`)
         where = positions.get(node)
-        if where is None or node is module:
-            return set()  # a module-level fix may move anything; walk everything
+        if where is None:
+            return set()  # somewhere unknown: walk everything
         lines.update((where.start.line, where.end.line))
     untouched = set()
     for index, stmt in enumerate(module.body):

@@ -139,7 +139,7 @@ def match(fn: Function) -> Outcome | None:
         )
 
     statements = [
-        stmt for stmt in ast.walk(fn.tree)
+        stmt for stmt in fn.nodes
         if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Return)) and stmt.value is not None
     ]
     for stmt in statements * 2:  # twice: the walk is breadth-first, not in execution order
@@ -157,7 +157,7 @@ def match(fn: Function) -> Outcome | None:
     if not applied:
         return None
     returned = {
-        n.id for stmt in ast.walk(fn.tree) if isinstance(stmt, ast.Return) and stmt.value is not None
+        n.id for stmt in fn.nodes if isinstance(stmt, ast.Return) and stmt.value is not None
         for n in ast.walk(stmt.value) if isinstance(n, ast.Name)
     }
     if returned & probabilities:

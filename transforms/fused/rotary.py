@@ -257,8 +257,8 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
     return found
 
 
-def _calls(tree: ast.AST, fn: Function, names: tuple[str, ...]) -> bool:
-    return any(isinstance(n, ast.Call) and fn.qualname(n.func) in names for n in ast.walk(tree))
+def _calls(fn: Function, names: tuple[str, ...]) -> bool:
+    return any(fn.qualname(n.func) in names for n in fn.calls)
 
 
 def _rotary_modes(fn: Function) -> tuple[bool, bool]:
@@ -274,13 +274,13 @@ def _jit_scripted(fn: Function) -> bool:
 
 
 def match(fn: Function) -> Outcome | None:
-    if _calls(fn.tree, fn, ("torch.view_as_complex",)):
+    if _calls(fn, ("torch.view_as_complex",)):
         return Outcome(
             ROTARY,
             "complex-number rotary (`torch.view_as_complex`) left alone: npu_rotary_mul takes real cos/sin tables; "
             "rewrite it as `x * cos + rotate_half(x) * sin` with cos/sin = freqs.cos()/sin() repeated per half to fuse it",
         )
-    if _calls(fn.tree, fn, ("torch.polar",)):
+    if _calls(fn, ("torch.polar",)):
         return Outcome(
             ROTARY,
             "complex rotary frequencies (`torch.polar`) left alone: the rotation they feed uses complex "
@@ -290,10 +290,7 @@ def match(fn: Function) -> Outcome | None:
         result = inline_functions(fn, fold(fn))
     except NotStraightLine as why:
         try:
-            calls_rotation = any(
-                isinstance(n, ast.Call) and rotation(inline_functions(fn, n), fn) is not None
-                for n in ast.walk(fn.tree)
-            )
+            calls_rotation = any(rotation(inline_functions(fn, n), fn) is not None for n in fn.calls)
         except NotStraightLine:
             calls_rotation = False
         return Outcome(ROTARY, f"rotary embedding not fused: {why}") if calls_rotation else None
@@ -332,7 +329,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         for mine, first in ((site.cos, cos), (site.sin, sin)):
             if not (mine is first or (same(mine, first) and not contains_call(mine))):
                 return Outcome(ROTARY, "rotary embedding not fused: its rotations use different cos/sin tables")
-    if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in ast.walk(fn.tree)):
+    if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
         return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")
     replacements: dict[int, ast.AST] = {}
     tables = []  # the guard's first arguments: cos and sin, bound where they are computed

@@ -112,7 +112,7 @@ def match(fn: Function) -> Outcome | None:
         has_silu = any(
             isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
             and (_activation(n.left, fn) or _activation(n.right, fn))
-            for n in ast.walk(fn.tree)
+            for n in fn.nodes
         )
         return Outcome(SWIGLU, f"SwiGLU not fused: {why}") if has_silu else None
     gates = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -47,6 +48,15 @@ class Function:
     siblings: dict[str, ast.FunctionDef] = field(default_factory=dict)  # other methods of the class
     functions: dict[str, ast.FunctionDef] = field(default_factory=dict)  # module-level defs, by name
     api: object | None = None  # the NpuApi of the chosen torch_npu version
+
+    @functools.cached_property
+    def nodes(self) -> list[ast.AST]:
+        """Every node of the function, walked once: each matcher looks through them."""
+        return list(ast.walk(self.tree))
+
+    @functools.cached_property
+    def calls(self) -> list[ast.Call]:
+        return [node for node in self.nodes if isinstance(node, ast.Call)]
 
     @property
     def params(self) -> list[str]:
