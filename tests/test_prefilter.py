@@ -1,4 +1,5 @@
-"""The prefilters (`Checker.markers` on the text, then `Checker.wants` on the file's `AstIndex`) may skip a
+"""The prefilters (`Checker.markers` on the text, `wants_words` on its words, then `Checker.wants` on the
+file's `AstIndex`) may skip a
 file only when its checker cannot report anything there: with them switched off, every file must come out
 the same, findings included. They should also skip the files that merely mention what a rule is about."""
 
@@ -13,10 +14,9 @@ import hypothesmith
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from npu_migrate.astindex import AstIndex, name_sets
+from npu_migrate.astindex import AstIndex, name_sets, text_words
 from npu_migrate.pipeline import migrate_text
 from npu_migrate.registry import all_checkers
-from npu_migrate.rule import Checker
 from npu_migrate.transforms import amp, backends, cuda_api, distributed, environment
 from npu_migrate.transforms.amp import AmpChecker
 from npu_migrate.transforms.backends import BackendsChecker
@@ -24,10 +24,11 @@ from npu_migrate.transforms.cuda_api import CudaApiChecker
 from npu_migrate.transforms.device import DeviceChecker
 from npu_migrate.transforms.distributed import DistributedChecker
 from npu_migrate.transforms.environment import EnvironmentChecker
+from npu_migrate.transforms.fused import FusedOpsChecker
 
 from conftest import FIXTURES
 
-FILTERED = [c for c in all_checkers() if issubclass(c, Checker) and c.markers]
+FILTERED = [c for c in all_checkers() if c.markers]
 
 
 @contextmanager
@@ -36,6 +37,7 @@ def no_prefilter():
         for checker in FILTERED:
             stack.enter_context(mock.patch.object(checker, "markers", ("",)))  # "" is in every text
             stack.enter_context(mock.patch.object(checker, "wants", classmethod(lambda cls, index: True)))
+            stack.enter_context(mock.patch.object(checker, "wants_words", classmethod(lambda cls, words: True)))
         yield
 
 
@@ -53,9 +55,12 @@ def assert_prefilter_changes_nothing(source: str, select=None) -> None:
 def test_no_prefilter_really_switches_them_off():
     source = "x = 1\n"
     index = AstIndex.of(ast.parse(source))
+    words = text_words(source)
     with no_prefilter():
-        assert all(any(m in source for m in c.markers) and c.wants(index) for c in FILTERED)
+        assert all(any(m in source for m in c.markers) and c.wants_words(words) and c.wants(index) for c in FILTERED)
     assert not any(c.wants(index) for c in FILTERED)
+    assert any(c.wants_words(words) for c in FILTERED)  # only some checkers look at the words
+    assert not FusedOpsChecker.wants_words(words)
 
 
 # -- every key a checker looks for reaches it past the text markers --------------------------------------
@@ -129,6 +134,16 @@ def test_ast_index_finds_what_a_plain_walk_finds(source):
         return
     index = AstIndex.of(tree)
     assert (index.names, index.strings) == _index_by_ast_walk(tree)
+    # The words of the text, looked at before the parse, hold every name the parse finds.
+    assert index.names <= text_words(source)
+
+
+def test_words_count_identifiers_as_python_reads_them():
+    # Fullwidth letters spell `sin` and `cos` to Python; a ligature spells `fi`.
+    source = "import torch\ndef rope(x, ｃｏｓ, ｓｉｎ):\n    return x * ｃｏｓ + x * ｓｉｎ\nﬁ = 1\n"
+    assert AstIndex.of(ast.parse(source)).names <= text_words(source)
+    assert {"cos", "sin", "fi"} <= text_words(source)
+    assert FusedOpsChecker.wants_words(text_words(source))
 
 
 def test_name_sets_keep_only_the_smallest():

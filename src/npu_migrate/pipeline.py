@@ -17,7 +17,7 @@ import libcst as cst
 
 from npu_migrate import kinds, notebooks, scoped
 from npu_migrate.api import NpuApi
-from npu_migrate.astindex import AstIndex
+from npu_migrate.astindex import AstIndex, text_words
 from npu_migrate.context import FileContext, Report
 from npu_migrate.findings import Finding, Severity
 from npu_migrate.fixes import apply_fixes, node_code
@@ -103,6 +103,10 @@ def migrate_source(
     # The prefilter: a checker whose markers are all absent cannot match, so the file is not parsed for it.
     checkers = _checkers(enabled)
     active = [checker for checker in checkers if any(m in text for m in checker.markers)]
+    if not active:
+        return text, [], False
+    words = text_words(text)
+    active = [checker for checker in active if checker.wants_words(words)]
     if not active:
         return text, [], False
     tree = parse_python(text, display)

@@ -58,6 +58,12 @@ class Checker(cst.BatchableCSTVisitor):
     follows_others: ClassVar[bool] = False
 
     @classmethod
+    def wants_words(cls, words: frozenset[str]) -> bool:
+        """Whether a file whose text holds the identifier-like `words` (`astindex.text_words`: comments
+        and strings included) can match at all: checked after `markers`, before the `ast` parse."""
+        return True
+
+    @classmethod
     def wants(cls, index: AstIndex) -> bool:
         """Whether a file whose identifiers and short strings are `index` can match at all. Checked on
         the `ast` of files that passed `markers`, before the ten-times-dearer libcst parse."""
@@ -127,6 +133,10 @@ class TreeChecker:
     rules: ClassVar[tuple[Rule, ...]]
     markers: ClassVar[tuple[str, ...]] = ()
     follows_others: ClassVar[bool] = False
+
+    @classmethod
+    def wants_words(cls, words: frozenset[str]) -> bool:
+        return True
 
     @classmethod
     def wants(cls, index: AstIndex) -> bool:

