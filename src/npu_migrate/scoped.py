@@ -199,14 +199,16 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
         for target, fix in by_block[number]:
             twin = _twin(target, positions, start - 1, source)
             if twin is not None:
-                located.append((twin, fix))
+                located.append((twin, fix, target))
         if not located:
             continue
-        new_module, applier = apply_fixes(module, located)
-        for twin, fix in located:
+        new_module, applier = apply_fixes(module, [(twin, fix) for twin, fix, _ in located])
+        for twin, fix, target in located:
             result = applier.results.get(id(twin))
             if result is not None:
-                twins[id(fix)] = (module.code_for_node(twin).strip(), node_code(result).strip())
+                # A statement's original is its lines; generating a def's code again costs a third of a parse.
+                original = source.segment(target) if isinstance(target, ast.stmt) else module.code_for_node(twin)
+                twins[id(fix)] = (original.strip(), node_code(result).strip())
         lines[start - 1:end] = [new_module.code]
     return "".join(lines), twins
 

@@ -261,6 +261,18 @@ def _calls(fn: Function, names: tuple[str, ...]) -> bool:
     return any(fn.qualname(n.func) in names for n in fn.calls)
 
 
+def _may_rotate(call: ast.Call, fn: Function) -> bool:
+    """Whether `rotation` can accept `call` once module functions are inlined into it: inlining replaces
+    a call of a module function by anything, and keeps every other call's function as it is, which
+    `rotation` needs to be a concatenation or a flatten. Inlining is the dear part; this is not."""
+    func = call.func
+    return (
+        isinstance(func, ast.Name) and func.id in fn.functions
+        or isinstance(func, ast.Attribute) and func.attr == "flatten"
+        or fn.qualname(func) in (*_CAT, "torch.flatten")
+    )
+
+
 def _rotary_modes(fn: Function) -> tuple[bool, bool]:
     """(npu_rotary_mul exists, it takes rotary_mode) in the chosen torch_npu version."""
     if fn.api is None:
@@ -290,7 +302,9 @@ def match(fn: Function) -> Outcome | None:
         result = inline_functions(fn, fold(fn))
     except NotStraightLine as why:
         try:
-            calls_rotation = any(rotation(inline_functions(fn, n), fn) is not None for n in fn.calls)
+            calls_rotation = any(
+                rotation(inline_functions(fn, n), fn) is not None for n in fn.calls if _may_rotate(n, fn)
+            )
         except NotStraightLine:
             calls_rotation = False
         return Outcome(ROTARY, f"rotary embedding not fused: {why}") if calls_rotation else None
