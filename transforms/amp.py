@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from npu_migrate.astindex import name_sets
+from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, rebind_import
 from npu_migrate.rule import NameUseChecker, Rule
@@ -172,6 +172,11 @@ class AmpChecker(NameUseChecker):
         # which is only rewritten when that argument is a "cuda" literal (`torch.autocast(device_type)` and
         # `torch.is_autocast_enabled()` alone are not).
         return index.may_name(_NAMES) or (index.may_name(_DEVICE_CALLS) and has_device_literal(index))
+
+    @classmethod
+    def wants_words(cls, words) -> bool:
+        # Identifiers only: a "cuda" literal may be spelled with escapes, which its words would not show.
+        return words_may_name(words, _NAMES) or words_may_name(words, _DEVICE_CALLS)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from npu_migrate.astindex import name_sets
+from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, dotted_node
 from npu_migrate.rule import NameUseChecker, Rule
@@ -303,6 +303,10 @@ class BackendsChecker(NameUseChecker):
     def wants(cls, index) -> bool:
         # Not `backends` alone: transformers' `@requires(backends=...)` and `torch.backends.mps` have it too.
         return index.may_name(_NEEDED)
+
+    @classmethod
+    def wants_words(cls, words) -> bool:
+        return words_may_name(words, _NEEDED)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import libcst as cst
 
 from npu_migrate.api import Kind
-from npu_migrate.astindex import name_sets
+from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
 from npu_migrate.rule import Checker, Rule
@@ -135,6 +135,10 @@ class CudaApiChecker(Checker):
     @classmethod
     def wants(cls, index) -> bool:
         return index.may_name(_TORCH_CUDA)
+
+    @classmethod
+    def wants_words(cls, words) -> bool:
+        return words_may_name(words, _TORCH_CUDA)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.astindex import name_sets
+from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import dotted_node
 from npu_migrate.rule import Checker, Rule
@@ -232,6 +232,12 @@ class DistributedChecker(Checker):
             or index.may_name(_NAMES)
             or (index.may_name(_DEVICE_CALLS) and has_device_literal(index))
         )
+
+    @classmethod
+    def wants_words(cls, words) -> bool:
+        # Without the word "nccl" no backend string names NCCL, unless spelled with escapes, which the
+        # "nccl" marker already does not allow for. The rest are identifiers.
+        return "nccl" in words or words_may_name(words, _NAMES) or words_may_name(words, _DEVICE_CALLS)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

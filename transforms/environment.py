@@ -122,6 +122,7 @@ def verdict(name: str) -> tuple[str | None, Rule | None, str]:
 
 
 _VARIABLES = frozenset({*_RENAME, *_CONVERT, *_NO_EQUIVALENT, *_CHECKS})
+_SITE_WORDS = frozenset({"environ", "getenv", "putenv", "unsetenv", "env"})
 _VARIABLE_PREFIXES = tuple(_PREFIXES)
 
 
@@ -158,6 +159,11 @@ class EnvironmentChecker(Checker):
         # A variable the tables know, as a string (`os.environ["X"]`) or as a keyword
         # (`os.environ.update(X=...)`); ASCEND_RT_VISIBLE_DEVICES too, whose value is checked.
         return any(map(_known_variable, index.strings)) or any(map(_known_variable, index.names))
+
+    @classmethod
+    def wants_words(cls, words) -> bool:
+        # Every site is reached through one of these identifiers; "environment" or "envelope" is none.
+        return not _SITE_WORDS.isdisjoint(words)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

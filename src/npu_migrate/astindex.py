@@ -76,10 +76,16 @@ class AstIndex:
         """Whether a name resolved through the file's imports can be one of the qualified names `needed` was
         made from (`name_sets`), or lie below one. Each part of a resolved name is an imported module or
         name or an attribute, so one of `names`, however the file imports and aliases it."""
-        return any(parts <= self.names for parts in needed)
+        return words_may_name(self.names, needed)
 
     def string_containing(self, *fragments: str) -> bool:
         return any(fragment in value for value in self.strings for fragment in fragments)
+
+
+def words_may_name(words: frozenset[str] | set[str], needed: tuple[frozenset[str], ...]) -> bool:
+    """`AstIndex.may_name` on identifiers, or on a superset of them such as `text_words`, which the ast
+    filter can then only narrow."""
+    return any(parts <= words for parts in needed)
 
 
 def name_sets(qualnames: Iterable[str]) -> tuple[frozenset[str], ...]:
