@@ -78,9 +78,6 @@ class AstIndex:
         name or an attribute, so one of `names`, however the file imports and aliases it."""
         return words_may_name(self.names, needed)
 
-    def string_containing(self, *fragments: str) -> bool:
-        return any(fragment in value for value in self.strings for fragment in fragments)
-
 
 def words_may_name(words: frozenset[str] | set[str], needed: tuple[frozenset[str], ...]) -> bool:
     """`AstIndex.may_name` on identifiers, or on a superset of them such as `text_words`, which the ast
