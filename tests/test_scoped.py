@@ -147,7 +147,7 @@ class _WarnOnDefs(TreeChecker):
 
     rules = (Rule(id="NPU799", name="test-warning", summary="test", doc="test", severity=Severity.WARNING),)
 
-    def check(self, tree, source):
+    def check(self, tree, source, index):
         return [
             scoped.TreeReport(self.rules[0], node, "look at this def; it is odd")
             for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)

@@ -96,10 +96,11 @@ _WORD = re.compile(r"\w+")
 
 
 def text_words(text: str) -> frozenset[str]:
-    """Every identifier-like word of the text, comments and strings included: a superset of the names
-    `AstIndex` finds (at a twentieth of the cost of the parse and walk), for checkers that can rule a
-    file out on the words alone (`wants_words`). Python reads identifiers NFKC-normalised (`ｓｉｎ` is
-    `sin`), so non-ASCII words count in that form too."""
+    """Every identifier-like word of the text, comments and strings included: a superset of the ASCII
+    names `AstIndex` finds (at a twentieth of the cost of the parse and walk), for checkers that can rule
+    a file out on the words alone (`wants_words`), which look up ASCII names only. Python reads
+    identifiers NFKC-normalised (`ｓｉｎ` is `sin`), so non-ASCII words count in that form too. (A
+    non-ASCII identifier can hold characters that `\\w` does not match, such as `·`: it is never ASCII.)"""
     words = set(_WORD.findall(text))
     if not text.isascii():
         words.update([unicodedata.normalize("NFKC", w) for w in words if not w.isascii()])

@@ -123,8 +123,9 @@ def migrate_source(
     if on_tree:
         if new_text != text:
             tree = validate(new_text, display)
+            index = AstIndex.of(tree)
         tree_text, tree_findings = scoped.run(
-            on_tree, tree, scoped.Source(new_text), display, enabled, api, annotate=plan.annotate
+            on_tree, tree, scoped.Source(new_text), display, enabled, api, index=index, annotate=plan.annotate
         )
         if new_text != text:  # their positions are in the text the libcst rules rewrote
             original_line = scoped.line_map(text, new_text)

@@ -146,7 +146,8 @@ class TreeChecker:
         self.enabled = enabled
         self.api = api
 
-    def check(self, tree: ast.Module, source: Source) -> list[TreeReport]:
+    def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
+        """The findings in `tree` (the file `source`, whose identifiers and strings are `index`)."""
         raise NotImplementedError
 
     @classmethod

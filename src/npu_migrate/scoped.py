@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from npu_migrate.astindex import AstIndex
 from npu_migrate.findings import Finding, Severity
 from npu_migrate.fixes import Fix, apply_fixes, node_code
 from npu_migrate.lines import StatementIndex, Suppressions, add_todo, todo_above, todo_comment
@@ -97,9 +98,11 @@ def statement_index(tree: ast.Module) -> StatementIndex:
 
 
 def run(checkers: list[type[TreeChecker]], tree: ast.Module, source: Source, display: str,
-        enabled: frozenset[str], api: NpuApi, *, annotate: bool = False) -> tuple[str, list[Finding]]:
+        enabled: frozenset[str], api: NpuApi, *, index: AstIndex | None = None,
+        annotate: bool = False) -> tuple[str, list[Finding]]:
     """Run tree checkers on one file: its migrated text and the findings (positions in `source`)."""
-    reports = [report for checker in checkers for report in checker(enabled, api).check(tree, source)]
+    index = index or AstIndex.of(tree)
+    reports = [report for checker in checkers for report in checker(enabled, api).check(tree, source, index)]
     if not reports:
         return source.text, []
     index: list[StatementIndex] = []

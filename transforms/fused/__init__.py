@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 import libcst as cst
 
+from npu_migrate.astindex import AstIndex
 from npu_migrate.imports import ast_import_bindings
 from npu_migrate.rule import TreeChecker
 from npu_migrate.scoped import Source, TreeReport
@@ -181,16 +182,17 @@ class FusedOpsChecker(TreeChecker):
     def wants(cls, index) -> bool:
         return cls._possible(index.uses)
 
-    def check(self, tree: ast.Module, source: Source) -> list[TreeReport]:
+    def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
         self.source = source
+        self.names = index.names
         self.bindings = ast_import_bindings(tree)
         self.functions = _ModuleFunctions(tree)
         self.reports: list[TreeReport] = []
         self.applied: list[tuple[Outcome, TreeReport]] = []
-        # The calls `attention.match_call` knows cannot be written without these names; most files
-        # looked at for the other idioms have none, and walking every expression is the dear part.
-        self._scan_calls = attention.RULE.id in self.enabled and any(
-            name in source.text for name in ("scaled_dot_product_attention", "flash_attn")
+        # A call `attention.match_call` knows resolves to a name whose last part is an identifier of the
+        # file; most files looked at for the other idioms have none, and walking every expression is dear.
+        self._scan_calls = attention.RULE.id in self.enabled and index.uses(
+            *{name.rsplit(".", 1)[-1] for name in (attention.SDPA, *attention.FLASH_ATTN)}
         )
         self._walk(tree.body, owner=None, defs=())
         self._prelude(tree)
@@ -235,7 +237,7 @@ class FusedOpsChecker(TreeChecker):
         if not matchers or has_fused_branch(node):
             return
         siblings = {s.name: s for s in owner.body if isinstance(s, _DEFS)} if owner is not None else {}
-        fn = Function(node, owner is not None, self._qualname, siblings, self.functions, self.api)
+        fn = Function(node, owner is not None, self._qualname, siblings, self.functions, self.api, self.names)
         for matcher in matchers:
             outcome = matcher.match(fn)
             if outcome is not None:

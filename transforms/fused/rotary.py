@@ -258,7 +258,7 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
 
 
 def _calls(fn: Function, names: tuple[str, ...]) -> bool:
-    return any(fn.qualname(n.func) in names for n in fn.calls)
+    return fn.may_call(names) and any(fn.qualname(n.func) in names for n in fn.calls)
 
 
 def _may_rotate(call: ast.Call, fn: Function) -> bool:
