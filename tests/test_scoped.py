@@ -202,3 +202,9 @@ def test_module_fixes_apply_after_the_statements_as_in_a_whole_walk():
     assert partial.code == whole.code == "import torch_npu\nimport torch\nx = 1\ny = torch.npu\n"
     assert seen == ["import torch\nx = 1\ny = torch.npu\n"] * 2  # the module fix saw the fixed statement
     assert applier.results[id(module)] is partial
+
+
+def test_splice_walks_all_when_the_pruned_walk_misses_a_fix(monkeypatch):
+    expected = migrate_text(RMS_NORM, select=["NPU7"])[0]
+    monkeypatch.setattr(scoped, "_outside", lambda located, positions: lambda node: True)  # prunes everything
+    assert migrate_text(RMS_NORM, select=["NPU7"])[0] == expected != RMS_NORM

@@ -11,13 +11,20 @@ Fix = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel]
 
 
 class FixApplier(cst.CSTTransformer):
-    def __init__(self, fixes: Iterable[tuple[cst.CSTNode, Fix]]) -> None:
+    """`skip(node)` true: nothing under `node` is fixed, so the walk does not go in (a statement whose
+    lines hold no fixed node)."""
+
+    def __init__(self, fixes: Iterable[tuple[cst.CSTNode, Fix]], skip: Callable[[cst.CSTNode], bool] | None = None) -> None:
         super().__init__()
         self.fixes: dict[int, list[Fix]] = {}
         for node, fix in fixes:
             self.fixes.setdefault(id(node), []).append(fix)
         #: id of an original node -> what the fixes made of it
         self.results: dict[int, cst.CSTNode | cst.FlattenSentinel] = {}
+        self.skip = skip
+
+    def on_visit(self, node) -> bool:
+        return self.skip is None or not self.skip(node)
 
     def on_leave(self, original_node, updated_node):
         fixes = self.fixes.get(id(original_node))

@@ -38,7 +38,7 @@ def _subclasses(base: type) -> set[type]:
 
 # The concrete types of what `lines.StatementIndex` indexes: `isinstance` against an ABC, for every node,
 # would cost more than the code generation itself.
-_STATEMENT_TYPES = frozenset({cst.SimpleStatementLine} | _subclasses(cst.BaseCompoundStatement))
+STATEMENT_TYPES = frozenset({cst.SimpleStatementLine} | _subclasses(cst.BaseCompoundStatement))
 
 
 class _State(CodegenState):
@@ -140,14 +140,14 @@ def positions_of(
     tracked = {id(node): node for node in wanted}
     asked = dict(tracked)
     if statements:
-        state: _State = _StatementState(module, tracked, _STATEMENT_TYPES)
+        state: _State = _StatementState(module, tracked, STATEMENT_TYPES)
     else:
         if not tracked:
             return {}
         state = _State(module, tracked)
     module._codegen(state)
     if statements:
-        asked.update((key, node) for key, node in tracked.items() if type(node) in _STATEMENT_TYPES)
+        asked.update((key, node) for key, node in tracked.items() if type(node) in STATEMENT_TYPES)
     found = {key: state.computed[key] for key in asked if key in state.computed}
     to_position = _Converter(state.tokens, {count for span in found.values() for count in span})
     return {

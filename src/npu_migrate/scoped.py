@@ -23,9 +23,9 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from npu_migrate.astindex import AstIndex
 from npu_migrate.findings import Finding, Severity
-from npu_migrate.fixes import Fix, apply_fixes, node_code
+from npu_migrate.fixes import Fix, FixApplier, node_code
 from npu_migrate.lines import StatementIndex, Suppressions, add_todo, todo_above, todo_comment
-from npu_migrate.positions import positions_of
+from npu_migrate.positions import STATEMENT_TYPES, positions_of
 
 if TYPE_CHECKING:
     from npu_migrate.api import NpuApi
@@ -205,7 +205,11 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
                 located.append((twin, fix, target))
         if not located:
             continue
-        new_module, applier = apply_fixes(module, [(twin, fix) for twin, fix, _ in located])
+        applier = FixApplier([(twin, fix) for twin, fix, _ in located], _outside(located, positions))
+        new_module = module.visit(applier)
+        if len(applier.results) < len(applier.fixes):  # a fixed node in a statement skipped: walk it all
+            applier = FixApplier([(twin, fix) for twin, fix, _ in located])
+            new_module = module.visit(applier)
         for twin, fix, target in located:
             result = applier.results.get(id(twin))
             if result is not None:
@@ -214,6 +218,19 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
                 twins[id(fix)] = (original.strip(), node_code(result).strip())
         lines[start - 1:end] = [new_module.code]
     return "".join(lines), twins
+
+
+def _outside(located, positions):
+    """For the fix pass: true for a statement none of whose lines holds a fixed node."""
+    spans = [(positions[twin].start.line, positions[twin].end.line) for twin, _, _ in located if twin in positions]
+
+    def skip(node) -> bool:
+        if type(node) not in STATEMENT_TYPES:
+            return False
+        where = positions.get(node)
+        return where is not None and not any(where.start.line <= end and start <= where.end.line for start, end in spans)
+
+    return skip
 
 
 def _twin(target: ast.AST, positions, offset: int, source: Source) -> cst.CSTNode | None:

@@ -26,6 +26,7 @@ by name.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Mapping
 
 import libcst as cst
@@ -136,13 +137,19 @@ def _helpers_fix(templates: list[str], after: bool):
     """A fix of the anchor statement: the anchor and the rendered helpers, two blank lines between."""
 
     def fix(updated: cst.BaseStatement):
-        text = "\n\n".join(render(t) for t in templates)
-        new = list(cst.parse_module(text).body)
-        blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
-        new[0] = new[0].with_changes(leading_lines=[blank, blank])
+        new = _helper_statements(tuple(templates))
         return cst.FlattenSentinel([updated, *new] if after else [*new, updated])
 
     return fix
+
+
+@functools.cache
+def _helper_statements(templates: tuple[str, ...]) -> tuple[cst.BaseStatement, ...]:
+    """The helpers' statements, rendered and parsed once per process (libcst nodes are immutable)."""
+    new = list(cst.parse_module("\n\n".join(render(t) for t in templates)).body)
+    blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
+    new[0] = new[0].with_changes(leading_lines=[blank, blank])
+    return tuple(new)
 
 
 def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement) -> cst.FunctionDef:
@@ -204,12 +211,13 @@ class FusedOpsChecker(TreeChecker):
         for node in nodes:
             # The expressions of the statement itself (a def's decorators and defaults, a class's bases),
             # then its blocks.
-            self._calls(
-                [c for c in ast.iter_child_nodes(node) if not isinstance(c, (ast.stmt, ast.ExceptHandler, ast.match_case))]
-                + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
-                + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
-                defs,
-            )
+            if self._scan_calls:
+                self._calls(
+                    [c for c in ast.iter_child_nodes(node) if not isinstance(c, (ast.stmt, ast.ExceptHandler, ast.match_case))]
+                    + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
+                    + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
+                    defs,
+                )
             if isinstance(node, ast.ClassDef):
                 self._walk(node.body, owner=node, defs=defs)
             elif isinstance(node, _DEFS):
@@ -221,8 +229,6 @@ class FusedOpsChecker(TreeChecker):
                 self._walk([s for block in blocks if isinstance(block, list) for s in block], owner, defs)
 
     def _calls(self, nodes, defs) -> None:
-        if not self._scan_calls:
-            return
         for root in nodes:
             for node in ast.walk(root):
                 if isinstance(node, ast.Call):
