@@ -124,6 +124,11 @@ def _softmax_input(node: ast.AST, fn: Function) -> ast.expr | None:
 
 def match(fn: Function) -> Outcome | None:
     """A finding for hand-written attention: a softmax over matmul scores, multiplied by a matmul again."""
+    # Without a softmax and a matmul somewhere in the function nothing below can hold; most functions
+    # of a class that mentions softmax have neither, and the search below walks each statement again
+    # and again.
+    if not any(_softmax_input(n, fn) is not None for n in fn.nodes) or not any(_is_matmul(n, fn) for n in fn.nodes):
+        return None
     scores: set[str] = set()  # names bound to something computed from a matmul
     probabilities: set[str] = set()  # names bound to a softmax of scores (or computed from one)
     applied = False  # the probabilities reach a matmul
