@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import libcst as cst
-from libcst.metadata import CodeRange
+
+if TYPE_CHECKING:
+    from libcst.metadata import CodeRange
 
 SUPPRESSION = re.compile(
     r"#\s*(?:npu-migrate:\s*ignore(?:\[(?P<codes>[A-Za-z0-9,\s]*)\])?|noqa:\s*(?P<noqa>NPU[0-9A-Za-z,\s]*))"

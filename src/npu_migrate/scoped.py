@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from npu_migrate.astindex import AstIndex
 from npu_migrate.findings import Finding, Severity
@@ -195,6 +194,8 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
         except (cst.ParserSyntaxError, RecursionError):
             continue  # its reports say so: no twin, not rewritten
         if any(isinstance(target, ast.Call) for target, _ in by_block[number]):
+            from libcst.metadata import MetadataWrapper, PositionProvider  # 20 ms to import; rarely needed
+
             positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
         else:  # defs and statements: the statements' positions are enough, at a third of the cost
             positions = positions_of(module, statements=True)

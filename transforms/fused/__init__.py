@@ -35,7 +35,6 @@ from npu_migrate.astindex import AstIndex
 from npu_migrate.imports import ast_import_bindings
 from npu_migrate.rule import TreeChecker
 from npu_migrate.scoped import Source, TreeReport
-from npu_migrate.templating import render
 from npu_migrate.transforms.fused import attention, rms_norm, rotary, swiglu
 from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch
 
@@ -146,6 +145,8 @@ def _helpers_fix(templates: list[str], after: bool):
 @functools.cache
 def _helper_statements(templates: tuple[str, ...]) -> tuple[cst.BaseStatement, ...]:
     """The helpers' statements, rendered and parsed once per process (libcst nodes are immutable)."""
+    from npu_migrate.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
+
     new = list(cst.parse_module("\n\n".join(render(t) for t in templates)).body)
     blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
     new[0] = new[0].with_changes(leading_lines=[blank, blank])
@@ -281,6 +282,8 @@ class FusedOpsChecker(TreeChecker):
             self.reports.append(TreeReport(outcome.rule, node, outcome.message))
             return
         if fix is None:
+            from npu_migrate.templating import render
+
             branch = cst.parse_statement(render(outcome.template, **outcome.context))
             fix = lambda updated: _insert_branch(updated, branch)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
