@@ -9,7 +9,6 @@ A name that is both imported and rebound is not trusted: the rules leave code th
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -274,74 +273,3 @@ def add_module_import(module: cst.Module, name: str, after: int | None) -> cst.M
     index = insertion_index(module) if after is None else after + 1
     body.insert(index, cst.parse_statement(f"import {name}\n"))
     return module.with_changes(body=body)
-
-
-# --- the same table from an `ast` tree ---------------------------------------------------------------
-
-
-def ast_import_bindings(tree: ast.Module) -> dict[str, str]:
-    """Local name -> qualified name of every trusted import binding of `tree`: what `ImportTable.of`
-    computes from libcst, with the same rule (a name imported and also bound otherwise, or imported
-    from two places, is left out), for rules that decide on the `ast` alone."""
-    rebound: set[str] = set()
-    imported: dict[str, set[str]] = {}
-    _walk_ast(tree.body, rebound, imported)
-    return {
-        local: next(iter(targets))
-        for local, targets in imported.items()
-        if local not in rebound and len(targets) == 1
-    }
-
-
-def _bind_ast_names(target: ast.expr, rebound: set[str]) -> None:
-    if isinstance(target, ast.Name):
-        rebound.add(target.id)
-    elif isinstance(target, (ast.Tuple, ast.List)):
-        for element in target.elts:
-            _bind_ast_names(element, rebound)
-    elif isinstance(target, ast.Starred):
-        _bind_ast_names(target.value, rebound)
-
-
-def _walk_ast(body: list[ast.stmt], rebound: set[str], imported: dict[str, set[str]]) -> None:
-    for stmt in body:
-        if isinstance(stmt, ast.Import):
-            for alias in stmt.names:
-                local, qualname = (alias.asname, alias.name) if alias.asname else ((alias.name.split(".")[0],) * 2)
-                imported.setdefault(local, set()).add(qualname)
-        elif isinstance(stmt, ast.ImportFrom):
-            if stmt.level == 0 and stmt.module is not None:
-                for alias in stmt.names:
-                    if alias.name != "*":
-                        imported.setdefault(alias.asname or alias.name, set()).add(f"{stmt.module}.{alias.name}")
-        elif isinstance(stmt, ast.Assign):
-            for target in stmt.targets:
-                _bind_ast_names(target, rebound)
-        elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
-            _bind_ast_names(stmt.target, rebound)
-        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            rebound.add(stmt.name)
-            args = stmt.args
-            rebound.update(a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
-            rebound.update(a.arg for a in (args.vararg, args.kwarg) if a is not None)
-        elif isinstance(stmt, ast.ClassDef):
-            rebound.add(stmt.name)
-        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
-            _bind_ast_names(stmt.target, rebound)
-        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-            for item in stmt.items:
-                if item.optional_vars is not None:
-                    _bind_ast_names(item.optional_vars, rebound)
-        for block in _ast_blocks(stmt):
-            _walk_ast(block, rebound, imported)
-
-
-def _ast_blocks(stmt: ast.stmt):
-    for attr in ("body", "orelse", "finalbody"):
-        block = getattr(stmt, attr, None)
-        if isinstance(block, list):
-            yield block
-    for handler in getattr(stmt, "handlers", ()):
-        yield handler.body
-    for case in getattr(stmt, "cases", ()):
-        yield case.body

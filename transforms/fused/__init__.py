@@ -32,7 +32,7 @@ from collections.abc import Mapping
 import libcst as cst
 
 from npu_migrate.astindex import AstIndex
-from npu_migrate.imports import ast_import_bindings
+from npu_migrate.names import Names
 from npu_migrate.rule import TreeChecker
 from npu_migrate.scoped import Source, TreeReport
 from npu_migrate.transforms.fused import attention, rms_norm, rotary, swiglu
@@ -193,7 +193,9 @@ class FusedOpsChecker(TreeChecker):
     def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
         self.source = source
         self.names = index.names
-        self.bindings = ast_import_bindings(tree)
+        names = Names.of(tree)
+        self.bindings = names.bindings
+        self._qualname = names.resolve
         self.functions = _ModuleFunctions(tree)
         self.reports: list[TreeReport] = []
         self.applied: list[tuple[Outcome, TreeReport]] = []
@@ -288,16 +290,6 @@ class FusedOpsChecker(TreeChecker):
             fix = lambda updated: _insert_branch(updated, branch)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
         self.applied.append((outcome, self.reports[-1]))
-
-    def _qualname(self, node: ast.expr) -> str | None:
-        parts = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
-            return None
-        qualname = self.bindings.get(node.id)
-        return None if qualname is None else ".".join([qualname, *reversed(parts)])
 
     # -- the prelude -----------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from npu_migrate.analyze.names import Names
+from npu_migrate.names import Names
 from npu_migrate.findings import Finding
 from npu_migrate.pipeline import Job, Mode, Plan, Status, process
 from npu_migrate.source import SourceError, parse_python, read_source
