@@ -208,3 +208,68 @@ def test_splice_walks_all_when_the_pruned_walk_misses_a_fix(monkeypatch):
     expected = migrate_text(RMS_NORM, select=["NPU7"])[0]
     monkeypatch.setattr(scoped, "_outside", lambda located, positions: lambda node: True)  # prunes everything
     assert migrate_text(RMS_NORM, select=["NPU7"])[0] == expected != RMS_NORM
+
+
+# -- found in review: each case once broke the splice, a position or a suppression ------------------------
+
+SDPA_FUNCTION = "import torch\nimport torch.nn.functional as F\ndef f(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"
+
+
+@pytest.mark.parametrize("text", [
+    SDPA_FUNCTION.replace("\n", "\r"),
+    "import torch\rimport torch.nn.functional as F\r\r\ro = F.scaled_dot_product_attention(q, k, v)  # attention\rimport os; os.remove(p)\r",
+])
+def test_lone_cr_files_keep_every_line_break(text, monkeypatch):
+    new, findings = migrate_text(text, select=["NPU7"])
+    assert "\n" not in new and ast.parse(new)
+    kept = scoped.Source(new).lines
+    assert [line for line in scoped.Source(text).lines if line not in kept and "scaled_dot" not in line] == []
+    assert "# attentionimport" not in new and any(f.fixed for f in findings)
+    assert migrate_text(new, select=["NPU7"])[0] == new
+
+
+@pytest.mark.parametrize("header", [
+    "match x:\n  case 1:\n    pass\n",
+    "if x: pass\nelse:\n  y = 1\n",
+    "if x: pass\nelif y:\n  z = 1\n",
+    "try: y = 1\nexcept E:\n  pass\n",
+    "for i in x: pass\nelse:\n  y = 1\n",
+])
+def test_the_first_indented_block_sets_the_indent_however_it_is_reached(header, monkeypatch):
+    text = SDPA_FUNCTION.replace("def f", header + "def f")
+    assert migrate_text(text, select=["NPU7"])[0] == _whole_module(monkeypatch, text)
+
+
+def test_form_feed_in_the_first_indentation_is_not_copied_into_generated_code():
+    text = SDPA_FUNCTION.replace("def f", "if x:\n\x0c  y = 1\ndef f")
+    new, findings = migrate_text(text, select=["NPU7"])
+    ast.parse(new)
+    assert any(f.fixed for f in findings)
+
+
+@pytest.mark.parametrize("comment", ["# noqa: NPU704", "# npu-migrate: ignore"])
+def test_a_comment_on_line_1_does_not_take_the_helpers_from_the_calls_that_need_them(comment):
+    text = SDPA_FUNCTION.replace("import torch\n", f"import torch  {comment}\n", 1)
+    new, _ = migrate_text(text, select=["NPU7"])
+    assert "_npu_sdpa(" in new and "def _npu_sdpa(" in new and "def _is_npu(" in new
+
+
+@pytest.mark.parametrize("text, rule, line, col", [
+    # `import torch_npu` inserted above, `.cuda()` rewritten on the same line as the call
+    ("import torch\no = torch.nn.functional.scaled_dot_product_attention(q.cuda(), k, v)\nx = y.cuda()\n", "NPU704", 2, 5),
+    # a rewrite earlier on the line shifts the call's column in the rewritten text
+    ("import torch\nimport torch.nn.functional as F\no = x.cuda() + F.scaled_dot_product_attention(q, k, v)\n", "NPU704", 3, 16),
+    # a form feed and a line separator are not line breaks to `ast`
+    ("import torch\nimport torch.nn.functional as F\n# \x0c\ns = '\u2028'\no = F.scaled_dot_product_attention(q, k, torch.cuda.current_device())\n", "NPU704", 5, 5),
+])
+def test_fused_findings_point_into_the_original_when_the_libcst_rules_rewrote_first(text, rule, line, col):
+    findings = migrate_text(text)[1]
+    found = [(f.line, f.col) for f in findings if f.rule_id == rule and "helpers" not in f.message]
+    assert found == [(line, col)]
+    assert scoped.Source(text).lines[line - 1][col - 1:].startswith(("torch.nn.functional.scaled", "F.scaled"))
+
+
+def test_suppression_lines_are_counted_as_ast_counts_them():
+    text = "import torch\nimport torch.nn.functional as F\n# \x0c\nx = F.scaled_dot_product_attention(q, k, v)  # noqa: NPU704\n"
+    new, findings = migrate_text(text, select=["NPU7"])
+    assert new == text and not findings

@@ -16,6 +16,16 @@ import libcst as cst
 if TYPE_CHECKING:
     from libcst.metadata import CodeRange
 
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of `text` as `ast` and libcst number them: split at `\r\n`, `\r` and `\n` only, never at
+    the form feeds, `\x1c`, `\u2028` ... that `str.splitlines` also breaks at and that can sit in a line."""
+    lines = _LINE_BREAK.split(text)
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 SUPPRESSION = re.compile(
     r"#\s*(?:npu-migrate:\s*ignore(?:\[(?P<codes>[A-Za-z0-9,\s]*)\])?|noqa:\s*(?P<noqa>NPU[0-9A-Za-z,\s]*))"
 )
@@ -67,7 +77,7 @@ class Suppressions:
         if not cls.may_have(text):
             return cls([])
         found = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(source_lines(text), start=1):
             match = SUPPRESSION.search(line)
             if match:
                 raw = match.group("codes") if match.group("noqa") is None else match.group("noqa")

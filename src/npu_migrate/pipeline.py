@@ -21,7 +21,15 @@ from npu_migrate.astindex import AstIndex, text_words
 from npu_migrate.context import FileContext, Report
 from npu_migrate.findings import Finding, Severity
 from npu_migrate.fixes import apply_fixes, node_code
-from npu_migrate.lines import StatementIndex, Suppressions, add_todo, line_of, todo_above, todo_comment
+from npu_migrate.lines import (
+    StatementIndex,
+    Suppressions,
+    add_todo,
+    line_of,
+    source_lines,
+    todo_above,
+    todo_comment,
+)
 from npu_migrate.positions import positions_of
 from npu_migrate.rule import Checker, TreeChecker
 from npu_migrate.source import SourceError, SourceFile, atomic_write, parse_python, read_source
@@ -128,8 +136,8 @@ def migrate_source(
             on_tree, tree, scoped.Source(new_text), display, enabled, api, index=index, annotate=plan.annotate
         )
         if new_text != text:  # their positions are in the text the libcst rules rewrote
-            original_line = scoped.line_map(text, new_text)
-            tree_findings = [replace(f, line=original_line(f.line)) for f in tree_findings]
+            where = scoped.position_map(text, new_text)
+            tree_findings = [replace(f, **dict(zip(("line", "col"), where(f.line, f.col)))) for f in tree_findings]
         new_text = tree_text
         findings += tree_findings
     findings.sort(key=lambda f: (f.line, f.col, f.rule_id))
@@ -230,7 +238,7 @@ def _untouched(module: cst.Module, fixes, positions) -> set[int]:
 def _annotate(ctx: FileContext, positions, statements: StatementIndex, text: str) -> None:
     """`--annotate`: a TODO comment above each statement with a finding a human must act on, unless the
     comment lines right above it carry one for that rule already (from an earlier run)."""
-    lines = text.splitlines()
+    lines = source_lines(text)
     for report in ctx.reports:
         if report.applied or report.severity is Severity.INFO:
             continue

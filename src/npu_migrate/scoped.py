@@ -113,7 +113,9 @@ def run(checkers: list[type[TreeChecker]], tree: ast.Module, source: Source, dis
 
     suppressions = Suppressions.scan(source.text, statements)
     if suppressions.ranges:
-        reports = [r for r in reports if not suppressions.covers(source.position(r.node)[0], r.rule.id)]
+        # A report that exists for others (the helpers their branches call) stands or falls with them, not
+        # with a comment on its own line (the module's: line 1).
+        reports = [r for r in reports if r.serves or not suppressions.covers(source.position(r.node)[0], r.rule.id)]
         kept = {id(r) for r in reports}
         reports = [r for r in reports if not r.serves or any(id(s) in kept for s in r.serves)]
     for report in reports:
@@ -190,9 +192,15 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
         start, end = blocks[number]
         snippet = "".join(lines[start - 1:end])
         try:
-            module = config.pin(cst.parse_module(snippet))
+            parsed = cst.parse_module(snippet)
         except (cst.ParserSyntaxError, RecursionError):
             continue  # its reports say so: no twin, not rewritten
+        # libcst's round trip is exact but for a final lone `\r`, which it drops; whatever it drops is put
+        # back after the rewritten code. A snippet it changes elsewhere is left alone.
+        lost = snippet[len(parsed.code):] if snippet.startswith(parsed.code) else None
+        if lost is None or lost.strip("\r\n"):
+            continue
+        module = config.pin(parsed)
         if any(isinstance(target, ast.Call) for target, _ in by_block[number]):
             from libcst.metadata import MetadataWrapper, PositionProvider  # 20 ms to import; rarely needed
 
@@ -217,7 +225,7 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
                 # A statement's original is its lines; generating a def's code again costs a third of a parse.
                 original = source.segment(target) if isinstance(target, ast.stmt) else module.code_for_node(twin)
                 twins[id(fix)] = (original.strip(), node_code(result).strip())
-        lines[start - 1:end] = [new_module.code]
+        lines[start - 1:end] = [new_module.code + lost]
     return "".join(lines), twins
 
 
@@ -274,7 +282,9 @@ class _FileConfig:
     @classmethod
     def of(cls, tree: ast.Module, source: Source) -> _FileConfig:
         newline = _NEWLINE.search(source.text)
-        return cls(_first_indent(tree, source) or "    ", newline.group() if newline else "\n")
+        # A form feed in the first indentation is not indentation to the code libcst generates with it.
+        indent = (_first_indent(tree, source) or "").replace("\f", "") or "    "
+        return cls(indent, newline.group() if newline else "\n")
 
     def pin(self, module: cst.Module) -> cst.Module:
         if module.default_indent == self.indent and module.default_newline == self.newline:
@@ -284,15 +294,36 @@ class _FileConfig:
 
 
 def _first_indent(tree: ast.Module, source: Source) -> str | None:
-    """libcst's default indent is the first INDENT token's: the body of the first top-level compound
-    statement that does not sit on its header's line."""
+    """libcst's default indent is its first INDENT token's: the first block, in source order, that does not
+    sit on its header's line (a same-line `if x: pass` has none; its `else:` block may)."""
     for stmt in tree.body:
-        if not isinstance(stmt, _COMPOUND):
+        found = _block_indent(stmt, source)
+        if found is not None:
+            return found
+    return None
+
+
+def _block_indent(stmt: ast.stmt, source: Source) -> str | None:
+    if isinstance(stmt, ast.Match):  # `case` lines are always a block of their own
+        line = source.lines[stmt.cases[0].pattern.lineno - 1]
+        return line[:len(line) - len(line.lstrip(" \t\f"))]
+    if not isinstance(stmt, _COMPOUND):
+        return None
+    blocks = [stmt.body, *(h.body for h in getattr(stmt, "handlers", ())), getattr(stmt, "orelse", []),
+              getattr(stmt, "finalbody", [])]
+    for block in blocks:
+        if not block:
             continue
-        first = stmt.cases[0].pattern if isinstance(stmt, ast.Match) else stmt.body[0]
+        first = block[0]
         line = source.lines[first.lineno - 1]
-        if not line[:first.col_offset].strip():
-            return line[:len(line) - len(line.lstrip(" \t\f"))]
+        if block is getattr(stmt, "orelse", None) and isinstance(first, ast.If) and line[first.col_offset:].startswith("elif"):
+            found = _block_indent(first, source)  # `elif`: a header of its own, at the `if`'s level
+        elif not line[:first.col_offset].strip():
+            found = line[:first.col_offset]
+        else:
+            found = None
+        if found is not None:
+            return found
     return None
 
 
@@ -311,13 +342,49 @@ class _Pin(cst.CSTTransformer):
 # -- positions after an earlier stage changed the text ------------------------------------------------
 
 
-def line_map(before: str, after: str):
-    """A function from a line of `after` to the line of `before` it comes from (for an inserted or
-    replaced line, the first line of what it replaced), for findings made on text an earlier stage
-    rewrote."""
-    old, new = before.splitlines(), after.splitlines()
-    mapping: dict[int, int] = {}
+def position_map(before: str, after: str):
+    """A function from a (line, column) of `after` to where that code was in `before`, for findings made
+    on text an earlier stage rewrote. Lines are aligned by a diff, and within a changed block each new
+    line is paired with the most similar old one (an inserted `import torch_npu` pairs with nothing);
+    columns are aligned by a diff of the two lines. Code that is new maps to where its block was."""
+    old, new = Source(before).lines, Source(after).lines
+    origin: dict[int, int] = {}
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
-        for j in range(j1, j2):
-            mapping[j + 1] = (i1 + (j - j1) + 1) if tag == "equal" else min(i1 + (j - j1), max(i2 - 1, i1)) + 1
-    return lambda line: mapping.get(line, line)
+        if tag == "equal":
+            origin.update((j1 + k + 1, i1 + k + 1) for k in range(j2 - j1))
+            continue
+        for k, index in enumerate(_pair_lines(old[i1:i2], new[j1:j2])):
+            # An inserted line (nothing paired) belongs where its block was.
+            origin[j1 + k + 1] = i1 + index + 1 if index is not None else max(min(i1 + 1, len(old)), 1)
+
+    def where(line: int, col: int) -> tuple[int, int]:
+        source_line = origin.get(line, line)
+        if not (0 < line <= len(new) and 0 < source_line <= len(old)) or old[source_line - 1] == new[line - 1]:
+            return source_line, col
+        return source_line, _map_column(old[source_line - 1], new[line - 1], col)
+
+    return where
+
+
+def _pair_lines(old: list[str], new: list[str]) -> list[int | None]:
+    """For each new line, the index of the old line it is a rewrite of (in order, one to one), or None."""
+    paired: list[int | None] = []
+    start = 0
+    for line in new:
+        best, best_ratio = None, 0.5  # less alike than this is not the same line rewritten
+        for index in range(start, len(old)):
+            ratio = difflib.SequenceMatcher(None, old[index], line, autojunk=False).ratio()
+            if ratio > best_ratio:
+                best, best_ratio = index, ratio
+        paired.append(best)
+        if best is not None:
+            start = best + 1
+    return paired
+
+
+def _map_column(old: str, new: str, col: int) -> int:
+    k = col - 1
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if j1 <= k < j2 or (k == j2 == len(new)):
+            return (i1 + (k - j1) if tag == "equal" else i1) + 1
+    return col
