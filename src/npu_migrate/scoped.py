@@ -104,12 +104,12 @@ def run(checkers: list[type[TreeChecker]], tree: ast.Module, source: Source, dis
     reports = [report for checker in checkers for report in checker(enabled, api).check(tree, source, index)]
     if not reports:
         return source.text, []
-    index: list[StatementIndex] = []
+    built: list[StatementIndex] = []  # only when comments or --annotate need it
 
     def statements() -> StatementIndex:
-        if not index:
-            index.append(statement_index(tree))
-        return index[0]
+        if not built:
+            built.append(statement_index(tree))
+        return built[0]
 
     suppressions = Suppressions.scan(source.text, statements)
     if suppressions.ranges:
