@@ -146,6 +146,21 @@ def test_diff_marks_a_missing_final_newline():
     assert diff.endswith("-b = 2\n\\ No newline at end of file\n+b = 3\n\\ No newline at end of file\n")
 
 
+@pytest.mark.parametrize("before", [
+    "import torch\n\x0c\nx = torch.ones(2).cuda()  # a\x0cb\ny = 1\n",  # form feeds: inside a line to git
+    "import torch\r\nx = torch.ones(2).cuda()\r\ny = '\u2028'\r\n",
+    "import torch\rx = torch.ones(2).cuda()\r",  # lone CR: one line to git
+])
+def test_diff_lines_are_git_lines(before, tmp_path):
+    after, _ = migrate_text(before)
+    assert after != before
+    (tmp_path / "m.py").write_bytes(before.encode())
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    diff = unified_diff("m.py", before, after)
+    subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=diff.encode(), check=True)
+    assert (tmp_path / "m.py").read_bytes() == after.encode()
+
+
 @pytest.mark.parametrize(
     "source",
     [

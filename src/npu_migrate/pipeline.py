@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import difflib
 import enum
+import re
 import signal
 import threading
 from dataclasses import dataclass, field, replace
@@ -89,14 +90,19 @@ def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
     return [c for c in all_checkers() if any(r.id in enabled for r in c.rules)]
 
 
+_GIT_LINE = re.compile(r"[^\n]*\n|[^\n]+\Z")
+
+
 def unified_diff(display: str, before: str, after: str) -> str:
-    """A patch that `git apply` and `patch -p1` accept, newline style and missing final newline included."""
-    a_lines = before.splitlines(keepends=True)
-    b_lines = after.splitlines(keepends=True)
+    """A patch that `git apply` and `patch -p1` accept, newline style and missing final newline included.
+    Lines are what git calls lines: ended by `\n` only (a `\r\n` keeps its `\r`; a form feed or a lone
+    `\r` is inside a line), not what `str.splitlines` breaks at."""
+    a_lines = _GIT_LINE.findall(before)
+    b_lines = _GIT_LINE.findall(after)
     out = []
     for line in difflib.unified_diff(a_lines, b_lines, f"a/{display}", f"b/{display}", n=3):
         out.append(line)
-        if not line.endswith(("\n", "\r")):
+        if not line.endswith("\n"):
             out.append("\n\\ No newline at end of file\n")
     return "".join(out)
 
