@@ -175,11 +175,11 @@ def test_fix_pass_walks_only_the_statements_with_fixes_and_falls_back_when_a_fix
     module = cst.parse_module("a = 1\n\n@dec(x)\ndef f():\n    return b\n")
     decorator_call = module.body[1].decorators[0].decorator
     rename = lambda node: node.with_changes(func=cst.Name("renamed"))  # noqa: E731
-    new, applier = apply_fixes(module, [(decorator_call, rename)], untouched={0})
+    new, applier = apply_fixes(module, [(decorator_call, rename)], skip=lambda n: n is module.body[0])
     assert new.code == "a = 1\n\n@renamed(x)\ndef f():\n    return b\n"
     assert new.body[0] is module.body[0]  # not walked, not copied
-    # Told wrongly that the statement holding the fix is untouched: the fix still lands.
-    new, _ = apply_fixes(module, [(decorator_call, rename)], untouched={1})
+    # Told wrongly to skip the statement holding the fix: the fix still lands.
+    new, _ = apply_fixes(module, [(decorator_call, rename)], skip=lambda n: n is module.body[1])
     assert new.code == "a = 1\n\n@renamed(x)\ndef f():\n    return b\n"
 
 
@@ -198,7 +198,9 @@ def test_module_fixes_apply_after_the_statements_as_in_a_whole_walk():
     attr = module.body[2].body[0].value
     npu = lambda node: node.with_changes(attr=cst.Name("npu"))  # noqa: E731
     whole, _ = apply_fixes(module, [(attr, npu), (module, add_import)])
-    partial, applier = apply_fixes(module, [(attr, npu), (module, add_import)], untouched={0, 1})
+    partial, applier = apply_fixes(
+        module, [(attr, npu), (module, add_import)], skip=lambda n: n is module.body[0] or n is module.body[1]
+    )
     assert partial.code == whole.code == "import torch_npu\nimport torch\nx = 1\ny = torch.npu\n"
     assert seen == ["import torch\nx = 1\ny = torch.npu\n"] * 2  # the module fix saw the fixed statement
     assert applier.results[id(module)] is partial
@@ -206,7 +208,7 @@ def test_module_fixes_apply_after_the_statements_as_in_a_whole_walk():
 
 def test_splice_walks_all_when_the_pruned_walk_misses_a_fix(monkeypatch):
     expected = migrate_text(RMS_NORM, select=["NPU7"])[0]
-    monkeypatch.setattr(scoped, "_outside", lambda located, positions: lambda node: True)  # prunes everything
+    monkeypatch.setattr(scoped, "skip_statements_apart", lambda spans, positions: lambda node: True)  # prunes everything
     assert migrate_text(RMS_NORM, select=["NPU7"])[0] == expected != RMS_NORM
 
 

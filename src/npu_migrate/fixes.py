@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable
 
 import libcst as cst
 
+from npu_migrate.positions import STATEMENT_TYPES
+
 Fix = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel]
 
 
@@ -37,38 +39,37 @@ class FixApplier(cst.CSTTransformer):
 
 
 def apply_fixes(
-    module: cst.Module, fixes: list[tuple[cst.CSTNode, Fix]], untouched: set[int] = frozenset()
+    module: cst.Module, fixes: list[tuple[cst.CSTNode, Fix]], skip: Callable[[cst.CSTNode], bool] | None = None
 ) -> tuple[cst.Module, FixApplier]:
     """The module with every fix applied, and the applier (which knows what each fixed node became).
-    The top-level statements at the indexes `untouched` hold no fixed node and are not walked; fixes of
-    the module itself (an added import) are applied last, to the module with its statements fixed, as a
-    whole walk would."""
-    applier = FixApplier(fixes)
+    The walk does not go into a node `skip` says holds no fixed node; if a fix was missed that way after
+    all, everything is walked again."""
+    applier = FixApplier(fixes, skip)
     if not applier.fixes:
         return module, applier
-    if not untouched:
-        return module.visit(applier), applier
-    module_fixes = applier.fixes.pop(id(module), [])
-    body = []
-    for index, stmt in enumerate(module.body):
-        if index in untouched:
-            body.append(stmt)
-            continue
-        result = stmt.visit(applier)
-        if isinstance(result, cst.FlattenSentinel):
-            body.extend(result.nodes)
-        elif not isinstance(result, cst.RemovalSentinel):
-            body.append(result)
-    if len(applier.results) < len(applier.fixes):  # a fixed node outside the statements walked
+    new_module = module.visit(applier)
+    if skip is not None and len(applier.results) < len(applier.fixes):
         applier = FixApplier(fixes)
-        return module.visit(applier), applier
-    updated = module.with_changes(body=body)
-    for fix in module_fixes:
-        updated = fix(updated)
-    if module_fixes:
-        applier.fixes[id(module)] = module_fixes
-        applier.results[id(module)] = updated
-    return updated, applier
+        new_module = module.visit(applier)
+    return new_module, applier
+
+
+def skip_statements_apart(fixed: list[tuple[int, int]], positions) -> Callable[[cst.CSTNode], bool]:
+    """A `skip` for `apply_fixes`: true for a statement with a known position (decorators included) whose
+    lines overlap none of the line ranges `fixed`."""
+
+    def skip(node: cst.CSTNode) -> bool:
+        if type(node) not in STATEMENT_TYPES:
+            return False
+        where = positions.get(node)
+        if where is None:
+            return False
+        decorators = getattr(node, "decorators", None)
+        first = positions.get(decorators[0]) if decorators else None
+        start = first.start.line if first is not None else where.start.line
+        return not any(start <= end and begin <= where.end.line for begin, end in fixed)
+
+    return skip
 
 
 def node_code(node: cst.CSTNode | cst.FlattenSentinel) -> str:

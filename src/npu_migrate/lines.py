@@ -16,13 +16,17 @@ import libcst as cst
 if TYPE_CHECKING:
     from libcst.metadata import CodeRange
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+#: The line breaks `ast` and libcst count: `\r\n`, `\r` and `\n`, never the form feeds, `\x1c`, `\u2028` ...
+#: that `str.splitlines` also breaks at and that can sit inside a line of code.
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_LINE_WITH_BREAK = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 
-def source_lines(text: str) -> list[str]:
-    """The lines of `text` as `ast` and libcst number them: split at `\r\n`, `\r` and `\n` only, never at
-    the form feeds, `\x1c`, `\u2028` ... that `str.splitlines` also breaks at and that can sit in a line."""
-    lines = _LINE_BREAK.split(text)
+def source_lines(text: str, *, keepends: bool = False) -> list[str]:
+    """The lines of `text` as `ast` and libcst number them (see `LINE_BREAK`)."""
+    if keepends:
+        return _LINE_WITH_BREAK.findall(text)
+    lines = LINE_BREAK.split(text)
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 

@@ -21,7 +21,7 @@ from npu_migrate.api import NpuApi
 from npu_migrate.astindex import AstIndex, text_words
 from npu_migrate.context import FileContext, Report
 from npu_migrate.findings import Finding, Severity
-from npu_migrate.fixes import apply_fixes, node_code
+from npu_migrate.fixes import apply_fixes, node_code, skip_statements_apart
 from npu_migrate.lines import (
     StatementIndex,
     Suppressions,
@@ -194,7 +194,7 @@ def _migrate_cst(
         _annotate(ctx, positions, statements(), text)
 
     fixes = [(r.node, r.fix) for r in ctx.reports if r.applied and r.fix is not None] + ctx.edits
-    new_module, applier = apply_fixes(module, fixes, _untouched(module, fixes, positions))
+    new_module, applier = apply_fixes(module, fixes, _skip_unfixed(module, fixes, positions))
     new_text = new_module.code
     findings = []
     for report in ctx.reports:
@@ -218,27 +218,18 @@ def _migrate_cst(
     return new_text, findings
 
 
-def _untouched(module: cst.Module, fixes, positions) -> set[int]:
-    """Indexes of the top-level statements no fix is inside: the fix pass need not walk them."""
-    lines = set()
+def _skip_unfixed(module: cst.Module, fixes, positions):
+    """The fix pass's `skip`: top-level statements (their positions are known) with no fixed node inside.
+    A fix of the module itself (an added import) is applied when the walk leaves it, whatever is skipped."""
+    spans = []
     for node, _ in fixes:
         if node is module:
-            continue  # applied after the statements (`apply_fixes`)
+            continue
         where = positions.get(node)
         if where is None:
-            return set()  # somewhere unknown: walk everything
-        lines.update((where.start.line, where.end.line))
-    untouched = set()
-    for index, stmt in enumerate(module.body):
-        where = positions.get(stmt)
-        if where is None:
-            continue
-        # A def's range starts at `def`; its decorators come before.
-        first = positions.get(stmt.decorators[0]) if getattr(stmt, "decorators", None) else None
-        start = first.start.line if first is not None else where.start.line
-        if not any(start <= line <= where.end.line for line in lines):
-            untouched.add(index)
-    return untouched
+            return None  # somewhere unknown: walk everything
+        spans.append((where.start.line, where.end.line))
+    return skip_statements_apart(spans, positions)
 
 
 def _annotate(ctx: FileContext, positions, statements: StatementIndex, text: str) -> None:

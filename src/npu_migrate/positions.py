@@ -14,7 +14,6 @@ a child where libcst says so (`IndentedBlock`, `If` ...); any other node its whi
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_right
 from collections.abc import Iterable
 from itertools import accumulate
@@ -24,9 +23,8 @@ from libcst._nodes.internal import CodegenState
 # libcst.metadata re-exports these; importing it loads every metadata provider (20 ms of start-up).
 from libcst._position import CodePosition, CodeRange
 
-# The newlines libcst's position providers count: `\r\n`, a lone `\r` and `\n`, never the other
-# characters `str.splitlines` breaks at (form feed, `\x1c` ...), which can sit inside a line of code.
-_NEWLINE = re.compile(r"\r\n?|\n")
+from npu_migrate.lines import LINE_BREAK  # the line breaks libcst's position providers count
+
 
 
 def _subclasses(base: type) -> set[type]:
@@ -166,7 +164,7 @@ class _Converter(dict):
             return
         offsets = [0, *accumulate(map(len, tokens))]
         text = "".join(tokens)
-        newline_ends = [match.end() for match in _NEWLINE.finditer(text)]
+        newline_ends = [match.end() for match in LINE_BREAK.finditer(text)]
         if "\r\n" in text:
             newline_ends = _split_at_token_boundaries(text, newline_ends, set(offsets))
         for count in needed:

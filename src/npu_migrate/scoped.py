@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,16 +21,22 @@ import libcst as cst
 
 from npu_migrate.astindex import AstIndex
 from npu_migrate.findings import Finding, Severity
-from npu_migrate.fixes import Fix, FixApplier, node_code
-from npu_migrate.lines import StatementIndex, Suppressions, add_todo, todo_above, todo_comment
-from npu_migrate.positions import STATEMENT_TYPES, positions_of
+from npu_migrate.fixes import Fix, apply_fixes, node_code, skip_statements_apart
+from npu_migrate.lines import (
+    LINE_BREAK,
+    StatementIndex,
+    Suppressions,
+    add_todo,
+    source_lines,
+    todo_above,
+    todo_comment,
+)
+from npu_migrate.positions import positions_of
 
 if TYPE_CHECKING:
     from npu_migrate.api import NpuApi
     from npu_migrate.rule import Rule, TreeChecker
 
-_NEWLINE = re.compile(r"\r\n|\r|\n")
-_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 _COMPOUND = (
     ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
     ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match,
@@ -62,7 +67,7 @@ class Source:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.lines = _LINE.findall(text)
+        self.lines = source_lines(text, keepends=True)
 
     def char_col(self, lineno: int, byte_col: int) -> int:
         """`ast` columns count UTF-8 bytes; libcst's and the user's count characters."""
@@ -214,11 +219,10 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
                 located.append((twin, fix, target))
         if not located:
             continue
-        applier = FixApplier([(twin, fix) for twin, fix, _ in located], _outside(located, positions))
-        new_module = module.visit(applier)
-        if len(applier.results) < len(applier.fixes):  # a fixed node in a statement skipped: walk it all
-            applier = FixApplier([(twin, fix) for twin, fix, _ in located])
-            new_module = module.visit(applier)
+        spans = [(positions[twin].start.line, positions[twin].end.line) for twin, _, _ in located]
+        new_module, applier = apply_fixes(
+            module, [(twin, fix) for twin, fix, _ in located], skip_statements_apart(spans, positions)
+        )
         for twin, fix, target in located:
             result = applier.results.get(id(twin))
             if result is not None:
@@ -227,19 +231,6 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
                 twins[id(fix)] = (original.strip(), node_code(result).strip())
         lines[start - 1:end] = [new_module.code + lost]
     return "".join(lines), twins
-
-
-def _outside(located, positions):
-    """For the fix pass: true for a statement none of whose lines holds a fixed node."""
-    spans = [(positions[twin].start.line, positions[twin].end.line) for twin, _, _ in located if twin in positions]
-
-    def skip(node) -> bool:
-        if type(node) not in STATEMENT_TYPES:
-            return False
-        where = positions.get(node)
-        return where is not None and not any(where.start.line <= end and start <= where.end.line for start, end in spans)
-
-    return skip
 
 
 def _twin(target: ast.AST, positions, offset: int, source: Source) -> cst.CSTNode | None:
@@ -281,7 +272,7 @@ class _FileConfig:
 
     @classmethod
     def of(cls, tree: ast.Module, source: Source) -> _FileConfig:
-        newline = _NEWLINE.search(source.text)
+        newline = LINE_BREAK.search(source.text)
         # A form feed in the first indentation is not indentation to the code libcst generates with it.
         indent = (_first_indent(tree, source) or "").replace("\f", "") or "    "
         return cls(indent, newline.group() if newline else "\n")
