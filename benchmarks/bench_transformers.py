@@ -46,9 +46,19 @@ def fetch_tree(version: str) -> Path:
         return target / "transformers"
     CACHE.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"transformers=={version}",
-         "-d", str(CACHE)],
-        check=True, stdout=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            f"transformers=={version}",
+            "-d",
+            str(CACHE),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
     )
     wheel = next(CACHE.glob(f"transformers-{version}-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
@@ -198,9 +208,14 @@ def main() -> None:
     lines = sum(p.read_bytes().count(b"\n") for p in files)
     workdir = root.parent
     results: dict = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "jobs": args.jobs, "python": platform.python_version(),
-                    "platform": platform.platform(), "processor": platform.processor() or platform.machine()},
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "jobs": args.jobs,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+        },
         "tree": {"name": f"transformers {args.version}", "files": len(files), "lines": lines},
         "timings": {},
     }
@@ -254,7 +269,9 @@ def main() -> None:
         if base_cpu and t[name].get("cpu_s"):
             ratios[f"{name} / libcst parse, CPU seconds"] = t[name]["cpu_s"] / base_cpu
     if "ast.parse every file" in t:
-        ratios["apply --diff (fused on) / ast.parse"] = t["apply --diff (fused on)"]["wall_s"] / t["ast.parse every file"]["wall_s"]
+        ratios["apply --diff (fused on) / ast.parse"] = (
+            t["apply --diff (fused on)"]["wall_s"] / t["ast.parse every file"]["wall_s"]
+        )
     ratios["apply --check small / python start-up"] = (
         t["apply --check one small file (median of 5)"]["wall_s"] / t["python -c pass (median of 5)"]["wall_s"]
     )

@@ -46,9 +46,20 @@ DEFAULT_OUTPUT = REPO_ROOT / "transforms" / "data" / "torch_npu_api.toml"
 # Newest release of each torch_npu line, plus 2.1.0.post8 because it is the
 # oldest wheel still widely deployed and lacks the NPUGraph family.
 DEFAULT_VERSIONS = [
-    "2.1.0.post8", "2.1.0.post17", "2.3.1.post6", "2.4.0.post4", "2.5.1.post1",
-    "2.6.0.post5", "2.7.1.post11", "2.8.0.post5", "2.9.1", "2.10.0.post7",
-    "2.11.0.post3", "2.12.0.post3", "2.13.0", "2.14.0",
+    "2.1.0.post8",
+    "2.1.0.post17",
+    "2.3.1.post6",
+    "2.4.0.post4",
+    "2.5.1.post1",
+    "2.6.0.post5",
+    "2.7.1.post11",
+    "2.8.0.post5",
+    "2.9.1",
+    "2.10.0.post7",
+    "2.11.0.post3",
+    "2.12.0.post3",
+    "2.13.0",
+    "2.14.0",
 ]
 
 # Older lines are published as manylinux2014 wheels, newer ones as
@@ -62,14 +73,27 @@ PYTHON_VERSION = "3.11"
 
 # Ops whose full schema the fused-op transforms check before rewriting.
 SCHEMA_OPS = [
-    "npu_rms_norm", "npu_add_rms_norm", "npu_gemma_rms_norm", "npu_swiglu",
-    "npu_rotary_mul", "npu_fusion_attention", "npu_fusion_attention_v2",
-    "npu_apply_rotary_pos_emb", "npu_geglu", "npu_gelu", "npu_fast_gelu",
-    "npu_scaled_masked_softmax", "npu_prompt_flash_attention",
-    "npu_incre_flash_attention", "npu_fused_infer_attention_score",
+    "npu_rms_norm",
+    "npu_add_rms_norm",
+    "npu_gemma_rms_norm",
+    "npu_swiglu",
+    "npu_rotary_mul",
+    "npu_fusion_attention",
+    "npu_fusion_attention_v2",
+    "npu_apply_rotary_pos_emb",
+    "npu_geglu",
+    "npu_gelu",
+    "npu_fast_gelu",
+    "npu_scaled_masked_softmax",
+    "npu_prompt_flash_attention",
+    "npu_incre_flash_attention",
+    "npu_fused_infer_attention_score",
     # Not rewritten by default, but opt-in MoE / transpose rewrites gate on them.
-    "npu_confusion_transpose", "npu_moe_gating_top_k_softmax", "npu_moe_init_routing",
-    "npu_moe_finalize_routing", "npu_grouped_matmul",
+    "npu_confusion_transpose",
+    "npu_moe_gating_top_k_softmax",
+    "npu_moe_init_routing",
+    "npu_moe_finalize_routing",
+    "npu_grouped_matmul",
 ]
 
 NPU_PACKAGE = "torch_npu/npu"
@@ -188,6 +212,7 @@ def dump_toml(data: dict, header: str = "") -> str:
 # Static extraction helpers
 # --------------------------------------------------------------------------
 
+
 @dataclass
 class NameList:
     """Names resolved from an ``__all__``-style expression, plus what could not be resolved."""
@@ -196,8 +221,9 @@ class NameList:
     unresolved: list[str] = field(default_factory=list)
 
 
-def _literal_strings(node: ast.AST, assigned: dict[str, ast.AST], result: NameList,
-                     source: str, seen: frozenset[str] = frozenset()) -> None:
+def _literal_strings(
+    node: ast.AST, assigned: dict[str, ast.AST], result: NameList, source: str, seen: frozenset[str] = frozenset()
+) -> None:
     """Collect string literals from a list/tuple expression, following + and local names."""
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         for element in node.elts:
@@ -237,21 +263,31 @@ def extract_all(tree: ast.Module, source: str) -> NameList | None:
                 found = True
                 result = NameList()
                 _literal_strings(node.value, assigned, result, source)
-        elif (isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)
-              and node.target.id == "__all__" and isinstance(node.op, ast.Add)):
+        elif (
+            isinstance(node, ast.AugAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "__all__"
+            and isinstance(node.op, ast.Add)
+        ):
             found = True
             _literal_strings(node.value, assigned, result, source)
-        elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-              and isinstance(node.value.func, ast.Attribute)
-              and isinstance(node.value.func.value, ast.Name)
-              and node.value.func.value.id == "__all__"):
+        elif (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and isinstance(node.value.func.value, ast.Name)
+            and node.value.func.value.id == "__all__"
+        ):
             call = node.value
             found = True
             if call.func.attr == "extend" and len(call.args) == 1:
                 _literal_strings(call.args[0], assigned, result, source)
-            elif (call.func.attr == "append" and len(call.args) == 1
-                  and isinstance(call.args[0], ast.Constant)
-                  and isinstance(call.args[0].value, str)):
+            elif (
+                call.func.attr == "append"
+                and len(call.args) == 1
+                and isinstance(call.args[0], ast.Constant)
+                and isinstance(call.args[0].value, str)
+            ):
                 result.names.add(call.args[0].value)
             else:
                 result.unresolved.append(f"{source}: {ast.unparse(call)}")
@@ -260,8 +296,7 @@ def extract_all(tree: ast.Module, source: str) -> NameList | None:
 
 def _module_path(package: str, name: str, names: set[str]) -> str | None:
     """Wheel path of module ``name`` inside ``package`` (file or package), if present."""
-    for candidate in (f"{package}/{name.replace('.', '/')}.py",
-                      f"{package}/{name.replace('.', '/')}/__init__.py"):
+    for candidate in (f"{package}/{name.replace('.', '/')}.py", f"{package}/{name.replace('.', '/')}/__init__.py"):
         if candidate in names:
             return candidate
     return None
@@ -278,8 +313,12 @@ def _lazy_getattr_names(function: ast.FunctionDef) -> set[str]:
     parameter = function.args.args[0].arg
     served = set()
     for node in ast.walk(function):
-        if (isinstance(node, ast.Compare) and isinstance(node.left, ast.Name)
-                and node.left.id == parameter and len(node.comparators) == 1):
+        if (
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Name)
+            and node.left.id == parameter
+            and len(node.comparators) == 1
+        ):
             comparator = node.comparators[0]
             if isinstance(node.ops[0], ast.Eq) and isinstance(comparator, ast.Constant):
                 served.add(comparator.value)
@@ -335,12 +374,12 @@ def _submodules_imported_elsewhere(wheel: zipfile.ZipFile, names: set[str]) -> s
                 found.update(re.findall(r"(\w+)(?:\s+as\s+\w+)?", imported))
             else:
                 found.add(match[1] or match[2])
-    return {name for name in found
-            if _public(name) and _module_path(NPU_PACKAGE, name, names)}
+    return {name for name in found if _public(name) and _module_path(NPU_PACKAGE, name, names)}
 
 
-def npu_public_attributes(wheel: zipfile.ZipFile, tree: ast.Module, npu_all: set[str],
-                          unresolved: list[str]) -> set[str]:
+def npu_public_attributes(
+    wheel: zipfile.ZipFile, tree: ast.Module, npu_all: set[str], unresolved: list[str]
+) -> set[str]:
     """Public names of ``torch_npu.npu`` that are reachable but not listed in ``__all__``."""
     names = set(wheel.namelist())
     public = set()
@@ -406,9 +445,14 @@ def fused_ops_from_docs(tree: ast.Module) -> tuple[set[str], dict[str, str]]:
     """Op names (and docstrings) from ``_add_torch_npu_docstr("name", doc)`` calls."""
     docs = {}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                and node.func.id == "_add_torch_npu_docstr" and len(node.args) >= 2
-                and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "_add_torch_npu_docstr"
+            and len(node.args) >= 2
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             doc = node.args[1].value if isinstance(node.args[1], ast.Constant) else ""
             docs[node.args[0].value] = doc if isinstance(doc, str) else ""
     return {name for name in docs if name.startswith("npu_")}, docs
@@ -417,6 +461,7 @@ def fused_ops_from_docs(tree: ast.Module) -> tuple[set[str], dict[str, str]]:
 # --------------------------------------------------------------------------
 # Per-wheel and torch extraction
 # --------------------------------------------------------------------------
+
 
 def _parse_member(wheel: zipfile.ZipFile, path: str) -> ast.Module:
     try:
@@ -436,8 +481,7 @@ def _required_all(tree: ast.Module, path: str, unresolved: list[str]) -> list[st
 def extract_all_like(tree: ast.Module, variable: str, unresolved: list[str]) -> set[str]:
     """Strings of a module-level list named ``variable`` (same rules as ``__all__``)."""
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == variable for t in node.targets):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets):
             result = NameList()
             _literal_strings(node.value, {}, result, variable)
             unresolved.extend(result.unresolved)
@@ -500,7 +544,8 @@ def find_torch_root(explicit: Path | None) -> Path:
         if spec is None or not spec.submodule_search_locations:
             raise GenerationError(
                 "torch is not importable from this interpreter; run with the project venv "
-                "(.venv/bin/python) or pass --torch-root .../site-packages/torch")
+                "(.venv/bin/python) or pass --torch-root .../site-packages/torch"
+            )
         root = Path(list(spec.submodule_search_locations)[0])
     if not (root / "cuda" / "__init__.py").is_file():
         raise GenerationError(f"{root} does not look like a torch package (no cuda/__init__.py)")
@@ -526,9 +571,14 @@ def extract_torch(root: Path) -> tuple[str, dict]:
 
     version_tree = ast.parse((root / "version.py").read_text(encoding="utf-8"))
     for node in version_tree.body:
-        if (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant)
-                and any(isinstance(t, ast.Name) and t.id == "__version__"
-                        for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))):
+        if (
+            isinstance(node, (ast.Assign, ast.AnnAssign))
+            and isinstance(node.value, ast.Constant)
+            and any(
+                isinstance(t, ast.Name) and t.id == "__version__"
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            )
+        ):
             return str(node.value.value).split("+")[0], surface
     raise GenerationError(f"{root / 'version.py'} has no literal __version__")
 
@@ -537,10 +587,10 @@ def extract_torch(root: Path) -> tuple[str, dict]:
 # Downloading
 # --------------------------------------------------------------------------
 
+
 def cached_wheel(cache: Path, version: str) -> Path | None:
     # x86 wheels sort before aarch64 ones, which keeps the choice stable.
-    matches = sorted(cache.glob(f"torch_npu-{version}-*.whl"),
-                     key=lambda p: ("aarch64" in p.name, p.name))
+    matches = sorted(cache.glob(f"torch_npu-{version}-*.whl"), key=lambda p: ("aarch64" in p.name, p.name))
     return matches[0] if matches else None
 
 
@@ -548,9 +598,20 @@ def download_wheel(cache: Path, version: str) -> Path | None:
     """Fetch one wheel into the cache; None (after a warning) if pip cannot."""
     last_error = ""
     for platforms in PLATFORM_GROUPS:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--python-version", PYTHON_VERSION, "--disable-pip-version-check",
-                   "--quiet", "-d", str(cache)]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            PYTHON_VERSION,
+            "--disable-pip-version-check",
+            "--quiet",
+            "-d",
+            str(cache),
+        ]
         for platform in platforms:
             command += ["--platform", platform]
         command.append(f"torch_npu=={version}")
@@ -559,14 +620,14 @@ def download_wheel(cache: Path, version: str) -> Path | None:
         if completed.returncode == 0 and wheel is not None:
             return wheel
         last_error = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-    print(f"warning: skipping torch_npu {version}: pip download failed ({last_error})",
-          file=sys.stderr)
+    print(f"warning: skipping torch_npu {version}: pip download failed ({last_error})", file=sys.stderr)
     return None
 
 
 # --------------------------------------------------------------------------
 # Reporting
 # --------------------------------------------------------------------------
+
 
 def _list_changes(label: str, old: dict, new: dict) -> list[str]:
     lines = []
@@ -610,8 +671,7 @@ def summarise_changes(old: dict | None, new: dict) -> str:
 # Entry point
 # --------------------------------------------------------------------------
 
-HEADER = ("Generated by scripts/generate_api_tables.py from the torch_npu wheels on PyPI. "
-          "Do not edit by hand.")
+HEADER = "Generated by scripts/generate_api_tables.py from the torch_npu wheels on PyPI. Do not edit by hand."
 
 
 def build_tables(args: argparse.Namespace) -> dict:
@@ -621,8 +681,7 @@ def build_tables(args: argparse.Namespace) -> dict:
     for version in sorted(set(args.versions), key=version_key):
         wheel = cached_wheel(args.cache, version)
         if wheel is None and args.offline:
-            print(f"warning: skipping torch_npu {version}: not in {args.cache} (--offline)",
-                  file=sys.stderr)
+            print(f"warning: skipping torch_npu {version}: not in {args.cache} (--offline)", file=sys.stderr)
             continue
         if wheel is None:
             print(f"downloading torch_npu {version} ...", file=sys.stderr)
@@ -650,18 +709,34 @@ def build_tables(args: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Regenerate transforms/data/torch_npu_api.toml from torch_npu wheels "
-                    "(read statically; torch_npu is never installed or imported).")
-    parser.add_argument("--versions", nargs="+", default=DEFAULT_VERSIONS, metavar="V",
-                        help="torch_npu versions to record (default: newest of each line)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
-                        help=f"wheel cache directory (default: {DEFAULT_CACHE.relative_to(REPO_ROOT)})")
-    parser.add_argument("--offline", action="store_true",
-                        help="use only wheels already in the cache; never call pip")
-    parser.add_argument("--torch-root", type=Path,
-                        help="path of the torch package whose torch.cuda surface is recorded "
-                             "(default: the torch this interpreter would import)")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
-                        help=f"TOML to write (default: {DEFAULT_OUTPUT.relative_to(REPO_ROOT)})")
+        "(read statically; torch_npu is never installed or imported)."
+    )
+    parser.add_argument(
+        "--versions",
+        nargs="+",
+        default=DEFAULT_VERSIONS,
+        metavar="V",
+        help="torch_npu versions to record (default: newest of each line)",
+    )
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=DEFAULT_CACHE,
+        help=f"wheel cache directory (default: {DEFAULT_CACHE.relative_to(REPO_ROOT)})",
+    )
+    parser.add_argument("--offline", action="store_true", help="use only wheels already in the cache; never call pip")
+    parser.add_argument(
+        "--torch-root",
+        type=Path,
+        help="path of the torch package whose torch.cuda surface is recorded "
+        "(default: the torch this interpreter would import)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=DEFAULT_OUTPUT,
+        help=f"TOML to write (default: {DEFAULT_OUTPUT.relative_to(REPO_ROOT)})",
+    )
     return parser.parse_args(argv)
 
 
@@ -676,8 +751,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 previous = tomllib.loads(args.output.read_text(encoding="utf-8"))
             except tomllib.TOMLDecodeError as error:
-                print(f"warning: existing {args.output} is not valid TOML ({error}); "
-                      "not diffing against it", file=sys.stderr)
+                print(
+                    f"warning: existing {args.output} is not valid TOML ({error}); not diffing against it",
+                    file=sys.stderr,
+                )
         text = dump_toml(tables, HEADER)
         if tomllib.loads(text) != tables:
             raise GenerationError("internal error: the written TOML does not read back identically")

@@ -86,7 +86,9 @@ def _masked_positions(sq, skv, sparse_mode, atten_mask):
     j = torch.arange(skv)[None, :]
     if sparse_mode == 0:
         return atten_mask.bool()
-    assert atten_mask.shape == (2048, 2048) and torch.equal(atten_mask, torch.ones(2048, 2048, dtype=torch.bool).triu(1))
+    assert atten_mask.shape == (2048, 2048) and torch.equal(
+        atten_mask, torch.ones(2048, 2048, dtype=torch.bool).triu(1)
+    )
     if sparse_mode == 2:
         return j > i
     if sparse_mode == 3:
@@ -96,9 +98,25 @@ def _masked_positions(sq, skv, sparse_mode, atten_mask):
 
 
 def npu_fusion_attention(
-    query, key, value, head_num, input_layout, pse=None, padding_mask=None, atten_mask=None, scale=1.0,
-    keep_prob=1.0, pre_tockens=2147483647, next_tockens=2147483647, inner_precise=0, prefix=None,
-    actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0, gen_mask_parallel=True, sync=False,
+    query,
+    key,
+    value,
+    head_num,
+    input_layout,
+    pse=None,
+    padding_mask=None,
+    atten_mask=None,
+    scale=1.0,
+    keep_prob=1.0,
+    pre_tockens=2147483647,
+    next_tockens=2147483647,
+    inner_precise=0,
+    prefix=None,
+    actual_seq_qlen=None,
+    actual_seq_kvlen=None,
+    sparse_mode=0,
+    gen_mask_parallel=True,
+    sync=False,
 ):
     assert input_layout in ("BNSD", "BSND") and pse is None and padding_mask is None and prefix is None
     assert keep_prob == 1.0, "dropout is not modelled"

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from conftest import ROOT
 
 from npu_migrate.pipeline import migrate_text
 from npu_migrate.registry import all_rules
-
-from conftest import ROOT
 
 PROJECT = ROOT / "fixtures" / "projects" / "analyze_demo"
 LIBRARY = PROJECT / "site-packages"
@@ -32,7 +31,11 @@ SCHEMA = ROOT / "tests" / "data" / "sarif-schema-2.1.0.json"
 def run_analyze(*args, cwd=ROOT):
     return subprocess.run(
         [sys.executable, "-m", "npu_migrate.analyze.cli", *map(str, args)],
-        cwd=cwd, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=300,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=300,
     )
 
 
@@ -118,8 +121,11 @@ def test_every_finding_of_mode_all(document):
 def test_rule_findings_are_exactly_what_apply_reports(document):
     """One mechanism: the rule findings of the report are those of `apply --diff`, message for message."""
     engine = {r.id for r in all_rules()}
-    got = [(f["path"], f["rule"], f["line"], f["col"], f["message"], f["fixed"])
-           for f in document["findings"] if f["rule"] in engine]
+    got = [
+        (f["path"], f["rule"], f["line"], f["col"], f["message"], f["fixed"])
+        for f in document["findings"]
+        if f["rule"] in engine
+    ]
     expected = [(f.path, f.rule_id, f.line, f.col, f.message, f.fixed) for f in engine_findings()]
     assert sorted(got) == sorted(expected)
     # and the same as migrate_text, the in-memory API, for a Python file
@@ -159,8 +165,12 @@ def test_cuda_op_list(reports):
         ["demo/train.py:19:5", "torch.cuda.set_device", "supported", "torch.npu.set_device"],
         ["demo/train.py:28:14", "torch.cuda.amp.GradScaler", "supported", "torch.amp.GradScaler (device_type='npu')"],
         ["demo/train.py:30:8", "torch.cuda.get_device_capability", "unsupported", "torch.npu.get_device_capability"],
-        ["demo/train.py:31:9", "torch.backends.cuda.matmul.allow_tf32", "supported",
-         "torch.npu.matmul.allow_hf32"],  # the tables do not cover it; rule NPU501 rewrites it
+        [
+            "demo/train.py:31:9",
+            "torch.backends.cuda.matmul.allow_tf32",
+            "supported",
+            "torch.npu.matmul.allow_hf32",
+        ],  # the tables do not cover it; rule NPU501 rewrites it
         ["demo/train.py:33:26", "Tensor.cuda", "supported", "Tensor.npu"],
         ["demo/train.py:33:58", "Tensor.cuda", "supported", "Tensor.npu"],
         ["demo/train.py:34:14", "torch.cuda.amp.autocast", "supported", "torch.amp.autocast (device_type='npu')"],
@@ -170,7 +180,9 @@ def test_cuda_op_list(reports):
 
 def test_precision_and_performance_advice(reports):
     assert [r[:2] for r in rows(reports, "api_precision_advice.csv")] == [
-        ["demo/train.py:30:8", "NPU204"], ["demo/model.py:42:66", "NPU951"], ["demo/ops.py:41:12", "NPU952"],
+        ["demo/train.py:30:8", "NPU204"],
+        ["demo/model.py:42:66", "NPU951"],
+        ["demo/ops.py:41:12", "NPU952"],
     ]
     from npu_migrate.analyze.affinity import is_fused_site
 
@@ -179,7 +191,8 @@ def test_precision_and_performance_advice(reports):
         p for p in expected_analysis() if p.split()[1] in ("NPU921", "NPU931", "NPU941", "NPU942")
     ]
     assert [p for p in performance if p.split()[1].startswith("NPU7")] == [
-        f"{f.location()} {f.rule_id}" for f in sorted(engine_findings(), key=lambda f: (f.path, f.line, f.col))
+        f"{f.location()} {f.rule_id}"
+        for f in sorted(engine_findings(), key=lambda f: (f.path, f.line, f.col))
         if is_fused_site(f)
     ]
 
@@ -197,16 +210,29 @@ def test_verdicts_follow_the_torch_npu_version(tmp_path):
 # --- third_party -----------------------------------------------------------------------------------
 
 EXPECTED_LIBRARY = [
-    ["minilib.layers.FastNorm", "class", "minilib/layers.py:20:1",
-     "minilib.layers.FastNorm.forward -> minilib.utils.jit_scale"],
+    [
+        "minilib.layers.FastNorm",
+        "class",
+        "minilib/layers.py:20:1",
+        "minilib.layers.FastNorm.forward -> minilib.utils.jit_scale",
+    ],
     ["minilib.layers.FastNorm.forward", "function", "minilib/layers.py:25:5", "minilib.utils.jit_scale"],
     ["minilib.layers._attn_cuda", "function", "minilib/layers.py:7:1", ""],
     ["minilib.layers.fused_attention", "function", "minilib/layers.py:11:1", "minilib.layers._attn_cuda"],
     ["minilib.utils.jit_scale", "function", "minilib/utils.py:4:1", ""],
     ["minilib.utils.report_gpus", "function", "minilib/utils.py:9:1", ""],
-    ["minilib.FastNorm", "alias", "minilib/layers.py:20:1",
-     "minilib.layers.FastNorm -> minilib.layers.FastNorm.forward -> minilib.utils.jit_scale"],
-    ["minilib.fused_attention", "alias", "minilib/layers.py:11:1", "minilib.layers.fused_attention -> minilib.layers._attn_cuda"],
+    [
+        "minilib.FastNorm",
+        "alias",
+        "minilib/layers.py:20:1",
+        "minilib.layers.FastNorm -> minilib.layers.FastNorm.forward -> minilib.utils.jit_scale",
+    ],
+    [
+        "minilib.fused_attention",
+        "alias",
+        "minilib/layers.py:11:1",
+        "minilib.layers.fused_attention -> minilib.layers._attn_cuda",
+    ],
     ["minilib.layers.jit_scale", "alias", "minilib/utils.py:4:1", "minilib.utils.jit_scale"],
     ["minilib.report_gpus", "alias", "minilib/utils.py:9:1", "minilib.utils.report_gpus"],
 ]
@@ -216,7 +242,10 @@ def test_library_call_graph(reports):
     got = rows(reports, "full_unsupported_results.csv")
     assert [[r[0], r[1], r[2], r[4]] for r in got] == EXPECTED_LIBRARY
     reasons = {r[0]: r[3] for r in got}
-    assert reasons["minilib.layers._attn_cuda"] == "calls the custom operator torch.ops.minilib.attn_fwd (a compiled extension)"
+    assert (
+        reasons["minilib.layers._attn_cuda"]
+        == "calls the custom operator torch.ops.minilib.attn_fwd (a compiled extension)"
+    )
     assert reasons["minilib.utils.jit_scale"].startswith("uses torch.cuda.jiterator._create_jit_fn: jiterator compiles")
     assert reasons["minilib.utils.report_gpus"].startswith("uses torch.cuda.list_gpu_processes")
     assert "minilib.layers.safe_add" not in reasons and "minilib.utils.device_name" not in reasons
@@ -228,18 +257,27 @@ def test_cuda_only_packages_and_library_calls(reports):
         ["demo/train.py:7:1", "apex.optimizers.FusedAdam", "apex.optimizers", "torch_npu.optim.NpuFusedAdamW"],
     ]
     assert [r[:2] for r in rows(reports, "unsupported_library_calls.csv")] == [
-        ["demo/train.py:29:12", "minilib.FastNorm"], ["demo/train.py:43:13", "minilib.fused_attention"],
+        ["demo/train.py:29:12", "minilib.FastNorm"],
+        ["demo/train.py:43:13", "minilib.fused_attention"],
     ]
 
 
 def test_api_files_feed_the_library_results_back(reports, tmp_path):
     """The CSV of an --env-path run, given to --api-files, flags the same call sites without the library."""
-    result = run_analyze(PROJECT / "demo", "--mode", "third_party", "--api-files",
-                         reports / "full_unsupported_results.csv", "--format", "json")
+    result = run_analyze(
+        PROJECT / "demo",
+        "--mode",
+        "third_party",
+        "--api-files",
+        reports / "full_unsupported_results.csv",
+        "--format",
+        "json",
+    )
     assert result.returncode == 0, result.stderr
     calls = [f for f in json.loads(result.stdout)["findings"] if f["rule"] == "NPU902"]
     assert [(f["location"], f["message"].split(" is unsupported")[0]) for f in calls] == [
-        ("train.py:29:12", "minilib.FastNorm"), ("train.py:43:13", "minilib.fused_attention"),
+        ("train.py:29:12", "minilib.FastNorm"),
+        ("train.py:43:13", "minilib.fused_attention"),
     ]
     assert "via minilib.layers.fused_attention -> minilib.layers._attn_cuda" in calls[1]["message"]
 
@@ -283,7 +321,8 @@ def test_triton_kernel_and_host_only_builds(tmp_path):
     assert [(f["location"], f["rule"]) for f in doc["findings"]] == [("k.py:5:1", "NPU911")]
     items = doc["results"]["custom_kernels"]["data"]["items"]
     assert [(i["location"], i["kind"], i["name"]) for i in items] == [
-        ("k.py:5:1", "triton_kernel", "add_kernel"), ("k.py:8:7", "jit_build", "cpu_only"),
+        ("k.py:5:1", "triton_kernel", "add_kernel"),
+        ("k.py:8:7", "jit_build", "cpu_only"),
     ]
 
 
@@ -301,7 +340,8 @@ def test_affinity_api_call_csv(reports):
     targets = fused_rule_targets()
     assert [g for g in got if g[3] != "NPU921"] == [
         [f.location(), targets[f.rule_id], "applied" if f.fixed else "declined", f.rule_id]
-        for f in sorted(engine_findings(), key=lambda f: (f.path, f.line, f.col)) if is_fused_site(f)
+        for f in sorted(engine_findings(), key=lambda f: (f.path, f.line, f.col))
+        if is_fused_site(f)
     ]
     assert {"torch_npu.npu_rms_norm", "torch_npu.npu_swiglu", "torch_npu.npu_rotary_mul"} <= {g[1] for g in got}
 
@@ -380,8 +420,14 @@ def test_instrumented_copy_records_the_shapes_it_sees(tmp_path):
     assert code.index("from __future__ import annotations") < code.index("__npu_migrate_shape__ =")
     assert "__npu_migrate_shape__('pkg/run.py:8:11', 'torch.nonzero', torch.nonzero(x > 0)).squeeze(1)" in code
     csv_path = tmp_path / "shapes.csv"
-    run = subprocess.run([sys.executable, str(out / "pkg" / "run.py")], capture_output=True, text=True, cwd=tmp_path,
-                         env={**os.environ, "NPU_MIGRATE_SHAPES_CSV": str(csv_path)}, timeout=120)
+    run = subprocess.run(
+        [sys.executable, str(out / "pkg" / "run.py")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "NPU_MIGRATE_SHAPES_CSV": str(csv_path)},
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[1, 2]"  # behaviour unchanged
     table = {r[0]: r for r in read_csv(csv_path)[1:]}
@@ -399,13 +445,20 @@ def test_instrumented_copy_records_the_shapes_it_sees(tmp_path):
 
 def test_model_architecture(reports):
     assert [r[:2] for r in rows(reports, "model_classes.csv")] == [
-        ["demo/model.py:15:1", "RMSNorm"], ["demo/model.py:39:1", "RotaryEmbedding"], ["demo/model.py:51:1", "Attention"],
-        ["demo/model.py:72:1", "SwiGLU"], ["demo/model.py:83:1", "QuickGELU"], ["demo/model.py:88:1", "Block"],
+        ["demo/model.py:15:1", "RMSNorm"],
+        ["demo/model.py:39:1", "RotaryEmbedding"],
+        ["demo/model.py:51:1", "Attention"],
+        ["demo/model.py:72:1", "SwiGLU"],
+        ["demo/model.py:83:1", "QuickGELU"],
+        ["demo/model.py:88:1", "Block"],
         ["demo/model.py:101:1", "TinyLlama"],
     ]
     assert [r[:3] for r in rows(reports, "model_layers.csv")] == [
-        ["attention", "Attention (custom)", "1"], ["embedding", "nn.Embedding", "1"], ["linear", "nn.Linear", "6"],
-        ["mlp", "SwiGLU (custom)", "1"], ["normalization", "RMSNorm (custom)", "1"],
+        ["attention", "Attention (custom)", "1"],
+        ["embedding", "nn.Embedding", "1"],
+        ["linear", "nn.Linear", "6"],
+        ["mlp", "SwiGLU (custom)", "1"],
+        ["normalization", "RMSNorm (custom)", "1"],
         ["positional", "RotaryEmbedding (custom)", "1"],
     ]
     assert rows(reports, "model_distributed.csv") == [
@@ -419,9 +472,13 @@ def test_model_architecture(reports):
 def test_model_computation(reports):
     operators = rows(reports, "model_operators.csv")
     assert [r[:4] for r in operators] == [
-        ["1", "attention", "F.scaled_dot_product_attention", "1"], ["3", "linear", "nn.Linear", "6"],
-        ["4", "normalization", "torch.rsqrt", "1"], ["6", "loss", "F.cross_entropy", "1"],
-        ["6", "embedding", "nn.Embedding", "1"], ["7", "activation", "F.gelu", "1"], ["7", "activation", "F.silu", "1"],
+        ["1", "attention", "F.scaled_dot_product_attention", "1"],
+        ["3", "linear", "nn.Linear", "6"],
+        ["4", "normalization", "torch.rsqrt", "1"],
+        ["6", "loss", "F.cross_entropy", "1"],
+        ["6", "embedding", "nn.Embedding", "1"],
+        ["7", "activation", "F.gelu", "1"],
+        ["7", "activation", "F.silu", "1"],
         ["7", "activation", "torch.sigmoid", "1"],
     ]
     assert all(r[4].startswith("native") for r in operators)
@@ -470,13 +527,33 @@ def test_a_cuda_free_project_is_low(tmp_path):
 
 
 def test_output_folder_contents(reports):
-    assert sorted(p.name for p in reports.iterdir()) == sorted([
-        "affinity_api_call.csv", "api_performance_advice.csv", "api_precision_advice.csv", "cuda_only_packages.csv",
-        "cuda_op_list.csv", "custom_kernels.csv", "dynamic_shape.csv", "full_unsupported_results.csv",
-        "model_classes.csv", "model_dataloaders.csv", "model_distributed.csv", "model_fusion.csv", "model_layers.csv",
-        "model_operators.csv", "model_syncs.csv", "report.html", "report.json", "report.md", "report.sarif",
-        "torch_api_list.csv", "unknown_api.csv", "unsupported_api.csv", "unsupported_library_calls.csv",
-    ])
+    assert sorted(p.name for p in reports.iterdir()) == sorted(
+        [
+            "affinity_api_call.csv",
+            "api_performance_advice.csv",
+            "api_precision_advice.csv",
+            "cuda_only_packages.csv",
+            "cuda_op_list.csv",
+            "custom_kernels.csv",
+            "dynamic_shape.csv",
+            "full_unsupported_results.csv",
+            "model_classes.csv",
+            "model_dataloaders.csv",
+            "model_distributed.csv",
+            "model_fusion.csv",
+            "model_layers.csv",
+            "model_operators.csv",
+            "model_syncs.csv",
+            "report.html",
+            "report.json",
+            "report.md",
+            "report.sarif",
+            "torch_api_list.csv",
+            "unknown_api.csv",
+            "unsupported_api.csv",
+            "unsupported_library_calls.csv",
+        ]
+    )
 
 
 def test_sarif_is_valid_and_every_result_names_its_rule(reports):
@@ -519,7 +596,10 @@ def test_text_and_csv_formats(tmp_path):
     text = run_analyze(PROJECT / "demo")
     assert text.returncode == 0
     assert "train.py:30:8: NPU204 `torch.cuda.get_device_capability`" in text.stdout
-    assert "torch_apis: 37 distinct torch APIs in 54 uses (torch_npu 2.14.0): 34 supported, 1 unsupported, 2 unknown" in text.stdout
+    assert (
+        "torch_apis: 37 distinct torch APIs in 54 uses (torch_npu 2.14.0): 34 supported, 1 unsupported, 2 unknown"
+        in text.stdout
+    )
 
 
 # --- errors ----------------------------------------------------------------------------------------

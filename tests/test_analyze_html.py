@@ -14,13 +14,19 @@ import zlib
 from pathlib import Path
 
 import pytest
-
 from test_analyze import LIBRARY, PROJECT, run_analyze
 
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--hide-scrollbars",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
 ]
 
 
@@ -29,8 +35,7 @@ def chromium() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.fail("headless Chromium is needed to check the HTML report: "
-                "apt-get update && apt-get install -y chromium")
+    pytest.fail("headless Chromium is needed to check the HTML report: apt-get update && apt-get install -y chromium")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +49,10 @@ def report(tmp_path_factory) -> Path:
 def browse(report: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [chromium(), *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *extra, report.as_uri()],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
 
 
@@ -71,8 +79,8 @@ def _png_pixels(data: bytes) -> tuple[int, int, set]:
     pos, chunks = 8, {}
     idat = b""
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
         if kind == b"IDAT":
             idat += body
         else:
@@ -86,7 +94,7 @@ def _png_pixels(data: bytes) -> tuple[int, int, set]:
     colours, previous = set(), bytearray(stride)
     for y in range(height):
         kind = raw[y * (stride + 1)]
-        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for x in range(stride):
             left = line[x - channels] if x >= channels else 0
             up = previous[x]
@@ -102,7 +110,7 @@ def _png_pixels(data: bytes) -> tuple[int, int, set]:
                 pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
                 line[x] = (line[x] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
         if y % 4 == 0:
-            colours.update(bytes(line[i:i + 3]) for i in range(0, stride, channels * 4))
+            colours.update(bytes(line[i : i + 3]) for i in range(0, stride, channels * 4))
         previous = line
     return width, height, colours
 

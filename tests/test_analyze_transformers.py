@@ -6,13 +6,12 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-
-import subprocess
-import sys
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +25,22 @@ def test_mode_all_on_the_transformers_tree(tmp_path):
     # --no-gitignore: the package sits in a virtualenv that the repository's .gitignore lists.
     # In pytest's process group, so whatever stops the test run stops the analysis and its workers too.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "npu_migrate.analyze.cli", str(tree), "--mode", "all", "--no-gitignore",
-         "--output", str(out), "--format", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "npu_migrate.analyze.cli",
+            str(tree),
+            "--mode",
+            "all",
+            "--no-gitignore",
+            "--output",
+            str(out),
+            "--format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         stdout, stderr = proc.communicate(timeout=1200)

@@ -116,7 +116,7 @@ def test_serialiser_round_trips(generator):
                 "empty": [],
                 "has_mode": True,
                 "fused_op_schemas": {
-                    "npu_x": 'npu_x(Tensor self, str layout="BSH", str mode=\'half\') -> Tensor',
+                    "npu_x": "npu_x(Tensor self, str layout=\"BSH\", str mode='half') -> Tensor",
                     "odd key": "back\\slash\ttab\nnewline",
                 },
             },

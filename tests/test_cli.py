@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "tiny_cnn"
@@ -20,7 +19,10 @@ PLAIN_SOURCE = "import torch\n\n# runs on cuda or cpu\nx = torch.ones(2)\n"
 def run_cli(*args, cwd):
     return subprocess.run(
         [sys.executable, "-m", "npu_migrate", *map(str, args)],
-        cwd=cwd, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
     )
 
 
@@ -83,7 +85,11 @@ def test_output_writes_a_migrated_copy_and_change_list(project, tmp_path_factory
     rows = list(csv.DictReader((out / "change_list.csv").open()))
     assert {(r["file"], r["rule"]) for r in rows} >= {("pkg/train.py", "NPU101"), ("pkg/train.py", "NPU201")}
     cuda_row = next(r for r in rows if r["rule"] == "NPU101")
-    assert (cuda_row["line"], cuda_row["original"], cuda_row["replacement"]) == ("3", "torch.ones(2).cuda", "torch.ones(2).npu")
+    assert (cuda_row["line"], cuda_row["original"], cuda_row["replacement"]) == (
+        "3",
+        "torch.ones(2).cuda",
+        "torch.ones(2).npu",
+    )
 
 
 def test_output_inside_the_input_tree_is_refused(project):

@@ -24,20 +24,32 @@ def run_file(path: Path, mode: Mode = Mode.IN_PLACE):
     "raw, expected",
     [
         # CRLF kept on every line, including the inserted import
-        (b"import torch\r\nx = torch.ones(1).cuda()\r\n", b"import torch\r\nimport torch_npu\r\nx = torch.ones(1).npu()\r\n"),
+        (
+            b"import torch\r\nx = torch.ones(1).cuda()\r\n",
+            b"import torch\r\nimport torch_npu\r\nx = torch.ones(1).npu()\r\n",
+        ),
         # mixed newlines: each untouched line keeps its own ending
-        (b"import torch\nx = 1\r\ny = torch.ones(1).cuda()\n", b"import torch\nimport torch_npu\nx = 1\r\ny = torch.ones(1).npu()\n"),
+        (
+            b"import torch\nx = 1\r\ny = torch.ones(1).cuda()\n",
+            b"import torch\nimport torch_npu\nx = 1\r\ny = torch.ones(1).npu()\n",
+        ),
         # no final newline
         (b"import torch\nx = torch.ones(1).cuda()", b"import torch\nimport torch_npu\nx = torch.ones(1).npu()"),
         # a BOM survives
-        (b"\xef\xbb\xbfimport torch\nx = torch.ones(1).cuda()\n", b"\xef\xbb\xbfimport torch\nimport torch_npu\nx = torch.ones(1).npu()\n"),
+        (
+            b"\xef\xbb\xbfimport torch\nx = torch.ones(1).cuda()\n",
+            b"\xef\xbb\xbfimport torch\nimport torch_npu\nx = torch.ones(1).npu()\n",
+        ),
         # a latin-1 coding cookie: non-ASCII bytes written back in latin-1
         (
             b"# -*- coding: latin-1 -*-\nimport torch\nname = '\xe9t\xe9'\nx = torch.ones(1).cuda()\n",
             b"# -*- coding: latin-1 -*-\nimport torch\nimport torch_npu\nname = '\xe9t\xe9'\nx = torch.ones(1).npu()\n",
         ),
         # tabs for indentation stay tabs
-        (b"import torch\nif True:\n\tx = torch.ones(1).cuda()\n", b"import torch\nimport torch_npu\nif True:\n\tx = torch.ones(1).npu()\n"),
+        (
+            b"import torch\nif True:\n\tx = torch.ones(1).cuda()\n",
+            b"import torch\nimport torch_npu\nif True:\n\tx = torch.ones(1).npu()\n",
+        ),
     ],
     ids=["crlf", "mixed-newlines", "no-final-newline", "bom", "latin-1", "tabs"],
 )
@@ -112,8 +124,16 @@ def test_symlinked_file_is_never_written_through(tmp_path):
 
 
 def test_discovery_skips_environments_caches_symlinks_and_excludes(tmp_path):
-    for rel in ["a.py", "pkg/b.py", "pkg/__pycache__/c.py", ".venv/lib/d.py", "build/e.py", "myenv/f.py",
-                "pkg/tests/g.py", "docs/h.txt"]:
+    for rel in [
+        "a.py",
+        "pkg/b.py",
+        "pkg/__pycache__/c.py",
+        ".venv/lib/d.py",
+        "build/e.py",
+        "myenv/f.py",
+        "pkg/tests/g.py",
+        "docs/h.txt",
+    ]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x = 1\n")
     (tmp_path / "myenv" / "pyvenv.cfg").write_text("home = /usr\n")
@@ -146,11 +166,14 @@ def test_diff_marks_a_missing_final_newline():
     assert diff.endswith("-b = 2\n\\ No newline at end of file\n+b = 3\n\\ No newline at end of file\n")
 
 
-@pytest.mark.parametrize("before", [
-    "import torch\n\x0c\nx = torch.ones(2).cuda()  # a\x0cb\ny = 1\n",  # form feeds: inside a line to git
-    "import torch\r\nx = torch.ones(2).cuda()\r\ny = '\u2028'\r\n",
-    "import torch\rx = torch.ones(2).cuda()\r",  # lone CR: one line to git
-])
+@pytest.mark.parametrize(
+    "before",
+    [
+        "import torch\n\x0c\nx = torch.ones(2).cuda()  # a\x0cb\ny = 1\n",  # form feeds: inside a line to git
+        "import torch\r\nx = torch.ones(2).cuda()\r\ny = '\u2028'\r\n",
+        "import torch\rx = torch.ones(2).cuda()\r",  # lone CR: one line to git
+    ],
+)
 def test_diff_lines_are_git_lines(before, tmp_path):
     after, _ = migrate_text(before)
     assert after != before
@@ -230,7 +253,8 @@ def test_invalid_output_is_never_written(tmp_path, monkeypatch):
 
     # A buggy fix that builds a valid tree but invalid Python (a keyword as attribute name).
     monkeypatch.setattr(
-        device.DeviceChecker, "_cuda_method",
+        device.DeviceChecker,
+        "_cuda_method",
         lambda self, node, func: self.report(
             device.CUDA_METHOD, func, "broken", fix=lambda u: u.with_changes(attr=cst.Name("lambda"))
         ),

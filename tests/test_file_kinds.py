@@ -7,7 +7,6 @@ import shutil
 import subprocess
 
 import nbformat
-
 from conftest import FIXTURES
 from test_cli import run_cli
 
@@ -74,7 +73,9 @@ def test_launch_files_are_found_migrated_and_idempotent(tmp_path):
     (tmp_path / "kernels.cu").write_text("__global__ void k(float* x) {}\n")
     result = run_cli("apply", "--force", ".", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "scripts" / "run.sh").read_text() == "export ASCEND_RT_VISIBLE_DEVICES=0,1\nnpu-smi info\npython train.py\n"
+    assert (
+        tmp_path / "scripts" / "run.sh"
+    ).read_text() == "export ASCEND_RT_VISIBLE_DEVICES=0,1\nnpu-smi info\npython train.py\n"
     assert (tmp_path / "Dockerfile").read_text() == "FROM base\nENV ASCEND_LAUNCH_BLOCKING=1\n"
     assert (tmp_path / "launch.yaml").read_text() == "env:\n  PYTORCH_NPU_ALLOC_CONF: expandable_segments:True\n"
     assert (tmp_path / "kernels.cu").read_text() == "__global__ void k(float* x) {}\n", "kernels are never rewritten"

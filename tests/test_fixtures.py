@@ -10,11 +10,10 @@ findings as `line:col RULE fixed|open` lines. Every case is also checked for ide
 from __future__ import annotations
 
 import pytest
+from conftest import FIXTURES
 
 from npu_migrate.pipeline import migrate_text
 from npu_migrate.registry import all_rules
-
-from conftest import FIXTURES
 
 RULES_DIR = FIXTURES / "rules"
 CASES = sorted(RULES_DIR.glob("*/*.in.*"))

@@ -14,10 +14,10 @@ import math
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # noqa: E402
-
 import fused_reference  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 from conftest import FIXTURES  # noqa: E402
+
 from npu_migrate.pipeline import migrate_text  # noqa: E402
 
 RULES = FIXTURES / "rules"
@@ -96,7 +96,9 @@ def test_reference_fusion_attention_matches_sdpa_given_the_documented_mapping():
     torch.testing.assert_close(masked, F.scaled_dot_product_attention(q, k, v, attn_mask=keep))
     # The device's default scale is 1.0 and its mask polarity is inverted: both must show.
     assert not torch.allclose(fused_reference.npu_fusion_attention(q, k, v, 4, "BNSD")[0], full)
-    assert not torch.allclose(fused_reference.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=keep, scale=scale)[0], masked)
+    assert not torch.allclose(
+        fused_reference.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=keep, scale=scale)[0], masked
+    )
 
 
 # -- NPU703 ----------------------------------------------------------------------------------------
@@ -126,12 +128,18 @@ def _rotary_inputs(seed=2):
 @pytest.mark.parametrize(
     "why, make",
     [
-        ("fp32 tables with bf16 activations promote the original", lambda q, k, c, s: ((q.bfloat16(), k.bfloat16(), c, s), {})),
+        (
+            "fp32 tables with bf16 activations promote the original",
+            lambda q, k, c, s: ((q.bfloat16(), k.bfloat16(), c, s), {}),
+        ),
         ("3-D tensors", lambda q, k, c, s: ((q[0], k[0], c[0], s[0]), {"unsqueeze_dim": 0})),
         ("the tables would broadcast q up (batch 1 q, batch 2 tables)", lambda q, k, c, s: ((q[:1], k[:1], c, s), {})),
         ("odd head dim", lambda q, k, c, s: ((q[..., :15], k[..., :15], c[..., :15], s[..., :15]), {})),
         # unsqueeze_dim=0 on (N, S, D) tables gives 1NSD, which is not in the kernel's table.
-        ("1NSD tables", lambda q, k, c, s: ((q, k, c[0].expand(4, 5, 16), s[0].expand(4, 5, 16)), {"unsqueeze_dim": 0})),
+        (
+            "1NSD tables",
+            lambda q, k, c, s: ((q, k, c[0].expand(4, 5, 16), s[0].expand(4, 5, 16)), {"unsqueeze_dim": 0}),
+        ),
     ],
 )
 def test_hf_rotary_branch_falls_back_where_the_kernel_differs(why, make):
@@ -153,11 +161,14 @@ def test_partial_rotary_rotates_the_leading_slice_only():
     _close(out, original["apply_rotary_pos_emb"](q, k, cos, sin))
 
 
-@pytest.mark.parametrize("case, call", [
-    ("renamed_chunk_helper", lambda ns, x, c, s: ns["rope"](x, c, s)),
-    ("rotary_module", lambda ns, x, c, s: ns["Rotary"]()(x, c, s)),
-    ("double_negation", lambda ns, x, c, s: ns["apply_rotary_pos_emb"](x, c, s)),
-])
+@pytest.mark.parametrize(
+    "case, call",
+    [
+        ("renamed_chunk_helper", lambda ns, x, c, s: ns["rope"](x, c, s)),
+        ("rotary_module", lambda ns, x, c, s: ns["Rotary"]()(x, c, s)),
+        ("double_negation", lambda ns, x, c, s: ns["apply_rotary_pos_emb"](x, c, s)),
+    ],
+)
 def test_single_tensor_rotary_branches(case, call):
     original, migrated = _pair(case, "NPU703")
     g = torch.Generator().manual_seed(4)
@@ -190,7 +201,10 @@ def test_interleaved_rotary_needs_a_torch_npu_with_rotary_mode():
     assert any("rotary_mode='interleave'" in f.message and not f.fixed for f in findings)
     half = (RULES / "NPU703" / "hf_apply_rotary_pos_emb.in.py").read_text()
     text, _ = migrate_text(half, select=["NPU703"], torch_npu_version="2.1.0.post8")
-    assert "torch_npu.npu_rotary_mul(q, _npu_cos, _npu_sin)" in text and "rotary_mode" not in text.split("def rotate_half")[1]
+    assert (
+        "torch_npu.npu_rotary_mul(q, _npu_cos, _npu_sin)" in text
+        and "rotary_mode" not in text.split("def rotate_half")[1]
+    )
 
 
 # -- NPU704 ----------------------------------------------------------------------------------------
@@ -258,8 +272,14 @@ def test_sdpa_without_mask_and_with_bf16():
         ("float additive mask", lambda q, k, v: (q, k, v, torch.zeros(2, 1, 6, 6, dtype=q.dtype))),
         ("fp32", lambda q, k, v: (q.float(), k.float(), v.float(), None)),
         ("3-D", lambda q, k, v: (q[0], k[0], v[0], None)),
-        ("fewer kv heads without enable_gqa (SDPA errors or broadcasts)", lambda q, k, v: (q, k[:, :1], v[:, :1], None)),
-        ("head dim above 768", lambda q, k, v: (q.repeat(1, 1, 1, 49), k.repeat(1, 1, 1, 49), v.repeat(1, 1, 1, 49), None)),
+        (
+            "fewer kv heads without enable_gqa (SDPA errors or broadcasts)",
+            lambda q, k, v: (q, k[:, :1], v[:, :1], None),
+        ),
+        (
+            "head dim above 768",
+            lambda q, k, v: (q.repeat(1, 1, 1, 49), k.repeat(1, 1, 1, 49), v.repeat(1, 1, 1, 49), None),
+        ),
     ],
 )
 def test_sdpa_falls_back_to_the_original_call(why, args):
@@ -305,7 +325,8 @@ MUTANTS = {
     "causal aligned bottom-right": ("sparse_mode = 2", "sparse_mode = 3"),
     "no invalid-row handling": ("inner_precise = 2", "inner_precise = 0"),
     "no causal mask (atten_mask=None is full attention)": (
-        "mask = _NPU_CAUSAL_MASKS.get(query.device)", "return torch_npu.npu_fusion_attention(query, key, value, heads, 'BNSD', scale=1.0 / dim ** 0.5)[0]"
+        "mask = _NPU_CAUSAL_MASKS.get(query.device)",
+        "return torch_npu.npu_fusion_attention(query, key, value, heads, 'BNSD', scale=1.0 / dim ** 0.5)[0]",
     ),
 }
 
@@ -331,9 +352,11 @@ def test_sdpa_checks_catch_mutants(mutant):
 
 
 def test_rotary_checks_catch_a_wrong_mode():
-    original, migrated = _pair("hf_apply_rotary_pos_emb", "NPU703", mutate=(
-        "torch_npu.npu_rotary_mul(q, _npu_cos, _npu_sin)", "torch_npu.npu_rotary_mul(q, _npu_cos, -_npu_sin)"
-    ))
+    original, migrated = _pair(
+        "hf_apply_rotary_pos_emb",
+        "NPU703",
+        mutate=("torch_npu.npu_rotary_mul(q, _npu_cos, _npu_sin)", "torch_npu.npu_rotary_mul(q, _npu_cos, -_npu_sin)"),
+    )
     cos, sin = _tables(2, 5, 16)
     q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
     with pytest.raises(AssertionError):

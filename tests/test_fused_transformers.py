@@ -59,7 +59,7 @@ EXPECTED_CALLS = {
 EXPECTED_ATTENTION_KINDS = {"mask": LAYERS, "causal": LAYERS, "full": 0, "gqa": LAYERS}
 ZERO_CALLS = {"npu_rms_norm": 0, "npu_swiglu": 0, "npu_rotary_mul": 0, "npu_fusion_attention": 0}
 
-RUNNER = textwrap.dedent('''
+RUNNER = textwrap.dedent("""
     import importlib, json, sys
     import torch
 
@@ -105,8 +105,20 @@ RUNNER = textwrap.dedent('''
             "sdpa_fused_defined": hasattr(sdpa, "_npu_sdpa"),
         }
     print(json.dumps(out))
-''') % {"layers": LAYERS, "models": [(m, p) for m, p in (("llama", "Llama"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"),
-                                                         ("mistral", "Mistral"), ("gemma", "Gemma"), ("phi3", "Phi3"))]}
+""") % {
+    "layers": LAYERS,
+    "models": [
+        (m, p)
+        for m, p in (
+            ("llama", "Llama"),
+            ("qwen2", "Qwen2"),
+            ("qwen3", "Qwen3"),
+            ("mistral", "Mistral"),
+            ("gemma", "Gemma"),
+            ("phi3", "Phi3"),
+        )
+    ],
+}
 
 
 def _package_root() -> Path:
@@ -152,7 +164,11 @@ def _run(site: Path | None, mode: str, attention: str, dtype: str) -> dict:
     code = f"import sys; sys.path[:0] = {path!r}; exec(sys.stdin.read())"
     done = subprocess.run(
         [sys.executable, "-c", code, mode, attention, dtype],
-        input=RUNNER, capture_output=True, text=True, env=env, timeout=300,
+        input=RUNNER,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -167,7 +183,11 @@ SETUPS = {"eager": ("float32", 1e-5), "sdpa": ("float16", 4e-3)}
 def runs(migrated):
     site, _ = migrated
     return {
-        attention: (_run(None, "plain", attention, dtype), _run(site, "plain", attention, dtype), _run(site, "force", attention, dtype))
+        attention: (
+            _run(None, "plain", attention, dtype),
+            _run(site, "plain", attention, dtype),
+            _run(site, "force", attention, dtype),
+        )
         for attention, (dtype, _) in SETUPS.items()
     }
 
@@ -244,4 +264,3 @@ def test_forced_fused_branches_compute_the_same_model(runs, name, attention):
     got = torch.tensor(forced["models"][name]["logits"])
     tolerance = SETUPS[attention][1]
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
-

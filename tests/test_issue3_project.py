@@ -11,10 +11,9 @@ import ast
 import re
 
 import pytest
+from conftest import FIXTURES
 
 from npu_migrate.pipeline import migrate_text
-
-from conftest import FIXTURES
 
 PROJECT = FIXTURES / "projects" / "ddp_amp"
 FILES = ("train.py", "model.py", "utils/dist.py")
@@ -132,7 +131,9 @@ def test_project_source_is_really_cuda_code():
 
 def test_only_open_findings_are_expected(migrated):
     # The project is fully migratable: nothing may be left for the user to fix by hand.
-    open_findings = [(name, f.line, f.rule_id, f.message) for name, (_, _, fs) in migrated.items() for f in fs if not f.fixed]
+    open_findings = [
+        (name, f.line, f.rule_id, f.message) for name, (_, _, fs) in migrated.items() for f in fs if not f.fixed
+    ]
     assert open_findings == []
 
 
@@ -144,8 +145,9 @@ def test_older_torch_npu_keeps_cuda_amp_signature_through_torch_npu_amp():
     assert "from torch_npu.npu.amp import GradScaler" in text
     assert "scaler = GradScaler(enabled=" in text
     assert 'with autocast("npu", dtype=dtype):' in text
-    model, _ = migrate_text((PROJECT / "model.py").read_text(encoding="utf-8"), path="model.py",
-                            torch_npu_version="2.1.0.post8")
+    model, _ = migrate_text(
+        (PROJECT / "model.py").read_text(encoding="utf-8"), path="model.py", torch_npu_version="2.1.0.post8"
+    )
     assert "from torch_npu.npu.amp import custom_bwd, custom_fwd" in model
     assert "@custom_fwd(cast_inputs=torch.float16)" in model
 
@@ -171,7 +173,11 @@ def test_launch_script_config_and_notebook_migrate_too(tmp_path):
     ):
         assert line in launch.splitlines()
     config = (tmp_path / "project" / "config.yaml").read_text()
-    for line in ('  ASCEND_RT_VISIBLE_DEVICES: "0,1,2,3"', "  HCCL_SOCKET_IFNAME: eth0", '  ASCEND_LAUNCH_BLOCKING: "0"'):
+    for line in (
+        '  ASCEND_RT_VISIBLE_DEVICES: "0,1,2,3"',
+        "  HCCL_SOCKET_IFNAME: eth0",
+        '  ASCEND_LAUNCH_BLOCKING: "0"',
+    ):
         assert line in config.splitlines()
     notebook = json.loads((tmp_path / "project" / "explore.ipynb").read_text())
     code = "".join(notebook["cells"][2]["source"])

@@ -39,7 +39,7 @@ def f(a, /, b: int = (1 + 2), *args, c, **kw) -> "T":
     )
     return ((x))
 ''',
-    "nested_classes_async_fstrings": '''\
+    "nested_classes_async_fstrings": """\
 class Outer(Base, metaclass=Meta):
     class Inner:
         attr: int = 1
@@ -52,8 +52,8 @@ class Outer(Base, metaclass=Meta):
 
     def method(self):  # comment
         return [i for i in range(3) if i] or {k: v for k, v in ()}
-''',
-    "control_flow": '''\
+""",
+    "control_flow": """\
 if a:
     pass
 elif b:  # elif comment
@@ -89,7 +89,7 @@ match command:
         pass
     case _:
         pass
-''',
+""",
     "strings_and_continuations": """\
 s = '''multi
 line
@@ -109,7 +109,7 @@ assert x, "message"
     "no_trailing_newline": "x = 1\nif x:\n    y = 2",
     "form_feed_and_semicolons": "x = 1\n\x0c\ndef f(): return 1; \n",
     # What notebooks.join_cells feeds the pipeline: cells one after the other, magics commented out.
-    "notebook_like": '''\
+    "notebook_like": """\
 # %% [cell 1]
 import torch
 # npu-migrate magic: %matplotlib inline
@@ -118,7 +118,7 @@ model = torch.nn.Linear(2, 2).cuda()
 # %% [cell 2]
 out = model(torch.ones(2).cuda())
 out
-''',
+""",
     "empty": "",
     "only_comments": "# nothing\n\n# here\n",
 }
@@ -170,7 +170,15 @@ def test_statements_include_elif_and_nested_ones():
     # of their statements.
     assert sum(isinstance(node, cst.SimpleStatementLine) for node in spans) == 15
     assert sorted(type(node).__name__ for node in spans if not isinstance(node, cst.SimpleStatementLine)) == [
-        "For", "If", "If", "If", "Match", "Try", "TryStar", "While", "With",
+        "For",
+        "If",
+        "If",
+        "If",
+        "Match",
+        "Try",
+        "TryStar",
+        "While",
+        "With",
     ]
 
 

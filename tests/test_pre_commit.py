@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 CUDA_SOURCE = "import torch\nx = torch.ones(1).cuda()\n"
@@ -53,14 +52,18 @@ def _working_tree_files() -> list[str]:
     try:
         out = subprocess.run(
             ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=ROOT, check=True, capture_output=True, text=True,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
         ).stdout
         return [name for name in out.split("\0") if name]
     except (OSError, subprocess.CalledProcessError):  # not a git checkout (e.g. an unpacked sdist)
         return [
             p.relative_to(ROOT).as_posix()
             for p in ROOT.rglob("*")
-            if p.is_file() and not (_SKIP_WITHOUT_GIT & set(p.relative_to(ROOT).parts))
+            if p.is_file()
+            and not (_SKIP_WITHOUT_GIT & set(p.relative_to(ROOT).parts))
             and not any(part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)
         ]
 
@@ -97,7 +100,11 @@ def project(tmp_path, env):
 def try_repo(hook_repo, hook_id, *, cwd, env):
     return subprocess.run(
         [*_pre_commit(), "try-repo", str(hook_repo), hook_id, "--color", "never", "--files", "train.py"],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
 
 

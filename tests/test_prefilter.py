@@ -9,15 +9,16 @@ import ast
 from contextlib import ExitStack, contextmanager
 from unittest import mock
 
-import pytest
 import hypothesmith
+import pytest
+from conftest import FIXTURES
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from npu_migrate.astindex import AstIndex, name_sets, text_words
 from npu_migrate.pipeline import migrate_text
 from npu_migrate.registry import all_checkers
-from npu_migrate.transforms import amp, backends, cuda_api, distributed, environment
+from npu_migrate.transforms import amp, backends, distributed
 from npu_migrate.transforms.amp import AmpChecker
 from npu_migrate.transforms.backends import BackendsChecker
 from npu_migrate.transforms.cuda_api import CudaApiChecker
@@ -26,8 +27,6 @@ from npu_migrate.transforms.distributed import DistributedChecker
 from npu_migrate.transforms.environment import EnvironmentChecker
 from npu_migrate.transforms.fused import FusedOpsChecker
 from npu_migrate.transforms.fused.symbolic import nodes_of
-
-from conftest import FIXTURES
 
 FILTERED = [c for c in all_checkers() if c.markers]
 
@@ -73,10 +72,16 @@ def test_no_prefilter_really_switches_them_off():
         (BackendsChecker, [*backends._SPECS, *backends._GENERIC]),
         (CudaApiChecker, ["torch.cuda"]),
         (AmpChecker, [amp.PREFIX, *amp._RENAMED, *amp._DEVICE_TYPE_ARGS]),
-        (DistributedChecker, [
-            *distributed._BACKEND_ARGS, *distributed._RENAMED, *distributed._DATA_PARALLEL,
-            *distributed._DEVICE_TYPE_ARGS, *distributed._DDP,
-        ]),
+        (
+            DistributedChecker,
+            [
+                *distributed._BACKEND_ARGS,
+                *distributed._RENAMED,
+                *distributed._DATA_PARALLEL,
+                *distributed._DEVICE_TYPE_ARGS,
+                *distributed._DDP,
+            ],
+        ),
     ],
     ids=lambda value: value.__name__ if isinstance(value, type) else "",
 )
@@ -152,7 +157,8 @@ def test_words_count_identifiers_as_python_reads_them():
 def test_name_sets_keep_only_the_smallest():
     sets = name_sets(["torch.backends.cudnn", "torch.backends.cudnn.benchmark", "torch.nn.attention.sdpa_kernel"])
     assert sorted(sorted(s) for s in sets) == [
-        ["attention", "nn", "sdpa_kernel", "torch"], ["backends", "cudnn", "torch"],
+        ["attention", "nn", "sdpa_kernel", "torch"],
+        ["backends", "cudnn", "torch"],
     ]
 
 
@@ -195,20 +201,38 @@ def _wants(checker, source: str) -> bool:
 @pytest.mark.parametrize(
     "checker, skipped, kept",
     [
-        (BackendsChecker, "import torch\nok = torch.backends.mps.is_available()\n@requires(backends=('torch',))\nclass M: ...\n",
-         "import torch\ntorch.backends.cudnn.benchmark = True\n"),
-        (BackendsChecker, "import torch\nok = torch.backends.mps.is_available()\n",
-         "from torch.backends import cudnn as c\nc.benchmark = True\n"),
+        (
+            BackendsChecker,
+            "import torch\nok = torch.backends.mps.is_available()\n@requires(backends=('torch',))\nclass M: ...\n",
+            "import torch\ntorch.backends.cudnn.benchmark = True\n",
+        ),
+        (
+            BackendsChecker,
+            "import torch\nok = torch.backends.mps.is_available()\n",
+            "from torch.backends import cudnn as c\nc.benchmark = True\n",
+        ),
         (CudaApiChecker, "def f(args):\n    return args.cuda\n", "from torch import cuda\ncuda.synchronize()\n"),
-        (DeviceChecker, 'raise RuntimeError("CUDA out of memory on cuda:0")\nflag = "use_cuda_graph"\n',
-         'x = t.to(f"cuda:{rank}")\n'),
-        (AmpChecker, "import torch\nif torch.is_autocast_enabled():\n    dtype = torch.get_autocast_dtype(device_type)\n",
-         'import torch\ndtype = torch.get_autocast_dtype("cuda")\n'),
+        (
+            DeviceChecker,
+            'raise RuntimeError("CUDA out of memory on cuda:0")\nflag = "use_cuda_graph"\n',
+            'x = t.to(f"cuda:{rank}")\n',
+        ),
+        (
+            AmpChecker,
+            "import torch\nif torch.is_autocast_enabled():\n    dtype = torch.get_autocast_dtype(device_type)\n",
+            'import torch\ndtype = torch.get_autocast_dtype("cuda")\n',
+        ),
         (AmpChecker, "example = clamp(x)\n", "import torch.cuda.amp as A\n"),
-        (DistributedChecker, 'import torch\nmsg = "the nccl backend"\nreport(device_ids)\n',
-         'backend = "cpu:gloo,cuda:nccl"\n'),
-        (EnvironmentChecker, 'import os\nhome = os.environ["HF_HOME"]\nlog("set CUDA_VISIBLE_DEVICES")\n',
-         'import os\nos.environ.pop("NCCL_IB_HCA")\n'),
+        (
+            DistributedChecker,
+            'import torch\nmsg = "the nccl backend"\nreport(device_ids)\n',
+            'backend = "cpu:gloo,cuda:nccl"\n',
+        ),
+        (
+            EnvironmentChecker,
+            'import os\nhome = os.environ["HF_HOME"]\nlog("set CUDA_VISIBLE_DEVICES")\n',
+            'import os\nos.environ.pop("NCCL_IB_HCA")\n',
+        ),
     ],
     ids=lambda value: value.__name__ if isinstance(value, type) else "",
 )
@@ -243,9 +267,7 @@ def assert_words_never_stricter_than_the_ast(source: str) -> None:
 
 # -- the prefilters never change a result ----------------------------------------------------------------
 
-PY_FIXTURES = sorted(
-    [*(FIXTURES / "rules").glob("*/*.in.py"), *(FIXTURES / "projects").rglob("*.py")], key=str
-)
+PY_FIXTURES = sorted([*(FIXTURES / "rules").glob("*/*.in.py"), *(FIXTURES / "projects").rglob("*.py")], key=str)
 
 
 @pytest.mark.parametrize("path", PY_FIXTURES, ids=lambda p: str(p.relative_to(FIXTURES)))

@@ -8,13 +8,12 @@ import ast
 
 import hypothesmith
 import pytest
+from conftest import FIXTURES
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from npu_migrate.pipeline import migrate_text
 from npu_migrate.source import SourceError
-
-from conftest import FIXTURES
 
 # Statements a CUDA training script is made of, look-alikes included.
 SNIPPETS = [
@@ -139,17 +138,18 @@ def _applies(case, mutation) -> bool:
         return True
     source = case.read_text()
     return not (
-        "from __future__" in source or '"""' in source or "'''" in source
-        or case.parent.name == "NPU001" or case.parent.name.startswith("NPU7")
+        "from __future__" in source
+        or '"""' in source
+        or "'''" in source
+        or case.parent.name == "NPU001"
+        or case.parent.name.startswith("NPU7")
     )
 
 
 PAIRS = [(case, mutation) for case in POSITIVES for mutation in MUTATIONS if _applies(case, mutation)]
 
 
-@pytest.mark.parametrize(
-    "case, mutation", PAIRS, ids=[f"{c.parent.name}/{c.name[:-6]}-{m}" for c, m in PAIRS]
-)
+@pytest.mark.parametrize("case, mutation", PAIRS, ids=[f"{c.parent.name}/{c.name[:-6]}-{m}" for c, m in PAIRS])
 def test_rewrites_survive_mutations(case, mutation):
     source = case.read_text()
     expected = case.with_name(case.name[:-6] + ".out.py").read_text()

@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_cli import run_cli
 
 from npu_migrate import pipeline, runner
-from npu_migrate.pipeline import FileResult, Job, Mode, Plan, Status
+from npu_migrate.pipeline import Job, Mode, Plan, Status
 from npu_migrate.registry import select_rules
-
-from test_cli import run_cli
 
 CUDA = b"import torch\nx = torch.ones(1).cuda()\n"
 MIGRATED = b"import torch\nimport torch_npu\nx = torch.ones(1).npu()\n"
@@ -192,7 +191,9 @@ def test_sigkill_in_the_middle_of_an_in_place_run_leaves_every_file_whole(tmp_pa
         files.append((path, body))
     proc = subprocess.Popen(
         [sys.executable, "-m", "npu_migrate", "apply", "--force", "--jobs", "1", "."],
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

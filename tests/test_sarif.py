@@ -12,7 +12,6 @@ import sys
 
 import jsonschema
 import pytest
-
 from conftest import ROOT
 
 SCHEMA_PATH = ROOT / "tests" / "data" / "sarif-schema-2.1.0.json"
@@ -24,7 +23,10 @@ REPORT_ONLY_SOURCE = "import torch\n\nmajor = torch.cuda.get_device_capability()
 def run_cli(*args, cwd):
     return subprocess.run(
         [sys.executable, "-m", "npu_migrate", *map(str, args)],
-        cwd=cwd, capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
     )
 
 

@@ -11,16 +11,18 @@ from __future__ import annotations
 import ast
 
 import pytest
-
 from conftest import FIXTURES
+
 from npu_migrate import scoped
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Rule, TreeChecker
 from npu_migrate.pipeline import migrate_text
+from npu_migrate.rule import Rule, TreeChecker
 
-FUSED_INPUTS = sorted(p for rule in ("NPU701", "NPU702", "NPU703", "NPU704") for p in (FIXTURES / "rules" / rule).glob("*.in.py"))
+FUSED_INPUTS = sorted(
+    p for rule in ("NPU701", "NPU702", "NPU703", "NPU704") for p in (FIXTURES / "rules" / rule).glob("*.in.py")
+)
 
-RMS_NORM = '''\
+RMS_NORM = """\
 import torch
 from torch import nn
 
@@ -43,9 +45,9 @@ class RMSNorm(nn.Module):
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
         return self.weight * hidden_states.to(input_dtype)
-'''
+"""
 
-SDPA = '''\
+SDPA = """\
 import torch
 import torch.nn.functional as F
 
@@ -53,7 +55,7 @@ import torch.nn.functional as F
 def attend(q, k, v):
     résultat = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return résultat
-'''
+"""
 
 
 def _whole_module(monkeypatch, text: str) -> str:
@@ -150,13 +152,19 @@ class _WarnOnDefs(TreeChecker):
     def check(self, tree, source, index):
         return [
             scoped.TreeReport(self.rules[0], node, "look at this def; it is odd")
-            for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef)
         ]
 
 
 def test_annotate_puts_a_todo_above_each_open_finding_once():
     text = RMS_NORM.replace("\r\n", "\n")
-    run = lambda t: scoped.run([_WarnOnDefs], ast.parse(t), scoped.Source(t), "x.py", frozenset({"NPU799"}), None, annotate=True)  # noqa: E731
+
+    def run(t):
+        return scoped.run(
+            [_WarnOnDefs], ast.parse(t), scoped.Source(t), "x.py", frozenset({"NPU799"}), None, annotate=True
+        )
+
     new, findings = run(text)
     assert len(findings) == 3 and all(not f.fixed for f in findings)
     todo = "# TODO(npu-migrate NPU799): look at this def (see `npu-migrate rules NPU799`)"
@@ -208,7 +216,9 @@ def test_module_fixes_apply_after_the_statements_as_in_a_whole_walk():
 
 def test_splice_walks_all_when_the_pruned_walk_misses_a_fix(monkeypatch):
     expected = migrate_text(RMS_NORM, select=["NPU7"])[0]
-    monkeypatch.setattr(scoped, "skip_statements_apart", lambda spans, positions: lambda node: True)  # prunes everything
+    monkeypatch.setattr(
+        scoped, "skip_statements_apart", lambda spans, positions: lambda node: True
+    )  # prunes everything
     assert migrate_text(RMS_NORM, select=["NPU7"])[0] == expected != RMS_NORM
 
 
@@ -217,10 +227,13 @@ def test_splice_walks_all_when_the_pruned_walk_misses_a_fix(monkeypatch):
 SDPA_FUNCTION = "import torch\nimport torch.nn.functional as F\ndef f(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"
 
 
-@pytest.mark.parametrize("text", [
-    SDPA_FUNCTION.replace("\n", "\r"),
-    "import torch\rimport torch.nn.functional as F\r\r\ro = F.scaled_dot_product_attention(q, k, v)  # attention\rimport os; os.remove(p)\r",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        SDPA_FUNCTION.replace("\n", "\r"),
+        "import torch\rimport torch.nn.functional as F\r\r\ro = F.scaled_dot_product_attention(q, k, v)  # attention\rimport os; os.remove(p)\r",
+    ],
+)
 def test_lone_cr_files_keep_every_line_break(text, monkeypatch):
     new, findings = migrate_text(text, select=["NPU7"])
     assert "\n" not in new and ast.parse(new)
@@ -230,13 +243,16 @@ def test_lone_cr_files_keep_every_line_break(text, monkeypatch):
     assert migrate_text(new, select=["NPU7"])[0] == new
 
 
-@pytest.mark.parametrize("header", [
-    "match x:\n  case 1:\n    pass\n",
-    "if x: pass\nelse:\n  y = 1\n",
-    "if x: pass\nelif y:\n  z = 1\n",
-    "try: y = 1\nexcept E:\n  pass\n",
-    "for i in x: pass\nelse:\n  y = 1\n",
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "match x:\n  case 1:\n    pass\n",
+        "if x: pass\nelse:\n  y = 1\n",
+        "if x: pass\nelif y:\n  z = 1\n",
+        "try: y = 1\nexcept E:\n  pass\n",
+        "for i in x: pass\nelse:\n  y = 1\n",
+    ],
+)
 def test_the_first_indented_block_sets_the_indent_however_it_is_reached(header, monkeypatch):
     text = SDPA_FUNCTION.replace("def f", header + "def f")
     assert migrate_text(text, select=["NPU7"])[0] == _whole_module(monkeypatch, text)
@@ -256,19 +272,37 @@ def test_a_comment_on_line_1_does_not_take_the_helpers_from_the_calls_that_need_
     assert "_npu_sdpa(" in new and "def _npu_sdpa(" in new and "def _is_npu(" in new
 
 
-@pytest.mark.parametrize("text, rule, line, col", [
-    # `import torch_npu` inserted above, `.cuda()` rewritten on the same line as the call
-    ("import torch\no = torch.nn.functional.scaled_dot_product_attention(q.cuda(), k, v)\nx = y.cuda()\n", "NPU704", 2, 5),
-    # a rewrite earlier on the line shifts the call's column in the rewritten text
-    ("import torch\nimport torch.nn.functional as F\no = x.cuda() + F.scaled_dot_product_attention(q, k, v)\n", "NPU704", 3, 16),
-    # a form feed and a line separator are not line breaks to `ast`
-    ("import torch\nimport torch.nn.functional as F\n# \x0c\ns = '\u2028'\no = F.scaled_dot_product_attention(q, k, torch.cuda.current_device())\n", "NPU704", 5, 5),
-])
+@pytest.mark.parametrize(
+    "text, rule, line, col",
+    [
+        # `import torch_npu` inserted above, `.cuda()` rewritten on the same line as the call
+        (
+            "import torch\no = torch.nn.functional.scaled_dot_product_attention(q.cuda(), k, v)\nx = y.cuda()\n",
+            "NPU704",
+            2,
+            5,
+        ),
+        # a rewrite earlier on the line shifts the call's column in the rewritten text
+        (
+            "import torch\nimport torch.nn.functional as F\no = x.cuda() + F.scaled_dot_product_attention(q, k, v)\n",
+            "NPU704",
+            3,
+            16,
+        ),
+        # a form feed and a line separator are not line breaks to `ast`
+        (
+            "import torch\nimport torch.nn.functional as F\n# \x0c\ns = '\u2028'\no = F.scaled_dot_product_attention(q, k, torch.cuda.current_device())\n",
+            "NPU704",
+            5,
+            5,
+        ),
+    ],
+)
 def test_fused_findings_point_into_the_original_when_the_libcst_rules_rewrote_first(text, rule, line, col):
     findings = migrate_text(text)[1]
     found = [(f.line, f.col) for f in findings if f.rule_id == rule and "helpers" not in f.message]
     assert found == [(line, col)]
-    assert scoped.Source(text).lines[line - 1][col - 1:].startswith(("torch.nn.functional.scaled", "F.scaled"))
+    assert scoped.Source(text).lines[line - 1][col - 1 :].startswith(("torch.nn.functional.scaled", "F.scaled"))
 
 
 def test_suppression_lines_are_counted_as_ast_counts_them():

@@ -27,8 +27,14 @@ from npu_migrate.templating import render
 from npu_migrate.verify import VerifyUsageError, compare
 from npu_migrate.verify.cli import verify_command
 
-MODELS = (("llama", "Llama"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"), ("mistral", "Mistral"),
-          ("gemma", "Gemma"), ("phi3", "Phi3"))
+MODELS = (
+    ("llama", "Llama"),
+    ("qwen2", "Qwen2"),
+    ("qwen3", "Qwen3"),
+    ("mistral", "Mistral"),
+    ("gemma", "Gemma"),
+    ("phi3", "Phi3"),
+)
 LAYERS = 2
 #: Forward passes per model per run: unpadded and right-padded.
 FORWARDS = 2
@@ -135,8 +141,11 @@ def hf(tmp_path_factory):
 def _expected_calls(name: str) -> dict[str, int]:
     """Kernel calls the rewrite must make per forward: two norms per layer plus the final one (Qwen3
     adds q/k norms per layer), one SwiGLU per layer (none for Gemma), rotary on q and k per layer."""
-    per_forward = {"npu_rms_norm": 2 * LAYERS + 1 + (2 * LAYERS if name == "qwen3" else 0),
-                   "npu_swiglu": 0 if name == "gemma" else LAYERS, "npu_rotary_mul": 2 * LAYERS}
+    per_forward = {
+        "npu_rms_norm": 2 * LAYERS + 1 + (2 * LAYERS if name == "qwen3" else 0),
+        "npu_swiglu": 0 if name == "gemma" else LAYERS,
+        "npu_rotary_mul": 2 * LAYERS,
+    }
     return {op: FORWARDS * n for op, n in per_forward.items() if n}
 
 
@@ -155,7 +164,8 @@ def test_hf_models_agree_with_every_fused_branch_running(hf, dtype, bar):
     assert report.passed, report.to_text(verbose=True)
     assert report.mode == "reference"
     assert [o.name for o in report.outputs] == [
-        f"{name}{kind}.logits" for name, _ in MODELS for kind in ("", ".padded")]
+        f"{name}{kind}.logits" for name, _ in MODELS for kind in ("", ".padded")
+    ]
     for name, _ in MODELS:
         for kind in ("", ".padded"):
             out = report.output(f"{name}{kind}.logits")
@@ -165,7 +175,8 @@ def test_hf_models_agree_with_every_fused_branch_running(hf, dtype, bar):
         # Every op the rewrite put in the file runs, bar the declined ones: a new fused rule that lands
         # in these files without running here fails this test.
         assert {op for op in module.sites if (name, op) not in DECLINED} == {
-            op for op, n in module.calls.items() if n}, (name, module.sites, module.calls)
+            op for op, n in module.calls.items() if n
+        }, (name, module.sites, module.calls)
     # NPU704's kernel path takes fp16/bf16 only (its guard sends fp32 to SDPA); in bf16 it runs once per
     # layer and forward of every model.
     sdpa = _module_named(report, SDPA_MODULE)
@@ -214,7 +225,7 @@ def test_npu704_without_its_scale_is_caught(hf, tmp_path):
 
 # -- attention and rotary, hand-written rewrites ----------------------------------------------------------
 
-SNIPPET = '''
+SNIPPET = """
 import math
 
 import torch
@@ -267,13 +278,13 @@ class Model(nn.Module):
         s = x.shape[1]
         attend = torch.ones(s, s, dtype=torch.bool).tril()[None, None] & keep[:, None, None, :]  # True = attend
         return self.head(self.block(x)), self.head(self.block(x, attn_mask=attend))
-'''
+"""
 
-ROTARY_BRANCH = '''if _is_npu(q):
+ROTARY_BRANCH = """if _is_npu(q):
         return torch_npu.npu_rotary_mul(q, cos, sin), torch_npu.npu_rotary_mul(k, cos, sin)
-    '''
+    """
 
-ATTENTION_BRANCH = '''if _is_npu(q) and (attn_mask is None or attn_mask.dtype == torch.bool):
+ATTENTION_BRANCH = """if _is_npu(q) and (attn_mask is None or attn_mask.dtype == torch.bool):
         if is_causal:
             mask, mode = torch.ones(2048, 2048, dtype=torch.bool, device=q.device).triu(1), 2
         else:
@@ -281,9 +292,9 @@ ATTENTION_BRANCH = '''if _is_npu(q) and (attn_mask is None or attn_mask.dtype ==
         return torch_npu.npu_fusion_attention(
             q, k, v, q.shape[1], "BNSD", atten_mask=mask, scale=1.0 / math.sqrt(q.shape[-1]), sparse_mode=mode
         )[0]
-    '''
+    """
 
-SNIPPET_FACTORY = '''
+SNIPPET_FACTORY = """
 import torch
 
 from attnlib import Model
@@ -297,7 +308,7 @@ def build():
     keep = torch.ones(2, 10, dtype=torch.bool)
     keep[1, 7:] = False  # right padding: every query row still sees key 0
     return model, (torch.randn(2, 10, 64), keep)
-'''
+"""
 
 
 def _snippet(original: bool) -> str:
@@ -352,17 +363,21 @@ BROKEN = {
     # are fully masked: NaN in the reference, since the device leaves them undefined...
     "inverted_mask": ([("else ~attn_mask", "else attn_mask")], {"padded"}),
     # ... and with inner_precise=2 (those rows defined as zero) the values alone give it away.
-    "inverted_mask_precise": ([("else ~attn_mask", "else attn_mask"),
-                               ("sparse_mode=mode", "sparse_mode=mode, inner_precise=2")], {"padded"}),
+    "inverted_mask_precise": (
+        [("else ~attn_mask", "else attn_mask"), ("sparse_mode=mode", "sparse_mode=mode, inner_precise=2")],
+        {"padded"},
+    ),
     # npu_fusion_attention's scale defaults to 1.0, not 1/sqrt(D).
     "missing_scale": ([(", scale=1.0 / math.sqrt(q.shape[-1])", "")], {"causal", "padded"}),
     "swapped_cos_sin": ([("npu_rotary_mul(q, cos, sin)", "npu_rotary_mul(q, sin, cos)")], {"causal", "padded"}),
-    "interleave_for_half": ([("npu_rotary_mul(k, cos, sin)", 'npu_rotary_mul(k, cos, sin, "interleave")')],
-                            {"causal", "padded"}),
+    "interleave_for_half": (
+        [("npu_rotary_mul(k, cos, sin)", 'npu_rotary_mul(k, cos, sin, "interleave")')],
+        {"causal", "padded"},
+    ),
     "control": ([], set()),
 }
 
-ZOO_FACTORY = f'''
+ZOO_FACTORY = f"""
 import importlib
 
 import torch
@@ -390,7 +405,7 @@ def build():
     keep = torch.ones(2, 10, dtype=torch.bool)
     keep[1, 7:] = False
     return model, (torch.randn(2, 10, 64), keep)
-'''
+"""
 
 
 def test_wrong_attention_and_rotary_rewrites_fail(snippet, tmp_path):
@@ -437,7 +452,11 @@ def test_rewrites_the_device_rejects_fail(snippet, tmp_path, case):
 
 
 def test_a_branch_that_never_runs_is_a_failure_not_a_pass(snippet, tmp_path):
-    text = (snippet / "migrated" / "attnlib.py").read_text(encoding="utf-8").replace("if _is_npu(q)", "if False and _is_npu(q)")
+    text = (
+        (snippet / "migrated" / "attnlib.py")
+        .read_text(encoding="utf-8")
+        .replace("if _is_npu(q)", "if False and _is_npu(q)")
+    )
     (tmp_path / "attnlib.py").write_text(text, encoding="utf-8")
     report = compare(snippet / "original", tmp_path, snippet / "factory.py")
     assert all(o.cosine > 0.999999 for o in report.outputs)  # numerically perfect: nothing was fused
@@ -481,7 +500,9 @@ def test_user_code_errors_name_the_file_and_line(snippet, tmp_path):
     (tmp_path / "raises.py").write_text("def build():\n    raise ValueError('no weights here')\n", encoding="utf-8")
     with pytest.raises(VerifyUsageError) as caught:
         compare(snippet / "original", snippet / "migrated", tmp_path / "raises.py")
-    assert f"{tmp_path / 'raises.py'}:2: ValueError: no weights here (build(), in the original tree)" == str(caught.value)
+    assert f"{tmp_path / 'raises.py'}:2: ValueError: no weights here (build(), in the original tree)" == str(
+        caught.value
+    )
     assert "Traceback" in caught.value.detail
 
 
@@ -510,8 +531,14 @@ def test_cli_pass_fail_and_usage_exit_codes(snippet, tmp_path):
     assert {o["name"]: o["passed"] for o in data["outputs"]} == {"output[0]": False, "output[1]": False}
 
     (tmp_path / "raises.py").write_text("def build():\n    raise ValueError('no weights here')\n", encoding="utf-8")
-    usage = ["--original", str(snippet / "original"), "--migrated", str(snippet / "migrated"),
-             "--factory", str(tmp_path / "raises.py")]
+    usage = [
+        "--original",
+        str(snippet / "original"),
+        "--migrated",
+        str(snippet / "migrated"),
+        "--factory",
+        str(tmp_path / "raises.py"),
+    ]
     error = _cli(*usage)
     assert error.exit_code == 2
     assert "raises.py:2: ValueError: no weights here" in error.output and "Traceback" not in error.output

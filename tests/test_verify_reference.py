@@ -115,7 +115,7 @@ def _freqs(s, d):
 
 
 def _rotate_half(x):  # HF transformers
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -129,7 +129,10 @@ ROTARY_CASES = {
     "BNSD-11SD": (lambda b, n, s, d: (b, n, s, d), lambda c, b: c[None, None]),
     "BNSD-B1SD": (lambda b, n, s, d: (b, n, s, d), lambda c, b: c[None, None].expand(b, 1, *c.shape)),
     "BSND-1S1D": (lambda b, n, s, d: (b, s, n, d), lambda c, b: c[None, :, None]),
-    "BSND-BS1D": (lambda b, n, s, d: (b, s, n, d), lambda c, b: c[None, :, None].expand(b, *c.shape[:1], 1, c.shape[1])),
+    "BSND-BS1D": (
+        lambda b, n, s, d: (b, s, n, d),
+        lambda c, b: c[None, :, None].expand(b, *c.shape[:1], 1, c.shape[1]),
+    ),
     "SBND-S11D": (lambda b, n, s, d: (s, b, n, d), lambda c, b: c[:, None, None]),
 }
 
@@ -163,8 +166,8 @@ def test_rotary_rotate_matrix_is_a_plain_matmul():
     d = 8
     x, cos, sin = _rand(1, 2, 3, d), _rand(1, 1, 3, d, seed=1), _rand(1, 1, 3, d, seed=2)
     half = torch.zeros(d, d)
-    half[d // 2:, : d // 2] = -torch.eye(d // 2)
-    half[: d // 2, d // 2:] = torch.eye(d // 2)
+    half[d // 2 :, : d // 2] = -torch.eye(d // 2)
+    half[: d // 2, d // 2 :] = torch.eye(d // 2)
     torch.testing.assert_close(ref.npu_rotary_mul(x, cos, sin, rotate=half), ref.npu_rotary_mul(x, cos, sin))
 
 
@@ -195,7 +198,11 @@ CAUSAL = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
 
 
 def _bnsd(b=2, nq=4, nkv=4, sq=6, skv=6, d=16, dtype=torch.float32):
-    return _rand(b, nq, sq, d, dtype=dtype), _rand(b, nkv, skv, d, dtype=dtype, seed=1), _rand(b, nkv, skv, d, dtype=dtype, seed=2)
+    return (
+        _rand(b, nq, sq, d, dtype=dtype),
+        _rand(b, nkv, skv, d, dtype=dtype, seed=1),
+        _rand(b, nkv, skv, d, dtype=dtype, seed=2),
+    )
 
 
 def _sdpa(q, k, v, **kw):
@@ -271,8 +278,9 @@ def test_sparse_mode_4_is_a_bottom_right_sliding_window():
     pre, nxt, off = 2, 1, 2
     i, j = torch.arange(6)[:, None], torch.arange(8)[None]
     attend = (j >= i + off - pre) & (j <= i + off + nxt)
-    out = ref.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=CAUSAL, sparse_mode=4,
-                                   pre_tockens=pre, next_tockens=nxt, scale=0.25)[0]
+    out = ref.npu_fusion_attention(
+        q, k, v, 4, "BNSD", atten_mask=CAUSAL, sparse_mode=4, pre_tockens=pre, next_tockens=nxt, scale=0.25
+    )[0]
     torch.testing.assert_close(out, _sdpa(q, k, v, attn_mask=attend, scale=0.25))
 
 
@@ -283,8 +291,9 @@ def test_sparse_mode_0_window_comes_from_pre_and_next_tockens():
     out = ref.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=nothing, pre_tockens=1, next_tockens=0, scale=0.25)[0]
     torch.testing.assert_close(out, _sdpa(q, k, v, attn_mask=(j <= i) & (j >= i - 1), scale=0.25))
     # Mode 1 takes the mask as given and ignores the window.
-    out1 = ref.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=nothing, pre_tockens=1, next_tockens=0,
-                                    sparse_mode=1, scale=0.25)[0]
+    out1 = ref.npu_fusion_attention(
+        q, k, v, 4, "BNSD", atten_mask=nothing, pre_tockens=1, next_tockens=0, sparse_mode=1, scale=0.25
+    )[0]
     torch.testing.assert_close(out1, _sdpa(q, k, v, scale=0.25))
 
 
@@ -299,8 +308,16 @@ def test_no_mask_means_full_attention_in_every_mode(mode):
 @pytest.mark.parametrize("layout", ["BNSD", "BSH"])
 def test_gqa_repeats_each_kv_head(dtype, layout):
     q, k, v = _bnsd(nq=6, nkv=2, dtype=dtype)
-    out = ref.npu_fusion_attention(_to_layout(q, layout), _to_layout(k, layout), _to_layout(v, layout), 6, layout,
-                                   atten_mask=CAUSAL, sparse_mode=2, scale=0.25)[0]
+    out = ref.npu_fusion_attention(
+        _to_layout(q, layout),
+        _to_layout(k, layout),
+        _to_layout(v, layout),
+        6,
+        layout,
+        atten_mask=CAUSAL,
+        sparse_mode=2,
+        scale=0.25,
+    )[0]
     want = _sdpa(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True, scale=0.25)
     _close(out, _to_layout(want, layout), dtype)
     torch.testing.assert_close(want, _sdpa(q, k, v, is_causal=True, scale=0.25, enable_gqa=True))
@@ -314,8 +331,16 @@ def test_tnd_packs_variable_lengths(dtype):
     vs = [_rand(1, 2, s, 16, dtype=dtype, seed=20 + i) for i, s in enumerate(kvlengths)]
     pack = lambda ts: torch.cat([t[0].transpose(0, 1) for t in ts])  # noqa: E731 - (T, N, D)
     out, smax, ssum, sout, seed, offset, numels = ref.npu_fusion_attention(
-        pack(qs), pack(ks), pack(vs), 4, "TND", atten_mask=CAUSAL, sparse_mode=3, scale=0.25,
-        actual_seq_qlen=[3, 8, 10], actual_seq_kvlen=[4, 9, 11],
+        pack(qs),
+        pack(ks),
+        pack(vs),
+        4,
+        "TND",
+        atten_mask=CAUSAL,
+        sparse_mode=3,
+        scale=0.25,
+        actual_seq_qlen=[3, 8, 10],
+        actual_seq_kvlen=[4, 9, 11],
     )
     want = []
     for q, k, v, sq, skv in zip(qs, ks, vs, lengths, kvlengths):
@@ -383,12 +408,24 @@ def _attn_error(**overrides):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(query=_rand(1, 1, 2, 769), key=_rand(1, 1, 2, 769), value=_rand(1, 1, 2, 769), head_num=1), r"\[1, 768\]"),
-        (dict(query=_rand(1, 257, 2, 8), key=_rand(1, 257, 2, 8), value=_rand(1, 257, 2, 8), head_num=257), r"\[1, 256\]"),
+        (
+            dict(query=_rand(1, 1, 2, 769), key=_rand(1, 1, 2, 769), value=_rand(1, 1, 2, 769), head_num=1),
+            r"\[1, 768\]",
+        ),
+        (
+            dict(query=_rand(1, 257, 2, 8), key=_rand(1, 257, 2, 8), value=_rand(1, 257, 2, 8), head_num=257),
+            r"\[1, 256\]",
+        ),
         (dict(head_num=2), "does not match"),
         (dict(key=_rand(2, 4, 6, 16, dtype=torch.bfloat16)), "same dtype"),
-        (dict(query=_rand(2, 4, 6, 16).double(), key=_rand(2, 4, 6, 16).double(), value=_rand(2, 4, 6, 16).double()), "not supported"),
-        (dict(query=_rand(2, 6, 6, 16), head_num=6, key=_rand(2, 4, 6, 16), value=_rand(2, 4, 6, 16)), "multiple of key/value heads"),
+        (
+            dict(query=_rand(2, 4, 6, 16).double(), key=_rand(2, 4, 6, 16).double(), value=_rand(2, 4, 6, 16).double()),
+            "not supported",
+        ),
+        (
+            dict(query=_rand(2, 6, 6, 16), head_num=6, key=_rand(2, 4, 6, 16), value=_rand(2, 4, 6, 16)),
+            "multiple of key/value heads",
+        ),
         (dict(key=_rand(2, 4, 6, 8), value=_rand(2, 4, 6, 8)), "head dims differ"),
         (dict(value=_rand(2, 4, 7, 16)), "same shape"),
         (dict(input_layout="BHSD"), "input_layout must be"),

@@ -5,10 +5,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from test_cli import run_cli
 
 from npu_migrate.pipeline import migrate_text
-
-from test_cli import run_cli
 
 CUDA = "import torch\n\nx = torch.ones(2).cuda()\ntorch.cuda.synchronize()\n"
 

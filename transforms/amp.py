@@ -24,7 +24,7 @@ CUDA_AMP = Rule(
     id="NPU401",
     name="cuda-amp",
     summary='`torch.cuda.amp.autocast` / `GradScaler` / `custom_fwd` / `custom_bwd` become `torch.amp` ones on "npu"',
-    doc='''
+    doc="""
     `torch.cuda.amp.autocast(...)` -> `torch.amp.autocast("npu", ...)` (positional `enabled`, `dtype`,
     `cache_enabled` become keywords; like torch's own replacement the dtype then defaults to
     `torch.get_autocast_dtype("npu")`, float16 unless changed), `torch.cuda.amp.GradScaler(...)` ->
@@ -43,14 +43,14 @@ CUDA_AMP = Rule(
         scaler = GradScaler("npu")
         with autocast("npu", dtype=torch.bfloat16):
             loss = model(x)
-    ''',
+    """,
 )
 
 AMP_DEVICE = Rule(
     id="NPU402",
     name="amp-device-type",
     summary='`torch.autocast("cuda")`, `torch.amp.GradScaler("cuda")` and other AMP device types become `"npu"`',
-    doc='''
+    doc="""
     The device type of `torch.autocast`, `torch.amp.autocast`, `torch.amp.GradScaler`,
     `torch.amp.custom_fwd` / `custom_bwd` and the `torch.get/set_autocast_dtype`,
     `is/set_autocast_enabled` functions selects which device autocasts; "cuda" does nothing on NPU.
@@ -61,14 +61,14 @@ AMP_DEVICE = Rule(
     After:
         with torch.autocast(device_type="npu", dtype=torch.bfloat16):
             out = model(x)
-    ''',
+    """,
 )
 
 GPU_DTYPE = Rule(
     id="NPU403",
     name="autocast-gpu-dtype",
     summary="`torch.get_autocast_gpu_dtype()` / `set_autocast_gpu_dtype` become `torch.npu.get/set_autocast_dtype`",
-    doc='''
+    doc="""
     The GPU autocast dtype accessors read and set CUDA's autocast dtype; torch_npu's counterparts do the
     same for the NPU.
 
@@ -76,14 +76,14 @@ GPU_DTYPE = Rule(
         dtype = torch.get_autocast_gpu_dtype()
     After:
         dtype = torch.npu.get_autocast_dtype()
-    ''',
+    """,
 )
 
 AMP_NOT_MIGRATED = Rule(
     id="NPU404",
     name="cuda-amp-not-migrated",
     summary="`torch.cuda.amp` uses that cannot be rewritten safely are reported",
-    doc='''
+    doc="""
     A `torch.cuda.amp` class used other than by calling it (`isinstance(s, GradScaler)`, passing
     `autocast` around), `*args` whose position is unknown, private helpers, or names the chosen
     torch_npu version lacks. The code (and its import) is left alone; the finding says what to write.
@@ -92,7 +92,7 @@ AMP_NOT_MIGRATED = Rule(
         if isinstance(scaler, torch.cuda.amp.GradScaler):
             ...
     reports: use torch.amp.GradScaler.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -112,7 +112,8 @@ def _npu_string() -> cst.SimpleString:
 
 def _keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
     return cst.Arg(
-        value=value, keyword=cst.Name(name),
+        value=value,
+        keyword=cst.Name(name),
         equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
     )
 
@@ -123,7 +124,9 @@ def _with_device(args: list[cst.Arg], spec: dict) -> list[cst.Arg]:
     if spec["device"] == "first":
         keywords = spec.get("keywords", [])
         converted = [
-            _keyword_arg(keywords[i], arg.value).with_changes(comma=arg.comma) if keywords and arg.keyword is None else arg
+            _keyword_arg(keywords[i], arg.value).with_changes(comma=arg.comma)
+            if keywords and arg.keyword is None
+            else arg
             for i, arg in enumerate(args)
         ]
         # The device takes the first argument's comma, so a call laid out one argument per line stays so.
@@ -225,7 +228,7 @@ class AmpChecker(NameUseChecker):
         if not self.ctx.api.has_npu(target.split(".")[2]):
             self.report(AMP_NOT_MIGRATED, node, f"`{qualname}`: torch_npu {self.ctx.api.version} has no `{target}`")
             return
-        tail = target.split(".")[len(binding.qualname.split(".")):]
+        tail = target.split(".")[len(binding.qualname.split(".")) :]
         if not target.startswith(binding.qualname + "."):
             self.report(AMP_NOT_MIGRATED, node, f"`{qualname}`: use `{target}` on NPU")
             return
@@ -256,9 +259,11 @@ class AmpChecker(NameUseChecker):
         if isinstance(use.parent, cst.Decorator) and spec["device"] == "keyword":
             return None
         if not isinstance(use.parent, cst.Call):
-            return f"`{use.qualname}` is used other than by calling it; use `{spec['target']}` with the NPU device by hand"
+            return (
+                f"`{use.qualname}` is used other than by calling it; use `{spec['target']}` with the NPU device by hand"
+            )
         if spec.get("keywords") and any(a.star for a in use.parent.args):
-            return "its arguments are unpacked with `*`; pass the device \"npu\" to torch.amp by hand"
+            return 'its arguments are unpacked with `*`; pass the device "npu" to torch.amp by hand'
         return None
 
     def _fix(self, use: Use, plan: str, new_func: cst.BaseExpression | None) -> None:
@@ -272,13 +277,16 @@ class AmpChecker(NameUseChecker):
         spec = _CUDA_AMP[name]
         message = f"`{use.qualname}` -> `{target}` on the NPU"
         if isinstance(use.parent, cst.Call):
+
             def fix(updated: cst.Call) -> cst.Call:
                 func = updated.func if new_func is None else new_func
                 return updated.with_changes(func=func, args=_with_device(list(updated.args), spec))
         else:
+
             def fix(updated: cst.Decorator) -> cst.Decorator:
                 func = updated.decorator if new_func is None else new_func
                 return updated.with_changes(decorator=cst.Call(func=func, args=_with_device([], spec)))
+
         self.report(CUDA_AMP, use.parent, message, fix=fix)
 
     def finish(self) -> None:
@@ -297,7 +305,7 @@ class AmpChecker(NameUseChecker):
                 if why is not None:
                     self.report(AMP_NOT_MIGRATED, use.node, f"`{use.qualname}` not migrated: {why}")
                     continue
-                tail = target.split(".")[len(binding.qualname.split(".")):]
+                tail = target.split(".")[len(binding.qualname.split(".")) :]
                 self._fix(use, self._plan(use.name), with_tail(use.node, tail))
         self._imports(by_binding)
 
@@ -322,7 +330,8 @@ class AmpChecker(NameUseChecker):
                 for use in uses:
                     self.report(AMP_NOT_MIGRATED, use.node, f"`{use.qualname}` not migrated: " + "; ".join(why))
                 self.report(
-                    AMP_NOT_MIGRATED, binding.line,
+                    AMP_NOT_MIGRATED,
+                    binding.line,
                     f"import of `{binding.local}` left as is: " + "; ".join(dict.fromkeys(why)),
                 )
                 continue
@@ -340,13 +349,19 @@ class AmpChecker(NameUseChecker):
             statements.setdefault(binding.line.body.index(binding.stmt), {})[binding.index] = target
         for line, statements in lines.values():
             self.report(
-                CUDA_AMP, line, "import from torch.cuda.amp rewritten",
+                CUDA_AMP,
+                line,
+                "import from torch.cuda.amp rewritten",
                 fix=lambda updated, s=statements: _rebind_statements(updated, s),
             )
 
     def _shares_statement(self, binding: Binding) -> bool:
         """Whether the import statement also binds torch.cuda names another rule family rewrites."""
         for other in self.ctx.imports.bindings.values():
-            if other.stmt is binding.stmt and is_under(other.qualname, "torch.cuda") and not is_under(other.qualname, PREFIX):
+            if (
+                other.stmt is binding.stmt
+                and is_under(other.qualname, "torch.cuda")
+                and not is_under(other.qualname, PREFIX)
+            ):
                 return True
         return False

@@ -28,7 +28,7 @@ TF32_TO_HF32 = Rule(
     id="NPU501",
     name="tf32-to-hf32",
     summary="`torch.backends.cuda.matmul.allow_tf32` / `cudnn.allow_tf32` become `torch.npu.matmul` / `conv.allow_hf32`",
-    doc='''
+    doc="""
     NPUs have no TF32; the reduced-precision float32 mode of their matmul and convolution units is HF32,
     switched by `torch.npu.matmul.allow_hf32` (default off, like CUDA's matmul TF32) and
     `torch.npu.conv.allow_hf32` (default on, like cuDNN's TF32). Setting and reading the flag are both
@@ -46,14 +46,14 @@ TF32_TO_HF32 = Rule(
     After:
         torch.npu.matmul.allow_hf32 = True
         torch.npu.conv.allow_hf32 = True
-    ''',
+    """,
 )
 
 CUDNN_SETTINGS = Rule(
     id="NPU502",
     name="cudnn-settings",
     summary="`torch.backends.cudnn.benchmark` / `deterministic` / `enabled` / `is_available()` ... are reported: no cuDNN on NPU",
-    doc='''
+    doc="""
     torch_npu does not use cuDNN, so the `torch.backends.cudnn` flags run but change nothing on NPU:
     `benchmark`, `benchmark_limit` and `enabled` can stay or go. `deterministic = True` does *not* make
     NPU kernels deterministic: use `torch.use_deterministic_algorithms(True)`, torch_npu's
@@ -66,7 +66,7 @@ CUDNN_SETTINGS = Rule(
         torch.backends.cudnn.benchmark = True
         torch.backends.cudnn.deterministic = True
     reports: benchmark has no effect on NPU; for determinism use torch.use_deterministic_algorithms(True) ...
-    ''',
+    """,
     fixable=False,
 )
 
@@ -74,7 +74,7 @@ SDP_TOGGLES = Rule(
     id="NPU503",
     name="sdp-backend-toggles",
     summary="SDPA backend toggles (`sdp_kernel`, `enable_flash_sdp`, `sdpa_kernel(...)` ...) select no NPU kernel and are reported",
-    doc='''
+    doc="""
     `torch.backends.cuda.sdp_kernel`, `enable_flash_sdp`, `enable_mem_efficient_sdp`, `enable_math_sdp`,
     their `*_sdp_enabled` queries and `torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)` only
     flip torch's global SDPA flags; on NPU they select no kernel (torch_npu's same-named
@@ -87,7 +87,7 @@ SDP_TOGGLES = Rule(
         with torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False):
             out = F.scaled_dot_product_attention(q, k, v)
     reports: selects no NPU kernel; see NPU704 for the NPU fused attention.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -96,7 +96,7 @@ PROFILER_CUDA = Rule(
     id="NPU504",
     name="profiler-cuda-activity",
     summary="`torch.profiler.ProfilerActivity.CUDA` is reported: NPU kernels are traced by `torch_npu.profiler`",
-    doc='''
+    doc="""
     `ProfilerActivity.CUDA` traces CUDA kernels through CUPTI; on NPU it traces nothing. Swapping only the
     activity would not work: `torch.profiler.profile` cannot trace NPU activity. Use
     `torch_npu.profiler.profile` with `activities=[torch_npu.profiler.ProfilerActivity.CPU,
@@ -108,7 +108,7 @@ PROFILER_CUDA = Rule(
         with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             model(x)
     reports: use torch_npu.profiler.profile with torch_npu.profiler.ProfilerActivity.NPU.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -117,7 +117,7 @@ CUDA_BACKEND_SETTINGS = Rule(
     id="NPU505",
     name="cuda-backend-settings",
     summary="Other `torch.backends.cuda` settings (cuFFT plan cache, cuBLAS workspace, linalg library ...) are reported",
-    doc='''
+    doc="""
     `torch.backends.cuda.preferred_linalg_library` (a no-op on NPU), `preferred_blas_library`, the cuBLAS
     workspace settings, `matmul.allow_fp16_reduced_precision_reduction` / `allow_bf16_...` /
     `fp32_precision` and `is_built()` have no NPU counterpart. `cufft_plan_cache` has a near one,
@@ -128,7 +128,7 @@ CUDA_BACKEND_SETTINGS = Rule(
     Example:
         torch.backends.cuda.cufft_plan_cache.max_size = 32
     reports: use torch.npu.backends.fft_plan_cache.max_size (one cache for all devices).
-    ''',
+    """,
     fixable=False,
 )
 
@@ -141,7 +141,9 @@ class Spec:
     target: str | None = None  # the NPU name, for the rewritten (NPU501) ones
 
 
-_NO_CUDNN = "has no effect on NPU, where torch_npu does not use cuDNN; the line is harmless: keep it for GPU runs or remove it."
+_NO_CUDNN = (
+    "has no effect on NPU, where torch_npu does not use cuDNN; the line is harmless: keep it for GPU runs or remove it."
+)
 _DETERMINISTIC = (
     "does not make NPU kernels deterministic (torch_npu does not use cuDNN). Use torch.use_deterministic_algorithms(True), "
     "torch_npu's torch.npu.enable_deterministic_with_backward{level}, and HCCL_DETERMINISTIC=true in the environment "
@@ -179,20 +181,24 @@ _CONV = "torch.backends.cudnn.allow_tf32"
 
 _SPECS: dict[str, Spec] = {
     _MATMUL: Spec(
-        TF32_TO_HF32, "HF32 matmul, off by default on NPU, like TF32 matmul on CUDA",
+        TF32_TO_HF32,
+        "HF32 matmul, off by default on NPU, like TF32 matmul on CUDA",
         target="torch.npu.matmul.allow_hf32",
     ),
     _CONV: Spec(
-        TF32_TO_HF32, "HF32 convolution, on by default on NPU, like TF32 convolution in cuDNN",
+        TF32_TO_HF32,
+        "HF32 convolution, on by default on NPU, like TF32 convolution in cuDNN",
         target="torch.npu.conv.allow_hf32",
     ),
     # -- cuDNN ------------------------------------------------------------------------------------------
     f"{_CUDNN}.benchmark": Spec(
-        CUDNN_SETTINGS, "cuDNN's algorithm autotuning " + _NO_CUDNN,
+        CUDNN_SETTINGS,
+        "cuDNN's algorithm autotuning " + _NO_CUDNN,
     ),
     f"{_CUDNN}.benchmark_limit": Spec(CUDNN_SETTINGS, _NO_CUDNN),
     f"{_CUDNN}.enabled": Spec(
-        CUDNN_SETTINGS, _NO_CUDNN + " Setting it to False switches off no NPU kernel.",
+        CUDNN_SETTINGS,
+        _NO_CUDNN + " Setting it to False switches off no NPU kernel.",
     ),
     f"{_CUDNN}.deterministic": Spec(CUDNN_SETTINGS, _DETERMINISTIC, Severity.WARNING),
     f"{_CUDNN}.is_available": Spec(
@@ -202,7 +208,8 @@ _SPECS: dict[str, Spec] = {
         Severity.WARNING,
     ),
     f"{_CUDNN}.version": Spec(
-        CUDNN_SETTINGS, "is None on NPU (no cuDNN); code that compares it fails or takes its fallback path.",
+        CUDNN_SETTINGS,
+        "is None on NPU (no cuDNN); code that compares it fails or takes its fallback path.",
         Severity.WARNING,
     ),
     f"{_CUDNN}.flags": Spec(
@@ -219,23 +226,49 @@ _SPECS: dict[str, Spec] = {
     f"{_CUDNN}.conv.fp32_precision": Spec(CUDNN_SETTINGS, _HF32_PRECISION),
     f"{_CUDNN}.rnn.fp32_precision": Spec(CUDNN_SETTINGS, _HF32_PRECISION),
     # -- SDPA ----------------------------------------------------------------------------------------------
-    **{f"{_CUDA}.{name}": Spec(SDP_TOGGLES, _SDP_TOGGLE) for name in (
-        "sdp_kernel", "enable_flash_sdp", "enable_mem_efficient_sdp", "enable_math_sdp", "enable_cudnn_sdp",
-        "allow_fp16_bf16_reduction_math_sdp",
-    )},
-    **{f"{_CUDA}.{name}": Spec(SDP_TOGGLES, _SDP_QUERY) for name in (
-        "flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled",
-        "fp16_bf16_reduction_math_sdp_allowed",
-    )},
-    **{f"{_CUDA}.{name}": Spec(SDP_TOGGLES, _SDP_CUDA_ONLY) for name in (
-        "can_use_flash_attention", "can_use_efficient_attention", "can_use_cudnn_attention",
-        "is_flash_attention_available", "is_ck_sdpa_available", "preferred_rocm_fa_library", "SDPAParams",
-    )},
+    **{
+        f"{_CUDA}.{name}": Spec(SDP_TOGGLES, _SDP_TOGGLE)
+        for name in (
+            "sdp_kernel",
+            "enable_flash_sdp",
+            "enable_mem_efficient_sdp",
+            "enable_math_sdp",
+            "enable_cudnn_sdp",
+            "allow_fp16_bf16_reduction_math_sdp",
+        )
+    },
+    **{
+        f"{_CUDA}.{name}": Spec(SDP_TOGGLES, _SDP_QUERY)
+        for name in (
+            "flash_sdp_enabled",
+            "mem_efficient_sdp_enabled",
+            "math_sdp_enabled",
+            "cudnn_sdp_enabled",
+            "fp16_bf16_reduction_math_sdp_allowed",
+        )
+    },
+    **{
+        f"{_CUDA}.{name}": Spec(SDP_TOGGLES, _SDP_CUDA_ONLY)
+        for name in (
+            "can_use_flash_attention",
+            "can_use_efficient_attention",
+            "can_use_cudnn_attention",
+            "is_flash_attention_available",
+            "is_ck_sdpa_available",
+            "preferred_rocm_fa_library",
+            "SDPAParams",
+        )
+    },
     "torch.nn.attention.sdpa_kernel": Spec(SDP_TOGGLES, _SDP_TOGGLE),
     # -- the profiler ----------------------------------------------------------------------------------
-    **{f"{module}.ProfilerActivity.CUDA": Spec(PROFILER_CUDA, _PROFILER) for module in (
-        "torch.profiler", "torch.autograd", "torch.autograd.profiler",
-    )},
+    **{
+        f"{module}.ProfilerActivity.CUDA": Spec(PROFILER_CUDA, _PROFILER)
+        for module in (
+            "torch.profiler",
+            "torch.autograd",
+            "torch.autograd.profiler",
+        )
+    },
     # -- the rest of torch.backends.cuda -----------------------------------------------------------------
     f"{_CUDA}.cufft_plan_cache": Spec(
         CUDA_BACKEND_SETTINGS,
@@ -247,16 +280,27 @@ _SPECS: dict[str, Spec] = {
         "is a no-op on NPU (torch.npu.preferred_linalg_library only warns and returns Default); remove it.",
     ),
     f"{_CUDA}.preferred_blas_library": Spec(
-        CUDA_BACKEND_SETTINGS, "chooses between cuBLAS and cuBLASLt, which are not used on NPU; remove it.",
+        CUDA_BACKEND_SETTINGS,
+        "chooses between cuBLAS and cuBLASLt, which are not used on NPU; remove it.",
     ),
-    **{f"{_CUDA}.{name}": Spec(
-        CUDA_BACKEND_SETTINGS, "is a cuBLAS workspace setting, which has no effect on NPU; remove it.",
-    ) for name in ("cublas_workspace_size", "cublaslt_workspace_size", "blas_workspace_size")},
-    **{f"{_CUDA}.matmul.{name}": Spec(
-        CUDA_BACKEND_SETTINGS, "is a cuBLAS reduction setting with no NPU counterpart; it has no effect on NPU.",
-    ) for name in (
-        "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction", "allow_fp16_accumulation",
-    )},
+    **{
+        f"{_CUDA}.{name}": Spec(
+            CUDA_BACKEND_SETTINGS,
+            "is a cuBLAS workspace setting, which has no effect on NPU; remove it.",
+        )
+        for name in ("cublas_workspace_size", "cublaslt_workspace_size", "blas_workspace_size")
+    },
+    **{
+        f"{_CUDA}.matmul.{name}": Spec(
+            CUDA_BACKEND_SETTINGS,
+            "is a cuBLAS reduction setting with no NPU counterpart; it has no effect on NPU.",
+        )
+        for name in (
+            "allow_fp16_reduced_precision_reduction",
+            "allow_bf16_reduced_precision_reduction",
+            "allow_fp16_accumulation",
+        )
+    },
     f"{_CUDA}.matmul.fp32_precision": Spec(CUDA_BACKEND_SETTINGS, _HF32_PRECISION),
     f"{_CUDA}.matmul": Spec(
         CUDA_BACKEND_SETTINGS,
@@ -273,7 +317,9 @@ _SPECS: dict[str, Spec] = {
 
 _GENERIC = {
     _CUDNN: Spec(CUDNN_SETTINGS, _NO_CUDNN),
-    _CUDA: Spec(CUDA_BACKEND_SETTINGS, "has no NPU counterpart (torch_npu does not use the CUDA backend); check it by hand."),
+    _CUDA: Spec(
+        CUDA_BACKEND_SETTINGS, "has no NPU counterpart (torch_npu does not use the CUDA backend); check it by hand."
+    ),
 }
 
 
@@ -348,7 +394,9 @@ class BackendsChecker(NameUseChecker):
         message = f"`{key}` -> `{target}` ({spec.advice})"
         if not self.ctx.api.has_npu(target.split(".")[2]):
             self.report(
-                spec.rule, node, f"`{key}`: torch_npu {self.ctx.api.version} has no `{target}`; not rewritten",
+                spec.rule,
+                node,
+                f"`{key}`: torch_npu {self.ctx.api.version} has no `{target}`; not rewritten",
                 severity=Severity.WARNING,
             )
         elif binding.qualname == "torch":
@@ -364,7 +412,9 @@ class BackendsChecker(NameUseChecker):
                 else f"reached through the import of `{binding.qualname}`, and no top-level `import torch` precedes it"
             )
             self.report(
-                spec.rule, node, f"`{key}`: use `{target}` on NPU ({spec.advice}); not rewritten: {why}",
+                spec.rule,
+                node,
+                f"`{key}`: use `{target}` on NPU ({spec.advice}); not rewritten: {why}",
                 severity=Severity.WARNING,
             )
 
@@ -384,7 +434,9 @@ class BackendsChecker(NameUseChecker):
             return None
         for local, other in self.ctx.imports.bindings.items():
             if (
-                other.qualname == "torch" and not other.is_from_import and "." not in local
+                other.qualname == "torch"
+                and not other.is_from_import
+                and "." not in local
                 and self._top_level.get(id(other.line), position + 1) <= position
             ):
                 return local

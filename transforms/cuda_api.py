@@ -22,7 +22,7 @@ SAME_NAME = Rule(
     id="NPU201",
     name="torch-cuda-api",
     summary="`torch.cuda.X` becomes `torch.npu.X` where the chosen torch_npu version has X",
-    doc='''
+    doc="""
     torch_npu registers `torch.npu` with the same API as `torch.cuda` for most names (device
     management, streams, events, memory statistics, RNG, graphs, the legacy `torch.cuda.FloatTensor`
     types). Which names exist depends on the torch_npu version (`--torch-npu-version`).
@@ -40,14 +40,14 @@ SAME_NAME = Rule(
         from torch.npu import synchronize as sync
         torch.npu.set_device(local_rank)
         print(torch.npu.max_memory_allocated())
-    ''',
+    """,
 )
 
 RENAMED = Rule(
     id="NPU202",
     name="torch-cuda-renamed-api",
     summary="CUDA APIs whose NPU counterpart has another name (`CUDAGraph` -> `NPUGraph`, nvtx -> mstx)",
-    doc='''
+    doc="""
     Renames that are the same operation under another name: `torch.cuda.CUDAGraph` ->
     `torch.npu.NPUGraph`, `CUDAPluggableAllocator` -> `NPUPluggableAllocator`,
     `torch.cuda.OutOfMemoryError` -> `torch.OutOfMemoryError`, and `torch.cuda.nvtx.range_push`,
@@ -60,14 +60,14 @@ RENAMED = Rule(
     After:
         graph = torch.npu.NPUGraph()
         torch.npu.mstx.range_push("forward")
-    ''',
+    """,
 )
 
 NO_EQUIVALENT = Rule(
     id="NPU203",
     name="torch-cuda-no-equivalent",
     summary="`torch.cuda` APIs with no NPU counterpart (in the chosen torch_npu version) are reported",
-    doc='''
+    doc="""
     `torch.cuda.nccl`, `jiterator`, `nvtx.range`, `get_arch_list`, the CUDA profiler API and others have
     no NPU counterpart, and names added in later torch_npu versions are missing from older ones. The
     code is left as it is and the finding says what to use instead.
@@ -75,7 +75,7 @@ NO_EQUIVALENT = Rule(
     Example:
         torch.cuda.nccl.all_reduce(tensors)
     reports: use torch.distributed collectives with the hccl backend.
-    ''',
+    """,
     severity=Severity.ERROR,
     fixable=False,
 )
@@ -84,7 +84,7 @@ BEHAVIOUR_DIFFERS = Rule(
     id="NPU204",
     name="torch-cuda-behaviour-differs",
     summary="APIs that exist on NPU but behave differently (`get_device_capability` returns None) are reported",
-    doc='''
+    doc="""
     A rename would run but give wrong answers: `torch.npu.get_device_capability()` returns None, so
     `get_device_capability()[0] >= 8` crashes; `get_device_properties()` has no `major` / `minor`;
     float64 tensor types are mostly unsupported. The code is left as it is and the finding explains what
@@ -94,7 +94,7 @@ BEHAVIOUR_DIFFERS = Rule(
         if torch.cuda.get_device_capability()[0] >= 8:
             use_bf16 = True
     reports: returns None on NPU; gate the feature on torch.npu.is_available() or the SoC name.
-    ''',
+    """,
     severity=Severity.ERROR,
     fixable=False,
 )
@@ -103,10 +103,10 @@ UNKNOWN_API = Rule(
     id="NPU205",
     name="torch-cuda-unknown-api",
     summary="`torch.cuda` names npu-migrate does not know (private or newer APIs) are reported",
-    doc='''
+    doc="""
     A `torch.cuda` name that is neither in torch's public `torch.cuda` API nor in torch_npu (for
     example the private `torch.cuda._lazy_init`) is left alone and reported so a human can decide.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -154,7 +154,8 @@ class CudaApiChecker(Checker):
             if shadowed and shadowed.startswith("torch.cuda."):
                 self._claim_chain(node)
                 self.report(
-                    UNKNOWN_API, node,
+                    UNKNOWN_API,
+                    node,
                     f"`{self.ctx.code(node)}` looks like {shadowed} but its name is also rebound in this file; "
                     "not rewritten, check it by hand",
                 )
@@ -215,9 +216,7 @@ class CudaApiChecker(Checker):
             # Reached through `torch` itself: rewrite the attribute chain at the use site.
             root_parts = len(binding.qualname.split(".")) if binding else 1
             tail = target.split(".")[root_parts:]
-            self.report(
-                rule, node, f"`{qualname}` -> `{target}`", fix=lambda updated, t=tail: with_tail(updated, t)
-            )
+            self.report(rule, node, f"`{qualname}` -> `{target}`", fix=lambda updated, t=tail: with_tail(updated, t))
             return
         # Reached through an import of torch.cuda (or a name from it): the import is rebound, and the use
         # site only changes if the names below the import differ.
@@ -226,13 +225,16 @@ class CudaApiChecker(Checker):
             self.ctx.veto(binding, f"`{binding.qualname}` has no direct NPU counterpart")
             return
         self.ctx.rebind(rule, binding, bound_target.target)
-        old_tail = qualname.split(".")[len(binding.qualname.split(".")):]
-        new_tail = target.split(".")[len(bound_target.target.split(".")):]
+        old_tail = qualname.split(".")[len(binding.qualname.split(".")) :]
+        new_tail = target.split(".")[len(bound_target.target.split(".")) :]
         if bound_target.target.split(".") + new_tail != target.split("."):
             self.ctx.veto(binding, f"`{qualname}` maps to `{target}`, outside what the import can provide")
         elif old_tail != new_tail:
             self.report(
-                rule, node, f"`{qualname}` -> `{target}`", requires=binding,
+                rule,
+                node,
+                f"`{qualname}` -> `{target}`",
+                requires=binding,
                 fix=lambda updated, t=new_tail: with_tail(updated, t),
             )
 
@@ -249,4 +251,3 @@ class CudaApiChecker(Checker):
             elif mapping.kind in _KIND_RULE:
                 self.ctx.veto(binding, f"`{binding.qualname}` has no direct NPU counterpart")
                 self.report(_KIND_RULE[mapping.kind], binding.line, f"`{binding.qualname}`: {mapping.advice}")
-

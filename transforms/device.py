@@ -18,7 +18,7 @@ CUDA_METHOD = Rule(
     id="NPU101",
     name="cuda-method",
     summary="`.cuda(...)` becomes `.npu(...)`",
-    doc='''
+    doc="""
     Moves tensors and modules to the NPU instead of the GPU. Arguments are kept: `.cuda(i)`,
     `.cuda(device=...)` and `.cuda(non_blocking=True)` become the same `.npu(...)` call.
 
@@ -31,14 +31,14 @@ CUDA_METHOD = Rule(
     After:
         model = Net().npu()
         batch = batch.npu(non_blocking=True)
-    ''',
+    """,
 )
 
 DEVICE_STRING = Rule(
     id="NPU102",
     name="device-string",
     summary="`'cuda'` / `'cuda:N'` / `f'cuda:{i}'` device strings become `'npu'` ones",
-    doc='''
+    doc="""
     Rewrites device strings where they select a device: `torch.device(...)`, `.to(...)`,
     `device=` / `map_location=` / `pin_memory_device=` arguments (including `map_location` dicts),
     variables, attributes, dictionary entries and parameters whose name mentions "device",
@@ -55,14 +55,14 @@ DEVICE_STRING = Rule(
         device = "npu" if torch.npu.is_available() else "cpu"
         x = torch.zeros(3, device=f"npu:{rank}")
         state = torch.load(path, map_location="npu:0")
-    ''',
+    """,
 )
 
 IS_CUDA = Rule(
     id="NPU103",
     name="is-cuda",
     summary="`tensor.is_cuda` becomes `tensor.is_npu`",
-    doc='''
+    doc="""
     `Tensor.is_cuda` is False for every tensor on an NPU; `is_npu` is the NPU counterpart.
 
     Not rewritten when the file assigns an attribute called `is_cuda` itself (then it is the program's
@@ -74,14 +74,14 @@ IS_CUDA = Rule(
     After:
         if x.is_npu:
             torch.npu.synchronize()
-    ''',
+    """,
 )
 
 DEVICE_COMPARISON = Rule(
     id="NPU104",
     name="device-comparison",
     summary="`x.device.type == 'cuda'` and `'cuda' in device` compare against `'npu'`",
-    doc='''
+    doc="""
     After migration tensors live on `npu` devices, so a comparison with `"cuda"` silently becomes
     False and the code takes its CPU branch. Comparisons whose other side is visibly a device
     (`.device`, `.type`, a name containing "device") are rewritten; other comparisons with `"cuda"`
@@ -93,7 +93,7 @@ DEVICE_COMPARISON = Rule(
     After:
         if hidden.device.type == "npu":
             ...
-    ''',
+    """,
 )
 
 DEVICE_LITERAL = re.compile(r"cuda(:\d+)?")
@@ -279,14 +279,17 @@ class DeviceChecker(Checker):
     def _cuda_method(self, node: cst.Call, func: cst.Attribute) -> None:
         if "cuda" in self.ctx.imports.functions:
             self.report(
-                CUDA_METHOD, func,
+                CUDA_METHOD,
+                func,
                 "`.cuda()` not rewritten: this file defines its own `cuda` function or method, and the call "
                 "may be to it; use `.npu()` where it moves a tensor or module",
                 severity=Severity.WARNING,
             )
             return
         self.report(
-            CUDA_METHOD, func, "`.cuda()` now moves to the NPU: `.npu()`",
+            CUDA_METHOD,
+            func,
+            "`.cuda()` now moves to the NPU: `.npu()`",
             fix=lambda updated: updated.with_changes(attr=cst.Name("npu")),
         )
 
@@ -300,14 +303,17 @@ class DeviceChecker(Checker):
         for node in self._is_cuda_reads:
             if self._is_cuda_is_own_attribute:
                 self.report(
-                    IS_CUDA, node,
+                    IS_CUDA,
+                    node,
                     "`.is_cuda` not rewritten: this file assigns its own `is_cuda` attribute; use `.is_npu` "
                     "where it asks whether a tensor is on the device",
                     severity=Severity.WARNING,
                 )
             else:
                 self.report(
-                    IS_CUDA, node, "`.is_cuda` is False on NPU: `.is_npu`",
+                    IS_CUDA,
+                    node,
+                    "`.is_cuda` is False on NPU: `.is_npu`",
                     fix=lambda updated: updated.with_changes(attr=cst.Name("is_npu")),
                 )
 
@@ -327,14 +333,16 @@ class DeviceChecker(Checker):
                 if _mentions_device(other_code) or other_code.endswith(".type"):
                     for literal in literals:
                         self.report(
-                            DEVICE_COMPARISON, literal,
+                            DEVICE_COMPARISON,
+                            literal,
                             "comparison with the device type now tests for the NPU",
                             fix=rewrite_device_literal,
                         )
                 else:
                     for literal in literals:
                         self.report(
-                            DEVICE_COMPARISON, literal,
+                            DEVICE_COMPARISON,
+                            literal,
                             f"comparison of `{other_code}` with a CUDA device string: if it is a device, "
                             'compare with "npu" instead',
                             severity=Severity.WARNING,

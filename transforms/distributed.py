@@ -24,7 +24,7 @@ BACKEND = Rule(
     id="NPU301",
     name="nccl-backend",
     summary='The `"nccl"` process-group backend becomes `"hccl"` (`"cuda:nccl"` becomes `"npu:hccl"`)',
-    doc='''
+    doc="""
     Rewrites the backend of `init_process_group`, `new_group`, `new_subgroups(_by_enumeration)`,
     `Backend(...)` and `is_backend_available`, whether written at the call or carried there within the
     file: a variable assigned a literal, a parameter default, an argparse `--backend` / `--dist-backend`
@@ -40,14 +40,14 @@ BACKEND = Rule(
         parser.add_argument("--backend", default="hccl", choices=["hccl", "gloo"])
         args = parser.parse_args()
         dist.init_process_group(backend=args.backend)
-    ''',
+    """,
 )
 
 NCCL_API = Rule(
     id="NPU302",
     name="nccl-api",
     summary="`Backend.NCCL`, `is_nccl_available()` and `ProcessGroupNCCL` become their HCCL counterparts",
-    doc='''
+    doc="""
     `dist.Backend.NCCL` -> `dist.Backend.HCCL`, `dist.is_nccl_available()` -> `dist.is_hccl_available()`
     (both exist once torch_npu is imported), and `torch.distributed.ProcessGroupNCCL` (with its `Options`)
     -> `torch_npu._C._distributed_c10d.ProcessGroupHCCL`. Imports of these names are rebound to torch_npu
@@ -60,14 +60,14 @@ NCCL_API = Rule(
     After:
         if dist.is_hccl_available():
             opts = torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options()
-    ''',
+    """,
 )
 
 DEVICE_MESH = Rule(
     id="NPU303",
     name="device-mesh-type",
     summary='`init_device_mesh("cuda", ...)` and `DeviceMesh("cuda", ...)` build NPU meshes',
-    doc='''
+    doc="""
     The device type of a device mesh selects the process-group backend of its dimensions; torch_npu
     registers hccl for "npu".
 
@@ -75,14 +75,14 @@ DEVICE_MESH = Rule(
         mesh = init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
     After:
         mesh = init_device_mesh("npu", (2, 4), mesh_dim_names=("dp", "tp"))
-    ''',
+    """,
 )
 
 BACKEND_COMPARISON = Rule(
     id="NPU304",
     name="backend-comparison",
     summary='Comparisons of a backend with `"nccl"` compare with `"hccl"`',
-    doc='''
+    doc="""
     After migration the backend is "hccl", so `dist.get_backend() == "nccl"` silently becomes False.
     Comparisons whose other side visibly is a backend (its code mentions "backend") are rewritten,
     including membership tests like `backend in ("gloo", "nccl")`; other comparisons with "nccl" are
@@ -94,14 +94,14 @@ BACKEND_COMPARISON = Rule(
     After:
         if dist.get_backend() == "hccl":
             torch.npu.synchronize()
-    ''',
+    """,
 )
 
 DATA_PARALLEL = Rule(
     id="NPU305",
     name="data-parallel",
     summary="`nn.DataParallel` is not supported on NPU: reported, use DistributedDataParallel",
-    doc='''
+    doc="""
     Single-process multi-device `DataParallel` (and `data_parallel`) has no NPU implementation. Switch to
     `DistributedDataParallel` with one process per device (`torchrun --nproc_per_node N`) and the hccl
     backend. The code is left as it is.
@@ -109,7 +109,7 @@ DATA_PARALLEL = Rule(
     Example:
         model = nn.DataParallel(model)
     reports: use DistributedDataParallel.
-    ''',
+    """,
     severity=Severity.ERROR,
     fixable=False,
 )
@@ -118,7 +118,7 @@ DDP_DEVICES = Rule(
     id="NPU306",
     name="ddp-device-ids",
     summary='DDP `device_ids=["cuda:0"]` (and positional device arguments) name the NPU',
-    doc='''
+    doc="""
     Device strings in `DistributedDataParallel`'s `device_ids` list and in its positional `device_ids` /
     `output_device` arguments become NPU devices (the `output_device=` keyword and `torch.device(...)`
     are handled by NPU102). Integer device ids stay as they are.
@@ -127,14 +127,14 @@ DDP_DEVICES = Rule(
         model = DDP(model, device_ids=[f"cuda:{local_rank}"])
     After:
         model = DDP(model, device_ids=[f"npu:{local_rank}"])
-    ''',
+    """,
 )
 
 BACKEND_NOT_FOLLOWED = Rule(
     id="NPU307",
     name="backend-not-followed",
     summary="A process-group backend whose value cannot be followed within the file is reported",
-    doc='''
+    doc="""
     When the backend comes from a config object, a function result or a parameter, npu-migrate cannot
     prove what it is. The call is left alone; make sure the value is "hccl" (or "cpu:gloo,npu:hccl")
     on NPU, for example in your config files or launch scripts.
@@ -142,7 +142,7 @@ BACKEND_NOT_FOLLOWED = Rule(
     Example:
         dist.init_process_group(backend=cfg.dist.backend)
     reports: make sure `cfg.dist.backend` is "hccl" on NPU.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -161,7 +161,7 @@ _DEVICE_CALLS = name_sets([*_DEVICE_TYPE_ARGS, *_DDP])
 def _normalized(qualname: str | None) -> str | None:
     """`torch.distributed.distributed_c10d.X` is `torch.distributed.X`."""
     if qualname is not None and qualname.startswith("torch.distributed.distributed_c10d."):
-        return "torch.distributed." + qualname[len("torch.distributed.distributed_c10d."):]
+        return "torch.distributed." + qualname[len("torch.distributed.distributed_c10d.") :]
     return qualname
 
 
@@ -219,8 +219,19 @@ UNKNOWN = None
 class DistributedChecker(Checker):
     rules = (BACKEND, NCCL_API, DEVICE_MESH, BACKEND_COMPARISON, DATA_PARALLEL, DDP_DEVICES, BACKEND_NOT_FOLLOWED)
     # "nccl" for the backend strings; each table key has one of the others in a part.
-    markers = ("nccl", "NCCL", "Backend", "is_backend_available", "init_process_group", "new_group",
-               "new_subgroups", "DeviceMesh", "init_device_mesh", "DataParallel", "data_parallel")
+    markers = (
+        "nccl",
+        "NCCL",
+        "Backend",
+        "is_backend_available",
+        "init_process_group",
+        "new_group",
+        "new_subgroups",
+        "DeviceMesh",
+        "init_device_mesh",
+        "DataParallel",
+        "data_parallel",
+    )
 
     @classmethod
     def wants(cls, index) -> bool:
@@ -287,7 +298,11 @@ class DistributedChecker(Checker):
             self._record(self._names, target.value, value)
         elif isinstance(target, cst.Attribute):
             self._record(self._attributes, target.attr.value, value)
-        elif isinstance(target, cst.Subscript) and len(target.slice) == 1 and isinstance(target.slice[0].slice, cst.Index):
+        elif (
+            isinstance(target, cst.Subscript)
+            and len(target.slice) == 1
+            and isinstance(target.slice[0].slice, cst.Index)
+        ):
             key = string_value(target.slice[0].slice.value)
             if key is not None:
                 self._record(self._entries, key, value)
@@ -348,7 +363,8 @@ class DistributedChecker(Checker):
             self._ddp(node, _DDP[qualname])
         elif qualname in _DATA_PARALLEL:
             self.report(
-                DATA_PARALLEL, node.func,
+                DATA_PARALLEL,
+                node.func,
                 f"`{qualname}` is not supported on NPU: use DistributedDataParallel with one process per device "
                 '(torchrun) and the "hccl" backend',
             )
@@ -384,8 +400,9 @@ class DistributedChecker(Checker):
 
     def _not_followed(self, node: cst.BaseExpression) -> None:
         self.report(
-            BACKEND_NOT_FOLLOWED, node,
-            f'the process-group backend comes from `{self.ctx.code(node)}`, which npu-migrate cannot follow: make '
+            BACKEND_NOT_FOLLOWED,
+            node,
+            f"the process-group backend comes from `{self.ctx.code(node)}`, which npu-migrate cannot follow: make "
             'sure it is "hccl" (or "cpu:gloo,npu:hccl") on NPU, for example in your config files or launch scripts',
         )
 
@@ -398,7 +415,9 @@ class DistributedChecker(Checker):
             return
         if "attribute" in mapping:
             self.report(
-                NCCL_API, node, f"`{qualname}` -> `{mapping['attribute']}`",
+                NCCL_API,
+                node,
+                f"`{qualname}` -> `{mapping['attribute']}`",
                 fix=lambda updated, name=mapping["attribute"]: updated.with_changes(attr=cst.Name(name)),
             )
             return
@@ -406,12 +425,13 @@ class DistributedChecker(Checker):
         target = mapping["replace"]
         if root is None:
             self.report(
-                NCCL_API, node,
+                NCCL_API,
+                node,
                 f"`{qualname}` has no NPU counterpart under torch.distributed: use `{target}` (after `import torch_npu`)",
                 severity=Severity.WARNING,
             )
             return
-        new = dotted_node(root + target[len("torch_npu"):])
+        new = dotted_node(root + target[len("torch_npu") :])
         self.report(NCCL_API, node, f"`{qualname}` -> `{target}`", fix=lambda updated: new)
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
@@ -430,7 +450,8 @@ class DistributedChecker(Checker):
                         )
                     else:
                         self.report(
-                            BACKEND_COMPARISON, literal,
+                            BACKEND_COMPARISON,
+                            literal,
                             f'comparison of `{other_code}` with "nccl": if it is a process-group backend, compare '
                             'with "hccl" instead',
                             severity=Severity.WARNING,
@@ -461,7 +482,8 @@ class DistributedChecker(Checker):
             name = target.rsplit(".", 1)[-1]
             if target.startswith("torch_npu.distributed.") and name not in self.ctx.api.distributed:
                 self.report(
-                    NCCL_API, binding.line,
+                    NCCL_API,
+                    binding.line,
                     f"`{binding.qualname}` -> `{target}`, which torch_npu {self.ctx.api.version} does not have",
                     severity=Severity.WARNING,
                 )

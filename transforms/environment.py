@@ -21,7 +21,7 @@ RENAMED = Rule(
     id="NPU601",
     name="env-var-renamed",
     summary="`CUDA_VISIBLE_DEVICES`, `CUDA_LAUNCH_BLOCKING`, `PYTORCH_CUDA_ALLOC_CONF`, `TORCH_NCCL_*` ... get their Ascend names",
-    doc='''
+    doc="""
     Variables with the same meaning and value syntax on Ascend are renamed where Python code reads or
     sets them: `CUDA_VISIBLE_DEVICES` -> `ASCEND_RT_VISIBLE_DEVICES`, `CUDA_LAUNCH_BLOCKING` ->
     `ASCEND_LAUNCH_BLOCKING`, `PYTORCH_CUDA_ALLOC_CONF` -> `PYTORCH_NPU_ALLOC_CONF`, `TORCH_NCCL_X` ->
@@ -35,14 +35,14 @@ RENAMED = Rule(
     After:
         os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "0,1"
         subprocess.run(cmd, env={**os.environ, "ASCEND_LAUNCH_BLOCKING": "1"})
-    ''',
+    """,
 )
 
 NEEDS_CONVERSION = Rule(
     id="NPU602",
     name="env-var-needs-conversion",
     summary="NCCL variables whose HCCL counterpart takes other values (`NCCL_BUFFSIZE` bytes vs MB) are reported",
-    doc='''
+    doc="""
     Renaming would silently change the setting: `HCCL_BUFFSIZE` is in MB where `NCCL_BUFFSIZE` is in
     bytes, and `HCCL_ALGO` has another syntax than `NCCL_ALGO`. The code is left alone; the finding says
     how to convert the value.
@@ -50,7 +50,7 @@ NEEDS_CONVERSION = Rule(
     Example:
         os.environ["NCCL_BUFFSIZE"] = str(8 * 1024 * 1024)
     reports: set HCCL_BUFFSIZE to the value divided by 1048576.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -59,7 +59,7 @@ NO_EQUIVALENT = Rule(
     id="NPU603",
     name="env-var-no-equivalent",
     summary="CUDA / NCCL variables without an Ascend counterpart (`NCCL_DEBUG`, `CUBLAS_WORKSPACE_CONFIG` ...) are reported",
-    doc='''
+    doc="""
     Settings such as `NCCL_DEBUG`, `NCCL_IB_DISABLE`, `NCCL_P2P_DISABLE`, `CUDA_DEVICE_MAX_CONNECTIONS`
     or `CUBLAS_WORKSPACE_CONFIG` have no effect on NPU. The code is left alone; the finding says what
     to use instead, if anything.
@@ -67,7 +67,7 @@ NO_EQUIVALENT = Rule(
     Example:
         os.environ["NCCL_DEBUG"] = "INFO"
     reports: use ASCEND_GLOBAL_LOG_LEVEL.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -75,8 +75,8 @@ NO_EQUIVALENT = Rule(
 VISIBLE_DEVICES_ORDER = Rule(
     id="NPU604",
     name="visible-devices-order",
-    summary="Device lists the Ascend runtime misreads (`\"3,1\"`, `\"0, 1\"`) are reported",
-    doc='''
+    summary='Device lists the Ascend runtime misreads (`"3,1"`, `"0, 1"`) are reported',
+    doc="""
     `ASCEND_RT_VISIBLE_DEVICES` must list device ids in ascending order, separated by commas without
     spaces; parsing stops at the first character that breaks the rule, so the process silently sees
     fewer devices. CUDA accepts any order. A literal value that breaks the rule is reported (and a
@@ -86,7 +86,7 @@ VISIBLE_DEVICES_ORDER = Rule(
     Example:
         os.environ["CUDA_VISIBLE_DEVICES"] = "3,1"
     reports: ASCEND_RT_VISIBLE_DEVICES needs ascending ids.
-    ''',
+    """,
     severity=Severity.ERROR,
     fixable=False,
 )
@@ -184,7 +184,12 @@ class EnvironmentChecker(Checker):
             func = node.func
             if isinstance(func, cst.Attribute) and func.attr.value == "copy" and self._is_environ(func.value):
                 return True
-            if isinstance(func, cst.Name) and func.value == "dict" and node.args and self._is_environ(node.args[0].value):
+            if (
+                isinstance(func, cst.Name)
+                and func.value == "dict"
+                and node.args
+                and self._is_environ(node.args[0].value)
+            ):
                 return True
         if isinstance(node, cst.Dict):
             return any(isinstance(e, cst.StarredDictElement) and self._is_environ(e.value) for e in node.elements)
@@ -212,7 +217,11 @@ class EnvironmentChecker(Checker):
             self._subscript(node, None)
 
     def _subscript(self, node: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
-        if not isinstance(node, cst.Subscript) or len(node.slice) != 1 or not isinstance(node.slice[0].slice, cst.Index):
+        if (
+            not isinstance(node, cst.Subscript)
+            or len(node.slice) != 1
+            or not isinstance(node.slice[0].slice, cst.Index)
+        ):
             return
         key = node.slice[0].slice.value
         self._site(node.value, key, value)
@@ -248,7 +257,9 @@ class EnvironmentChecker(Checker):
             if isinstance(target.operator, (cst.In, cst.NotIn)):
                 self._site(operands[index + 1], operands[index], None)
 
-    def _site(self, env: cst.BaseExpression, key: cst.BaseExpression | None, value, update: cst.Arg | None = None) -> None:
+    def _site(
+        self, env: cst.BaseExpression, key: cst.BaseExpression | None, value, update: cst.Arg | None = None
+    ) -> None:
         known = self._is_env(env)
         if known is False:
             return
@@ -279,7 +290,9 @@ class EnvironmentChecker(Checker):
         new = self._judge(arg.keyword, name, arg.value, present)
         if new is not None:
             self.report(
-                RENAMED, arg.keyword, f"`{name}` is `{new}` on Ascend",
+                RENAMED,
+                arg.keyword,
+                f"`{name}` is `{new}` on Ascend",
                 fix=lambda updated, n=new: updated.with_changes(value=n),
             )
 
@@ -290,7 +303,10 @@ class EnvironmentChecker(Checker):
         new = self._judge(key, name, value, present)
         if new is not None:
             self.report(
-                RENAMED, key, f"`{name}` is `{new}` on Ascend", fix=lambda updated, n=new: with_value(updated, n),
+                RENAMED,
+                key,
+                f"`{name}` is `{new}` on Ascend",
+                fix=lambda updated, n=new: with_value(updated, n),
             )
 
     def _judge(self, node: cst.CSTNode, name: str, value, present: frozenset[str]) -> str | None:

@@ -21,14 +21,14 @@ CUDA_KERNEL = Rule(
     id="NPU801",
     name="cuda-kernel-source",
     summary="CUDA kernels in `.cu` / `.cuh` files are reported: they need an Ascend C port",
-    doc='''
+    doc="""
     NPUs do not run CUDA C++. Each `__global__` kernel is reported; port it to Ascend C (or replace it
     with torch / torch_npu operators) and build it with torch_npu's `cpp_extension` (`NpuExtension`).
 
     Example:
         __global__ void fused_bias_gelu(float* out, const float* x, int n) { ... }
     reports: CUDA kernel `fused_bias_gelu` needs an Ascend C port.
-    ''',
+    """,
     severity=Severity.ERROR,
     fixable=False,
 )
@@ -37,14 +37,14 @@ CUDA_EXTENSION = Rule(
     id="NPU802",
     name="cuda-extension-build",
     summary="`CUDAExtension` / `cpp_extension.load(_inline)` builds of CUDA code are reported",
-    doc='''
+    doc="""
     A CUDA extension cannot be built or loaded on an NPU host. Port its kernels to Ascend C and build them
     with `torch_npu.utils.cpp_extension.NpuExtension`, or replace the extension with torch operators.
 
     Example:
         ext = load_inline("ops", cpp_sources=cpp, cuda_sources=cuda_src)
     reports: the CUDA sources of this extension need an Ascend C port.
-    ''',
+    """,
     severity=Severity.ERROR,
     fixable=False,
 )
@@ -65,7 +65,9 @@ class CudaSourceChecker(TextChecker):
             for match in _GLOBAL.finditer(code):
                 reports.append(
                     TextReport(
-                        CUDA_KERNEL, number, match.start() + 1,
+                        CUDA_KERNEL,
+                        number,
+                        match.start() + 1,
                         f"CUDA kernel `{match.group(1)}` needs an Ascend C port (or a torch / torch_npu operator)",
                         CUDA_KERNEL.severity,
                     )

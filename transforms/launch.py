@@ -23,7 +23,7 @@ NVIDIA_SMI = Rule(
     id="NPU605",
     name="nvidia-smi",
     summary="`nvidia-smi` in launch scripts becomes `npu-smi info`; calls with options are reported",
-    doc='''
+    doc="""
     A bare `nvidia-smi` (a status printout) becomes `npu-smi info`. Options differ between the two
     tools, so `nvidia-smi --query-gpu=...` or `$(nvidia-smi -L | wc -l)` are reported with the npu-smi
     equivalent to use (`npu-smi info -l` lists the NPUs and their count) instead of being rewritten.
@@ -34,7 +34,7 @@ NVIDIA_SMI = Rule(
     After:
         npu-smi info
         torchrun --nproc_per_node=$(nvidia-smi -L | wc -l) train.py   # reported: count NPUs another way
-    ''',
+    """,
     severity=Severity.WARNING,
 )
 
@@ -73,8 +73,15 @@ class LaunchChecker(TextChecker):
                 for match in pattern.finditer(code):
                     span = (line.start + match.start(1), line.start + match.end(1))
                     reports.append(
-                        TextReport(rule, line.number, match.start(1) + 1, f"`{match.group(1)}` option value -> `{new}`",
-                                   Severity.INFO, span, new)
+                        TextReport(
+                            rule,
+                            line.number,
+                            match.start(1) + 1,
+                            f"`{match.group(1)}` option value -> `{new}`",
+                            Severity.INFO,
+                            span,
+                            new,
+                        )
                     )
         return [r for r in reports if r.rule.id in self.enabled]
 
@@ -88,7 +95,9 @@ class LaunchChecker(TextChecker):
         new, rule, advice = verdict(name)
         if new is not None:
             span = (line.start + match.start(), line.start + match.end())
-            return [TextReport(RENAMED, line.number, col, f"`{name}` is `{new}` on Ascend", RENAMED.severity, span, new)]
+            return [
+                TextReport(RENAMED, line.number, col, f"`{name}` is `{new}` on Ascend", RENAMED.severity, span, new)
+            ]
         if rule is not None:
             return [TextReport(rule, line.number, col, f"`{name}`: {advice}", rule.severity)]
         return []
@@ -97,9 +106,13 @@ class LaunchChecker(TextChecker):
         col = match.start() + 1
         if _END_OF_COMMAND.match(line.code, match.end()):
             span = (line.start + match.start(), line.start + match.end())
-            return TextReport(NVIDIA_SMI, line.number, col, "`nvidia-smi` -> `npu-smi info`", Severity.INFO, span, "npu-smi info")
+            return TextReport(
+                NVIDIA_SMI, line.number, col, "`nvidia-smi` -> `npu-smi info`", Severity.INFO, span, "npu-smi info"
+            )
         return TextReport(
-            NVIDIA_SMI, line.number, col,
+            NVIDIA_SMI,
+            line.number,
+            col,
             "`nvidia-smi` with options: npu-smi takes other ones. Use `npu-smi info` for status, `npu-smi info -l` "
             "to list NPUs (and count them), `npu-smi info -t usages -i <id>` for utilisation",
             Severity.WARNING,

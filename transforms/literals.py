@@ -25,7 +25,7 @@ def replaceable(node: cst.CSTNode | None) -> str | None:
     if value is None:
         return None
     prefix_len = len(node.prefix) + len(node.quote)
-    return value if node.value[prefix_len:-len(node.quote)] == value else None
+    return value if node.value[prefix_len : -len(node.quote)] == value else None
 
 
 def with_value(node: cst.SimpleString, value: str) -> cst.SimpleString:
@@ -53,7 +53,12 @@ def torch_npu_root(ctx: FileContext, enabled: frozenset[str]) -> str | None:
     if alias is not None:
         return alias
     imports = ctx.imports
-    if "NPU001" in enabled and imports.uses_torch and not imports.imports_torch_npu and "torch_npu" not in imports.shadowed:
+    if (
+        "NPU001" in enabled
+        and imports.uses_torch
+        and not imports.imports_torch_npu
+        and "torch_npu" not in imports.shadowed
+    ):
         return "torch_npu"
     return None
 

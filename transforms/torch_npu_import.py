@@ -16,7 +16,7 @@ IMPORT_TORCH_NPU = Rule(
     id="NPU001",
     name="import-torch-npu",
     summary="`import torch_npu` is added once to each migrated file that uses torch",
-    doc='''
+    doc="""
     Added only when another rule changed the file in a way that needs torch_npu (the fused-operator
     branches do not: they import it guarded), the file imports torch, and it does not import torch_npu
     already. Ignore this rule (`--ignore NPU001`) if your entry point imports
@@ -29,7 +29,7 @@ IMPORT_TORCH_NPU = Rule(
         import torch
         import torch_npu
         x = torch.ones(2).npu()
-    ''',
+    """,
 )
 
 

@@ -30,7 +30,13 @@ class AstIndex:
         index = cls()
         names, strings = index.names, index.strings
         Name, Attribute, Constant, alias, ImportFrom, keyword, AST = (  # noqa: N806  (locals are faster)
-            ast.Name, ast.Attribute, ast.Constant, ast.alias, ast.ImportFrom, ast.keyword, ast.AST,
+            ast.Name,
+            ast.Attribute,
+            ast.Constant,
+            ast.alias,
+            ast.ImportFrom,
+            ast.keyword,
+            ast.AST,
         )
         stack = [tree]
         while stack:

@@ -136,7 +136,13 @@ def apply(
     from npu_migrate.discovery import discover, uncommitted
     from npu_migrate.pipeline import Job, Mode, Plan, Status
     from npu_migrate.report import (
-        Summary, colour_diff, format_finding, github_annotation, sarif_document, write_change_list, write_json,
+        Summary,
+        colour_diff,
+        format_finding,
+        github_annotation,
+        sarif_document,
+        write_change_list,
+        write_json,
     )
     from npu_migrate.runner import run, with_progress
 
@@ -159,9 +165,15 @@ def apply(
         _copy_tree_skeleton(paths, root, out)
 
     mode = Mode.OUTPUT if output is not None else (Mode.DIFF if diff or check else Mode.IN_PLACE)
-    dirty = uncommitted(paths, found.files) if mode is Mode.IN_PLACE and config.require_clean_git and not force else set()
+    dirty = (
+        uncommitted(paths, found.files) if mode is Mode.IN_PLACE and config.require_clean_git and not force else set()
+    )
     plan = Plan(
-        enabled, version, mode, annotate=annotate, timeout=timeout,
+        enabled,
+        version,
+        mode,
+        annotate=annotate,
+        timeout=timeout,
         output_root=_absolute(output) if output is not None else None,
     )
     job_list = [

@@ -101,9 +101,7 @@ def load_config(path: Path | None) -> Config:
     known = {"select", "ignore", "exclude", "torch-npu-version", "fused", "per-file-ignores", "require-clean-git"}
     for key in data:
         if key not in known:
-            raise ConfigError(
-                f"{path}: [tool.{SECTION}] unknown key {key!r} (known keys: {', '.join(sorted(known))})"
-            )
+            raise ConfigError(f"{path}: [tool.{SECTION}] unknown key {key!r} (known keys: {', '.join(sorted(known))})")
     fused = data.get("fused", True)
     if not isinstance(fused, bool) and not (
         isinstance(fused, dict) and all(isinstance(v, bool) for v in fused.values())
@@ -111,7 +109,7 @@ def load_config(path: Path | None) -> Config:
         raise ConfigError(f"{path}: [tool.{SECTION}] fused: expected true, false or a table of op = true/false")
     version = data.get("torch-npu-version")
     if version is not None and not isinstance(version, str):
-        raise ConfigError(f"{path}: [tool.{SECTION}] torch-npu-version: expected a string like \"2.5.1\"")
+        raise ConfigError(f'{path}: [tool.{SECTION}] torch-npu-version: expected a string like "2.5.1"')
     per_file = data.get("per-file-ignores", {})
     if not isinstance(per_file, dict):
         raise ConfigError(f"{path}: [tool.{SECTION}] per-file-ignores: expected a table of glob = [rule ids]")

@@ -91,7 +91,12 @@ class FileContext:
         self._reported.add(key)
         self.reports.append(
             Report(
-                rule, node, message, severity or rule.severity, fix=fix, requires=requires,
+                rule,
+                node,
+                message,
+                severity or rule.severity,
+                fix=fix,
+                requires=requires,
                 applied=fix is not None and requires is None,
             )
         )
@@ -163,7 +168,10 @@ class FileContext:
             targets = {p.binding.index: p.target for p in plans}
             names = ", ".join(f"`{p.binding.local}`" for p in plans)
             report = Report(
-                plans[0].rule, line, f"import of {names} rewritten for torch_npu", Severity.INFO,
+                plans[0].rule,
+                line,
+                f"import of {names} rewritten for torch_npu",
+                Severity.INFO,
                 fix=lambda updated, i=stmt_index, t=targets: rebind_import(updated, i, t),
             )
             report.applied = True
@@ -172,9 +180,9 @@ class FileContext:
             if plan.vetoes:
                 self.reports.append(
                     Report(
-                        plan.rule, plan.binding.line,
-                        f"import of `{plan.binding.local}` left as is: it is used where "
-                        + "; ".join(plan.vetoes),
+                        plan.rule,
+                        plan.binding.line,
+                        f"import of `{plan.binding.local}` left as is: it is used where " + "; ".join(plan.vetoes),
                         Severity.WARNING,
                     )
                 )

@@ -17,9 +17,27 @@ from pathlib import Path, PurePosixPath
 
 SKIPPED_DIRS = frozenset(
     {
-        ".git", ".hg", ".svn", ".venv", "venv", ".env", "env", "site-packages", "dist-packages",
-        "__pycache__", "build", "dist", ".eggs", ".tox", ".nox", ".mypy_cache", ".pytest_cache",
-        ".ruff_cache", ".hypothesis", "node_modules", ".ipynb_checkpoints",
+        ".git",
+        ".hg",
+        ".svn",
+        ".venv",
+        "venv",
+        ".env",
+        "env",
+        "site-packages",
+        "dist-packages",
+        "__pycache__",
+        "build",
+        "dist",
+        ".eggs",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".hypothesis",
+        "node_modules",
+        ".ipynb_checkpoints",
     }
 )
 
@@ -114,8 +132,7 @@ def discover(
         for dirpath, dirnames, filenames in os.walk(given, followlinks=False):
             folder = Path(dirpath)
             dirnames[:] = sorted(
-                d for d in dirnames
-                if not _is_skipped_dir(folder / d) and not _excluded(folder / d, excludes)
+                d for d in dirnames if not _is_skipped_dir(folder / d) and not _excluded(folder / d, excludes)
             )
             for name in filenames:
                 candidate = folder / name
@@ -154,7 +171,8 @@ def uncommitted(roots: list[Path], files: list[Path]) -> set[Path]:
         try:
             proc = subprocess.run(
                 ["git", "-C", str(top), "status", "--porcelain=v1", "-z", "--untracked-files=all"],
-                capture_output=True, timeout=120,
+                capture_output=True,
+                timeout=120,
             )
         except (OSError, subprocess.TimeoutExpired):
             continue

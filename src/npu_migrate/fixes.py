@@ -16,7 +16,9 @@ class FixApplier(cst.CSTTransformer):
     """`skip(node)` true: nothing under `node` is fixed, so the walk does not go in (a statement whose
     lines hold no fixed node)."""
 
-    def __init__(self, fixes: Iterable[tuple[cst.CSTNode, Fix]], skip: Callable[[cst.CSTNode], bool] | None = None) -> None:
+    def __init__(
+        self, fixes: Iterable[tuple[cst.CSTNode, Fix]], skip: Callable[[cst.CSTNode], bool] | None = None
+    ) -> None:
         super().__init__()
         self.fixes: dict[int, list[Fix]] = {}
         for node, fix in fixes:

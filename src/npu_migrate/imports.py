@@ -196,11 +196,12 @@ def _blocks(stmt: cst.BaseCompoundStatement):
 
 # --- edits -------------------------------------------------------------------------------------------
 
+
 #: `torch.npu` is registered in sys.modules by `import torch_npu`, but its submodules are not: importing
 #: `torch.npu.memory` would load a second copy of the module. Import statements name the real package.
 def import_path(module: str) -> str:
     if module.startswith("torch.npu."):
-        return "torch_npu.npu." + module[len("torch.npu."):]
+        return "torch_npu.npu." + module[len("torch.npu.") :]
     return module
 
 
@@ -215,7 +216,9 @@ def rebind_import(line: cst.SimpleStatementLine, stmt_index: int, targets: dict[
         names = list(stmt.names)
         for index, qualname in targets.items():
             names[index] = names[index].with_changes(name=dotted_node(import_path(qualname)))
-        return line.with_changes(body=[*line.body[:stmt_index], stmt.with_changes(names=names), *line.body[stmt_index + 1:]])
+        return line.with_changes(
+            body=[*line.body[:stmt_index], stmt.with_changes(names=names), *line.body[stmt_index + 1 :]]
+        )
 
     old_module = dotted_name(stmt.module)
     groups: list[tuple[str, list[cst.ImportAlias]]] = []
@@ -239,7 +242,7 @@ def rebind_import(line: cst.SimpleStatementLine, stmt_index: int, targets: dict[
         aliases[-1] = aliases[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT) if len(groups) > 1 else aliases[-1]
         new_stmts.append(stmt.with_changes(module=dotted_node(parent), names=aliases))
     if len(new_stmts) == 1 or len(line.body) > 1:
-        return line.with_changes(body=[*line.body[:stmt_index], *new_stmts, *line.body[stmt_index + 1:]])
+        return line.with_changes(body=[*line.body[:stmt_index], *new_stmts, *line.body[stmt_index + 1 :]])
     lines = [line.with_changes(body=[new_stmts[0]])]
     lines += [cst.SimpleStatementLine(body=[s], trailing_whitespace=line.trailing_whitespace) for s in new_stmts[1:]]
     return cst.FlattenSentinel(lines)

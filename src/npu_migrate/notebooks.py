@@ -89,7 +89,9 @@ def validate(text: str) -> None:
     try:
         json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SourceError(f"internal error: the migrated notebook is not valid JSON ({exc.msg}); left untouched") from None
+        raise SourceError(
+            f"internal error: the migrated notebook is not valid JSON ({exc.msg}); left untouched"
+        ) from None
     try:
         import nbformat
     except ImportError:  # nbformat is optional; JSON validity is the guarantee without it
@@ -97,7 +99,9 @@ def validate(text: str) -> None:
     try:
         nbformat.validate(nbformat.reads(text, as_version=nbformat.NO_CONVERT))
     except nbformat.ValidationError as exc:
-        raise SourceError(f"internal error: the migrated notebook is not valid ({exc.message}); left untouched") from None
+        raise SourceError(
+            f"internal error: the migrated notebook is not valid ({exc.message}); left untouched"
+        ) from None
 
 
 def cell_lines(module: str) -> list[tuple[int, int]]:

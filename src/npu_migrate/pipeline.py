@@ -19,7 +19,7 @@ import libcst as cst
 from npu_migrate import kinds, notebooks, scoped
 from npu_migrate.api import NpuApi
 from npu_migrate.astindex import AstIndex, text_words
-from npu_migrate.context import FileContext, Report
+from npu_migrate.context import FileContext
 from npu_migrate.findings import Finding, Severity
 from npu_migrate.fixes import apply_fixes, node_code, skip_statements_apart
 from npu_migrate.lines import (
@@ -172,9 +172,7 @@ def _migrate_cst(
     # the top-level statements to know which of them hold something to fix.
     needs_statements = plan.annotate or Suppressions.may_have(text)
     decorators = [stmt.decorators[0] for stmt in module.body if getattr(stmt, "decorators", None)]
-    positions = positions_of(
-        module, [*ctx.located_nodes(), *module.body, *decorators], statements=needs_statements
-    )
+    positions = positions_of(module, [*ctx.located_nodes(), *module.body, *decorators], statements=needs_statements)
     statement_index: list[StatementIndex] = []
 
     def statements() -> StatementIndex:
@@ -212,7 +210,9 @@ def _migrate_cst(
                 fixed=report.applied and new_text != text,
                 # A module-level edit (an added import) would quote the whole file: its message says it.
                 original=ctx.code(report.node).strip() if report.applied and report.node is not module else "",
-                replacement=node_code(replacement).strip() if replacement is not None and report.node is not module else "",
+                replacement=node_code(replacement).strip()
+                if replacement is not None and report.node is not module
+                else "",
             )
         )
     return new_text, findings
@@ -275,8 +275,11 @@ def _migrate_notebook(source, display, plan, api, job_ignore):
         raise SourceError(f"code cells: {exc}") from None
     where = notebooks.cell_lines(module)
     findings = [
-        replace(f, line=where[f.line][1] if f.line < len(where) else f.line,
-                message=f"cell {where[f.line][0]}: {f.message}" if f.line < len(where) else f.message)
+        replace(
+            f,
+            line=where[f.line][1] if f.line < len(where) else f.line,
+            message=f"cell {where[f.line][0]}: {f.message}" if f.line < len(where) else f.message,
+        )
         for f in findings
     ]
     if new_module == module:
@@ -296,7 +299,9 @@ def validate(text: str, display: str, kind: str = kinds.PYTHON) -> ast.Module | 
     try:
         return ast.parse(text, filename=display)
     except SyntaxError as exc:
-        raise SourceError(f"internal error: the migrated code does not parse ({exc.msg}, line {exc.lineno}); file left untouched") from None
+        raise SourceError(
+            f"internal error: the migrated code does not parse ({exc.msg}, line {exc.lineno}); file left untouched"
+        ) from None
 
 
 class FileTimeout(Exception):
@@ -316,7 +321,9 @@ def process(job: Job, plan: Plan) -> FileResult:
     try:
         return _process(job, plan)
     except FileTimeout:
-        return FileResult(job.display, Status.FAILED, error=f"took longer than {plan.timeout:g} s (--timeout); file left untouched")
+        return FileResult(
+            job.display, Status.FAILED, error=f"took longer than {plan.timeout:g} s (--timeout); file left untouched"
+        )
     finally:
         if use_alarm:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -357,7 +364,9 @@ def _process(job: Job, plan: Plan) -> FileResult:
     except RecursionError:
         return FileResult(job.display, Status.FAILED, error="too deeply nested (recursion limit); file left untouched")
     except Exception as exc:  # a bug in a rule must cost one file, never the run
-        return FileResult(job.display, Status.FAILED, error=f"internal error ({type(exc).__name__}: {exc}); file left untouched")
+        return FileResult(
+            job.display, Status.FAILED, error=f"internal error ({type(exc).__name__}: {exc}); file left untouched"
+        )
 
 
 def _write_output(destination: Path, data: bytes, root: Path | None) -> None:

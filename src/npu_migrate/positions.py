@@ -20,11 +20,11 @@ from itertools import accumulate
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState
+
 # libcst.metadata re-exports these; importing it loads every metadata provider (20 ms of start-up).
 from libcst._position import CodePosition, CodeRange
 
 from npu_migrate.lines import LINE_BREAK  # the line breaks libcst's position providers count
-
 
 
 def _subclasses(base: type) -> set[type]:
@@ -149,10 +149,7 @@ def positions_of(
         asked.update((key, node) for key, node in tracked.items() if type(node) in STATEMENT_TYPES)
     found = {key: state.computed[key] for key in asked if key in state.computed}
     to_position = _Converter(state.tokens, {count for span in found.values() for count in span})
-    return {
-        asked[key]: CodeRange(to_position[start], to_position[end]) for key, (start, end) in found.items()
-    }
-
+    return {asked[key]: CodeRange(to_position[start], to_position[end]) for key, (start, end) in found.items()}
 
 
 class _Converter(dict):
@@ -179,7 +176,7 @@ def _split_at_token_boundaries(text: str, newline_ends: list[int], boundaries: s
     starting the next are two line breaks to it, where a scan of the joined text sees one `\\r\\n`."""
     result = []
     for end in newline_ends:
-        if text[end - 2:end] == "\r\n" and end - 1 in boundaries:
+        if text[end - 2 : end] == "\r\n" and end - 1 in boundaries:
             result.append(end - 1)
         result.append(end)
     return result

@@ -46,9 +46,7 @@ class Summary:
         if self.fixes_by_rule:
             out.append("rewrites: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(self.fixes_by_rule.items())))
         if self.open_by_rule:
-            out.append(
-                "needs a human: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(self.open_by_rule.items()))
-            )
+            out.append("needs a human: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(self.open_by_rule.items())))
         return out
 
     def to_dict(self) -> dict:

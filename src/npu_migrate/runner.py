@@ -55,7 +55,8 @@ def _isolated(job: Job, plan: Plan) -> FileResult:
             return pool.submit(process, job, plan).result()
     except BrokenProcessPool:
         return FileResult(
-            job.display, Status.FAILED,
+            job.display,
+            Status.FAILED,
             error="the worker process died while migrating this file (a crash in the parser?); file left untouched",
         )
 

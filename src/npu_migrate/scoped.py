@@ -38,8 +38,18 @@ if TYPE_CHECKING:
     from npu_migrate.rule import Rule, TreeChecker
 
 _COMPOUND = (
-    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
-    ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.If,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    ast.TryStar,
+    ast.Match,
 )
 
 
@@ -76,11 +86,11 @@ class Source:
 
     def segment(self, node: ast.stmt) -> str:
         """The whole lines of a statement, decorators included."""
-        return "".join(self.lines[first_line(node) - 1:node.end_lineno])
+        return "".join(self.lines[first_line(node) - 1 : node.end_lineno])
 
     def starts_line(self, node: ast.stmt) -> bool:
         """Whether nothing but indentation precedes `node` on its first line (its block is indented)."""
-        return not self.lines[node.lineno - 1][:node.col_offset].strip()
+        return not self.lines[node.lineno - 1][: node.col_offset].strip()
 
     def position(self, node: ast.AST) -> tuple[int, int]:
         if not hasattr(node, "lineno"):
@@ -101,9 +111,17 @@ def statement_index(tree: ast.Module) -> StatementIndex:
     )
 
 
-def run(checkers: list[type[TreeChecker]], tree: ast.Module, source: Source, display: str,
-        enabled: frozenset[str], api: NpuApi, *, index: AstIndex | None = None,
-        annotate: bool = False) -> tuple[str, list[Finding]]:
+def run(
+    checkers: list[type[TreeChecker]],
+    tree: ast.Module,
+    source: Source,
+    display: str,
+    enabled: frozenset[str],
+    api: NpuApi,
+    *,
+    index: AstIndex | None = None,
+    annotate: bool = False,
+) -> tuple[str, list[Finding]]:
     """Run tree checkers on one file: its migrated text and the findings (positions in `source`)."""
     index = index or AstIndex.of(tree)
     reports = [report for checker in checkers for report in checker(enabled, api).check(tree, source, index)]
@@ -139,9 +157,15 @@ def run(checkers: list[type[TreeChecker]], tree: ast.Module, source: Source, dis
             report.applied = False
         findings.append(
             Finding(
-                rule_id=report.rule.id, path=display, line=line, col=col, message=report.message,
-                severity=report.severity, fixed=report.applied and new_text != source.text,
-                original=original, replacement=replacement,
+                rule_id=report.rule.id,
+                path=display,
+                line=line,
+                col=col,
+                message=report.message,
+                severity=report.severity,
+                fixed=report.applied and new_text != source.text,
+                original=original,
+                replacement=replacement,
             )
         )
     return new_text, findings
@@ -195,14 +219,14 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
     config = _FileConfig.of(tree, source)
     for number in sorted(by_block, reverse=True):  # from the bottom, so earlier line numbers hold
         start, end = blocks[number]
-        snippet = "".join(lines[start - 1:end])
+        snippet = "".join(lines[start - 1 : end])
         try:
             parsed = cst.parse_module(snippet)
         except (cst.ParserSyntaxError, RecursionError):
             continue  # its reports say so: no twin, not rewritten
         # libcst's round trip is exact but for a final lone `\r`, which it drops; whatever it drops is put
         # back after the rewritten code. A snippet it changes elsewhere is left alone.
-        lost = snippet[len(parsed.code):] if snippet.startswith(parsed.code) else None
+        lost = snippet[len(parsed.code) :] if snippet.startswith(parsed.code) else None
         if lost is None or lost.strip("\r\n"):
             continue
         module = config.pin(parsed)
@@ -229,7 +253,7 @@ def _splice(source: Source, tree: ast.Module, edits: list[tuple[ast.AST, Fix]]):
                 # A statement's original is its lines; generating a def's code again costs a third of a parse.
                 original = source.segment(target) if isinstance(target, ast.stmt) else module.code_for_node(twin)
                 twins[id(fix)] = (original.strip(), node_code(result).strip())
-        lines[start - 1:end] = [new_module.code + lost]
+        lines[start - 1 : end] = [new_module.code + lost]
     return "".join(lines), twins
 
 
@@ -239,22 +263,29 @@ def _twin(target: ast.AST, positions, offset: int, source: Source) -> cst.CSTNod
     if isinstance(target, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         kind = cst.ClassDef if isinstance(target, ast.ClassDef) else cst.FunctionDef
         return next(
-            (node for node, where in positions.items()
-             if isinstance(node, kind) and node.name.value == target.name and where.start.line == line),
+            (
+                node
+                for node, where in positions.items()
+                if isinstance(node, kind) and node.name.value == target.name and where.start.line == line
+            ),
             None,
         )
     if isinstance(target, ast.Call):
         column = source.char_col(target.func.lineno, target.func.col_offset)
         func_line = target.func.lineno - offset
         return next(
-            (node for node, where in positions.items()
-             if isinstance(node, cst.Call) and (positions[node.func].start.line, positions[node.func].start.column)
-             == (func_line, column)),
+            (
+                node
+                for node, where in positions.items()
+                if isinstance(node, cst.Call)
+                and (positions[node.func].start.line, positions[node.func].start.column) == (func_line, column)
+            ),
             None,
         )
     if isinstance(target, ast.stmt):
         found = [
-            node for node, where in positions.items()
+            node
+            for node, where in positions.items()
             if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)) and where.start.line == line
         ]
         return found[-1] if found else None
@@ -297,20 +328,28 @@ def _first_indent(tree: ast.Module, source: Source) -> str | None:
 def _block_indent(stmt: ast.stmt, source: Source) -> str | None:
     if isinstance(stmt, ast.Match):  # `case` lines are always a block of their own
         line = source.lines[stmt.cases[0].pattern.lineno - 1]
-        return line[:len(line) - len(line.lstrip(" \t\f"))]
+        return line[: len(line) - len(line.lstrip(" \t\f"))]
     if not isinstance(stmt, _COMPOUND):
         return None
-    blocks = [stmt.body, *(h.body for h in getattr(stmt, "handlers", ())), getattr(stmt, "orelse", []),
-              getattr(stmt, "finalbody", [])]
+    blocks = [
+        stmt.body,
+        *(h.body for h in getattr(stmt, "handlers", ())),
+        getattr(stmt, "orelse", []),
+        getattr(stmt, "finalbody", []),
+    ]
     for block in blocks:
         if not block:
             continue
         first = block[0]
         line = source.lines[first.lineno - 1]
-        if block is getattr(stmt, "orelse", None) and isinstance(first, ast.If) and line[first.col_offset:].startswith("elif"):
+        if (
+            block is getattr(stmt, "orelse", None)
+            and isinstance(first, ast.If)
+            and line[first.col_offset :].startswith("elif")
+        ):
             found = _block_indent(first, source)  # `elif`: a header of its own, at the `if`'s level
-        elif not line[:first.col_offset].strip():
-            found = line[:first.col_offset]
+        elif not line[: first.col_offset].strip():
+            found = line[: first.col_offset]
         else:
             found = None
         if found is not None:
@@ -375,7 +414,7 @@ def _pair_lines(old: list[str], new: list[str]) -> list[int | None]:
 
 def _map_column(old: str, new: str, col: int) -> int:
     k = col - 1
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+    for tag, i1, _i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
         if j1 <= k < j2 or (k == j2 == len(new)):
             return (i1 + (k - j1) if tag == "equal" else i1) + 1
     return col

@@ -73,7 +73,7 @@ def token(name: str, word: str = "A-Za-z0-9_") -> re.Pattern[str]:
 def quoted(code: str, position: int) -> bool:
     """Whether `position` of a line lies inside a quoted string."""
     quote = None
-    for i, char in enumerate(code[:position]):
+    for char in code[:position]:
         if quote:
             if char == quote:
                 quote = None
@@ -87,8 +87,8 @@ def is_prose(code: str, start: int, end: int) -> bool:
     ("${CUDA_VISIBLE_DEVICES}", "$CUDA_VISIBLE_DEVICES") or assigned ("CUDA_VISIBLE_DEVICES=0")."""
     if not quoted(code, start):
         return False
-    expanded = code[max(0, start - 2):start].endswith(("$", "${"))
-    assigned = code[end:end + 1] == "="
+    expanded = code[max(0, start - 2) : start].endswith(("$", "${"))
+    assigned = code[end : end + 1] == "="
     return not (expanded or assigned)
 
 
@@ -108,8 +108,17 @@ def apply_reports(text: str, reports: list[TextReport], display: str) -> tuple[s
             cursor, fixed = end, True
             original, replacement = text[start:end], report.replacement
         findings.append(
-            Finding(report.rule.id, display, report.line, report.col, report.message, report.severity,
-                    fixed=fixed, original=original, replacement=replacement)
+            Finding(
+                report.rule.id,
+                display,
+                report.line,
+                report.col,
+                report.message,
+                report.severity,
+                fixed=fixed,
+                original=original,
+                replacement=replacement,
+            )
         )
     out.append(text[cursor:])
     return "".join(out), findings

@@ -41,7 +41,12 @@ from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_b
 MATCHERS = (rms_norm, swiglu, rotary, attention)
 PRELUDE = "prelude.py.j2"
 #: The module-level definition each helper template provides: present means already inserted.
-HELPER_NAMES = {PRELUDE: "_is_npu", "is_silu.py.j2": "_is_silu", rotary.HELPER: "_npu_rotary_fits", attention.HELPER: attention.WRAPPER}
+HELPER_NAMES = {
+    PRELUDE: "_is_npu",
+    "is_silu.py.j2": "_is_silu",
+    rotary.HELPER: "_npu_rotary_fits",
+    attention.HELPER: attention.WRAPPER,
+}
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _SCRIPTED = ("torch.jit.script", "torch.jit.script_method")
 _BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match)
@@ -175,9 +180,13 @@ class FusedOpsChecker(TreeChecker):
         # Identifiers each idiom cannot be written without: "sin" and "sqrt" as substrings are in
         # "using" and "sqrt(d_model)" docstrings of half the files that mention them.
         return (
-            uses("rsqrt") or uses("sqrt") and uses("mean")  # RMSNorm
+            uses("rsqrt")
+            or uses("sqrt")
+            and uses("mean")  # RMSNorm
             or uses("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN", "act")  # SwiGLU
-            or uses("cos") and uses("sin") or uses("view_as_complex", "polar")  # rotary
+            or uses("cos")
+            and uses("sin")
+            or uses("view_as_complex", "polar")  # rotary
             or uses("scaled_dot_product_attention", "flash_attn_func", "softmax")  # attention
         )
 
@@ -216,7 +225,11 @@ class FusedOpsChecker(TreeChecker):
             # then its blocks.
             if self._scan_calls:
                 self._calls(
-                    [c for c in ast.iter_child_nodes(node) if not isinstance(c, (ast.stmt, ast.ExceptHandler, ast.match_case))]
+                    [
+                        c
+                        for c in ast.iter_child_nodes(node)
+                        if not isinstance(c, (ast.stmt, ast.ExceptHandler, ast.match_case))
+                    ]
                     + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
                     + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
                     defs,
@@ -266,10 +279,10 @@ class FusedOpsChecker(TreeChecker):
                 "which the wrapper uses"
             )
             outcome.template = None
-        if outcome.template is not None and any(
-            self._qualname(d) in _SCRIPTED for f in defs for d in f.decorator_list
-        ):
-            outcome.message = "scaled_dot_product_attention not fused: it is called from TorchScript, which cannot call the wrapper"
+        if outcome.template is not None and any(self._qualname(d) in _SCRIPTED for f in defs for d in f.decorator_list):
+            outcome.message = (
+                "scaled_dot_product_attention not fused: it is called from TorchScript, which cannot call the wrapper"
+            )
             outcome.template = None
         self._decide(node, outcome, fix=attention.wrap)
 
@@ -302,8 +315,13 @@ class FusedOpsChecker(TreeChecker):
         if missing:
             names = ", ".join(f"`{HELPER_NAMES[t]}`" for t in missing)
             anchor, after = _prelude_anchor(tree)
-            self.reports.append(TreeReport(
-                self.applied[0][0].rule, tree,
-                f"fused-op helpers {names} (and a guarded `import torch_npu`) added after the imports",
-                fix=_helpers_fix(missing, after), target=anchor, serves=tuple(r for _, r in self.applied),
-            ))
+            self.reports.append(
+                TreeReport(
+                    self.applied[0][0].rule,
+                    tree,
+                    f"fused-op helpers {names} (and a guarded `import torch_npu`) added after the imports",
+                    fix=_helpers_fix(missing, after),
+                    target=anchor,
+                    serves=tuple(r for _, r in self.applied),
+                )
+            )

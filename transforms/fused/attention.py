@@ -29,7 +29,7 @@ ATTENTION = Rule(
     id="NPU704",
     name="fused-attention",
     summary="`F.scaled_dot_product_attention` calls get a guarded `torch_npu.npu_fusion_attention` path",
-    doc='''
+    doc="""
     Wraps every call of `torch.nn.functional.scaled_dot_product_attention` (however imported) in
     `_npu_sdpa(<the original function>, <the original arguments>)`. Off an NPU, or wherever the kernel
     would compute something else, `_npu_sdpa` calls the original function with the original arguments.
@@ -52,7 +52,7 @@ ATTENTION = Rule(
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
     After:
         out = _npu_sdpa(F.scaled_dot_product_attention, q, k, v, attn_mask=mask, is_causal=False)
-    ''',
+    """,
     needs_torch_npu=False,
 )
 
@@ -77,14 +77,16 @@ def match_call(name: str | None, api) -> Outcome | None:
         return Outcome(
             ATTENTION,
             f"`{name.rsplit('.', 1)[-1]}` not rewritten: flash-attn does not run on an NPU; map it by hand to "
-            "`torch_npu.npu_fusion_attention(q, k, v, q.shape[2], \"BSND\", scale=softmax_scale or 1/sqrt(D), "
+            '`torch_npu.npu_fusion_attention(q, k, v, q.shape[2], "BSND", scale=softmax_scale or 1/sqrt(D), '
             "keep_prob=1 - dropout_p)[0]`, and for causal=True (bottom-right aligned) add "
             "`atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=q.device).triu(1), sparse_mode=3`",
         )
     if name != SDPA:
         return None
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
-        return Outcome(ATTENTION, f"scaled_dot_product_attention not fused: torch_npu {api.version} has no npu_fusion_attention")
+        return Outcome(
+            ATTENTION, f"scaled_dot_product_attention not fused: torch_npu {api.version} has no npu_fusion_attention"
+        )
     return Outcome(
         ATTENTION,
         "scaled_dot_product_attention gets a fused `torch_npu.npu_fusion_attention` path (`_npu_sdpa`); "
@@ -99,7 +101,9 @@ def wrap(call: cst.Call) -> cst.Call:
     after = call.whitespace_before_args
     if not isinstance(after, cst.ParenthesizedWhitespace) and call.args:
         after = cst.SimpleWhitespace(" ")
-    first = cst.Arg(value=call.func, comma=cst.Comma(whitespace_after=after) if call.args else cst.MaybeSentinel.DEFAULT)
+    first = cst.Arg(
+        value=call.func, comma=cst.Comma(whitespace_after=after) if call.args else cst.MaybeSentinel.DEFAULT
+    )
     return call.with_changes(func=cst.Name(WRAPPER), args=[first, *call.args])
 
 
@@ -144,7 +148,8 @@ def match(fn: Function) -> Outcome | None:
         )
 
     statements = [
-        stmt for stmt in fn.nodes
+        stmt
+        for stmt in fn.nodes
         if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Return)) and stmt.value is not None
     ]
     for stmt in statements * 2:  # twice: the walk is breadth-first, not in execution order
@@ -162,8 +167,11 @@ def match(fn: Function) -> Outcome | None:
     if not applied:
         return None
     returned = {
-        n.id for stmt in fn.nodes if isinstance(stmt, ast.Return) and stmt.value is not None
-        for n in ast.walk(stmt.value) if isinstance(n, ast.Name)
+        n.id
+        for stmt in fn.nodes
+        if isinstance(stmt, ast.Return) and stmt.value is not None
+        for n in ast.walk(stmt.value)
+        if isinstance(n, ast.Name)
     }
     if returned & probabilities:
         why = "it also returns the attention probabilities, which npu_fusion_attention does not compute"

@@ -35,7 +35,7 @@ RMS_NORM = Rule(
     id="NPU701",
     name="fused-rms-norm",
     summary="hand-written RMSNorm gets a guarded `torch_npu.npu_rms_norm` branch",
-    doc='''
+    doc="""
     Recognises `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)` scaled by a weight, in any of its
     spellings: `.float()` / `.to(torch.float32)` upcasts, `.to(input_dtype)` / `.type_as(x)` casts back,
     a separate `_norm` method, `torch.mean(x * x, ...)`, `/ torch.sqrt(...)`, the weight before or after
@@ -65,7 +65,7 @@ RMS_NORM = Rule(
                 return torch_npu.npu_rms_norm(hidden_states, self.weight, epsilon=self.variance_epsilon)[0]
             input_dtype = hidden_states.dtype
             ...
-    ''',
+    """,
     needs_torch_npu=False,
 )
 
@@ -109,7 +109,12 @@ def _square_base(node: ast.expr, fn: Function) -> ast.expr | None:
     call = method_call(node, "pow")
     if call is not None and len(call.args) == 1 and two(call.args[0]) and fn.qualname(call.func) != "torch.pow":
         return call.func.value
-    if isinstance(node, ast.Call) and fn.qualname(node.func) == "torch.pow" and len(node.args) == 2 and two(node.args[1]):
+    if (
+        isinstance(node, ast.Call)
+        and fn.qualname(node.func) == "torch.pow"
+        and len(node.args) == 2
+        and two(node.args[1])
+    ):
         return node.args[0]
     if isinstance(node, ast.Call) and fn.qualname(node.func) == "torch.square" and len(node.args) == 1:
         return node.args[0]
@@ -261,7 +266,9 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
     upcast = upcast_base(squared, fn)
     x = upcast if upcast is not None else squared
     if not (isinstance(x, ast.Name) and x.id in fn.params):
-        return Outcome(RMS_NORM, "RMS normalisation not fused: the normalised tensor is not a parameter of the function")
+        return Outcome(
+            RMS_NORM, "RMS normalisation not fused: the normalised tensor is not a parameter of the function"
+        )
     if _mentions(site.eps, x.id):
         return Outcome(RMS_NORM, "RMS normalisation not fused: eps depends on the input")
 
@@ -283,7 +290,8 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
         if inner is core:
             if fn.is_method and any(
                 isinstance(n, ast.Attribute) and n.attr == fn.tree.name
-                for name, sibling in fn.siblings.items() if name != fn.tree.name
+                for name, sibling in fn.siblings.items()
+                if name != fn.tree.name
                 for n in ast.walk(sibling)
             ):
                 return None  # a helper such as Gemma's `_norm`: its caller is the candidate
@@ -299,10 +307,15 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
         return Outcome(RMS_NORM, "RMS normalisation not fused: the weight depends on the input")
     leaf = _weight_leaf(weight, fn)
     if leaf is None:
-        return Outcome(RMS_NORM, f"RMS normalisation not fused: the weight `{source(weight)}` is not a parameter or `1 + parameter`")
+        return Outcome(
+            RMS_NORM,
+            f"RMS normalisation not fused: the weight `{source(weight)}` is not a parameter or `1 + parameter`",
+        )
     leaf, weight_fp32 = leaf
     if upcast is not None and not cast_back:
-        return Outcome(RMS_NORM, "RMS normalisation not fused: the float32 result is never cast back to the input dtype")
+        return Outcome(
+            RMS_NORM, "RMS normalisation not fused: the float32 result is never cast back to the input dtype"
+        )
 
     xs = source(x)
     guards = [f"{xs}.dim() >= 2", f"{source(leaf)}.shape == {xs}.shape[-1:]"]
@@ -314,7 +327,9 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
         context = {"x_arg": f"{xs}.float()", "gamma": source(gamma), "cast": f".to({xs}.dtype)"}
     else:
         if weight_fp32:
-            return Outcome(RMS_NORM, "RMS normalisation not fused: a float32 weight on the input-dtype result promotes it")
+            return Outcome(
+                RMS_NORM, "RMS normalisation not fused: a float32 weight on the input-dtype result promotes it"
+            )
         guards += [f"{source(leaf)}.dtype == {xs}.dtype", f"{xs}.dtype in {KERNEL_DTYPES}"]
         context = {"x_arg": xs, "gamma": source(weight), "cast": ""}
     context.update(x=xs, eps=source(site.eps), guards=guards)

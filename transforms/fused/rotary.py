@@ -39,7 +39,7 @@ ROTARY = Rule(
     id="NPU703",
     name="fused-rotary",
     summary="hand-written rotary embedding (`x * cos + rotate_half(x) * sin`) gets a guarded `torch_npu.npu_rotary_mul` branch",
-    doc='''
+    doc="""
     Recognises `x * cos + rotate_half(x) * sin` (either operand order), where `rotate_half` is any
     module-level function, method or inline expression computing `torch.cat((-x2, x1), dim=-1)` of the
     halves `x[..., : x.shape[-1] // 2]`, `x[..., x.shape[-1] // 2 :]` (or `x.chunk(2, -1)`), as in HF's
@@ -71,7 +71,7 @@ ROTARY = Rule(
                 return (torch_npu.npu_rotary_mul(q, _npu_cos, _npu_sin), torch_npu.npu_rotary_mul(k, _npu_cos, _npu_sin))
             cos = cos.unsqueeze(unsqueeze_dim)
             ...
-    ''',
+    """,
     needs_torch_npu=False,
 )
 
@@ -106,7 +106,13 @@ def _last_dim_half(node: ast.expr | None, x: ast.expr) -> bool:
     if isinstance(size, ast.Subscript) and isinstance(size.value, ast.Attribute) and size.value.attr == "shape":
         return _minus_one(size.slice) and same(size.value.value, x)
     call = method_call(size, "size")
-    return call is not None and len(call.args) == 1 and not call.keywords and _minus_one(call.args[0]) and same(call.func.value, x)
+    return (
+        call is not None
+        and len(call.args) == 1
+        and not call.keywords
+        and _minus_one(call.args[0])
+        and same(call.func.value, x)
+    )
 
 
 def _last_dim_slice(node: ast.expr) -> tuple[ast.expr, ast.Slice] | None:
@@ -129,7 +135,11 @@ def _half(node: ast.expr, fn: Function) -> tuple[ast.expr, int] | None:
         chunk = node.value
         if isinstance(chunk, ast.Call):
             if fn.qualname(chunk.func) == "torch.chunk":
-                x, chunks, dim = chunk.args[0] if chunk.args else None, argument(chunk, 1, "chunks"), argument(chunk, 2, "dim")
+                x, chunks, dim = (
+                    chunk.args[0] if chunk.args else None,
+                    argument(chunk, 1, "chunks"),
+                    argument(chunk, 2, "dim"),
+                )
             elif method_call(chunk, "chunk") is not None:
                 x, chunks, dim = chunk.func.value, argument(chunk, 0, "chunks"), argument(chunk, 1, "dim")
             else:
@@ -242,13 +252,17 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
     for node in walk_shared(expr):
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
             continue
-        pairs = ((node.left, node.right), (node.right, node.left)) if isinstance(node.op, ast.Add) else ((node.left, node.right),)
+        pairs = (
+            ((node.left, node.right), (node.right, node.left))
+            if isinstance(node.op, ast.Add)
+            else ((node.left, node.right),)
+        )
         for plain, rotated in pairs:
             rot = _factor(rotated, lambda e: rotation(e, fn))
             if rot is None:
                 continue
             sin, (mode, x, flipped) = rot
-            cos = _factor(plain, lambda e: same(e, x))
+            cos = _factor(plain, lambda e: same(e, x))  # noqa: B023 (called before x changes)
             if cos is None:
                 continue
             # `x * cos - cat((x2, -x1)) * sin` negates twice: exactly the kernel's rotation.
@@ -267,8 +281,10 @@ def _may_rotate(call: ast.Call, fn: Function) -> bool:
     `rotation` needs to be a concatenation or a flatten. Inlining is the dear part; this is not."""
     func = call.func
     return (
-        isinstance(func, ast.Name) and func.id in fn.functions
-        or isinstance(func, ast.Attribute) and func.attr == "flatten"
+        isinstance(func, ast.Name)
+        and func.id in fn.functions
+        or isinstance(func, ast.Attribute)
+        and func.attr == "flatten"
         or fn.qualname(func) in (*_CAT, "torch.flatten")
     )
 

@@ -27,7 +27,7 @@ SWIGLU = Rule(
     id="NPU702",
     name="fused-swiglu",
     summary="hand-written SwiGLU (`silu(gate) * up`) gets a guarded `torch_npu.npu_swiglu` branch",
-    doc='''
+    doc="""
     Recognises `act(gate) * up` where `act` is SiLU: `F.silu`, `nn.SiLU()` or a configurable activation
     attribute (`self.act_fn = ACT2FN[config.hidden_act]`). A configurable activation is checked at run
     time (`_is_silu`, which knows `nn.SiLU` and transformers' `SiLUActivation`), so a model configured
@@ -51,7 +51,7 @@ SWIGLU = Rule(
             ):
                 return self.down_proj(torch_npu.npu_swiglu(torch.cat((_npu_gate, _npu_up), dim=-1), dim=-1))
             return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-    ''',
+    """,
     needs_torch_npu=False,
 )
 
@@ -87,11 +87,7 @@ def _activation(call: ast.expr, fn: Function) -> tuple[ast.expr, str | None] | N
 
 def _chunk_half(node: ast.expr) -> tuple[ast.Call, int] | None:
     """(the shared `t.chunk(2, dim)` call, which half) for a name bound by tuple-unpacking a chunk."""
-    if (
-        isinstance(node, ast.Subscript)
-        and isinstance(node.slice, ast.Constant)
-        and isinstance(node.value, ast.Call)
-    ):
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.value, ast.Call):
         return node.value, node.slice.value
     return None
 
@@ -110,7 +106,8 @@ def match(fn: Function) -> Outcome | None:
         result = fold(fn)
     except NotStraightLine as why:
         has_silu = any(
-            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)
+            isinstance(n, ast.BinOp)
+            and isinstance(n.op, ast.Mult)
             and (_activation(n.left, fn) or _activation(n.right, fn))
             for n in fn.nodes
         )

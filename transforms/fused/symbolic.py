@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from npu_migrate.rule import Rule
 
+
 @dataclass
 class Outcome:
     """What a matcher decided for one function: a branch to inject (`template` set) or a declined finding."""
@@ -109,7 +110,12 @@ class Function:
 def body_statements(tree: ast.FunctionDef) -> list[ast.stmt]:
     """The statements after the docstring."""
     body = tree.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         return body[1:]
     return body
 
@@ -141,7 +147,9 @@ def _chunk_call(value: ast.expr, qualname) -> bool:
     if isinstance(value.func, ast.Attribute) and value.func.attr == "chunk" and qualname(value.func) != "torch.chunk":
         first = value.args[0] if value.args else next((k.value for k in value.keywords if k.arg == "chunks"), None)
     elif qualname(value.func) == "torch.chunk":
-        first = value.args[1] if len(value.args) > 1 else next((k.value for k in value.keywords if k.arg == "chunks"), None)
+        first = (
+            value.args[1] if len(value.args) > 1 else next((k.value for k in value.keywords if k.arg == "chunks"), None)
+        )
     else:
         return False
     return isinstance(first, ast.Constant) and first.value == 2

@@ -33,6 +33,7 @@ def fused_rule_targets() -> dict[str, str]:
                 out[rule.id] = found.group(0)
     return out
 
+
 _SDPA = "torch.nn.functional.scaled_dot_product_attention"
 _SOFTMAX = {"torch.softmax", "torch.nn.functional.softmax", "torch.nn.functional.log_softmax"}
 _GELU = {"torch.nn.functional.gelu"}
@@ -42,19 +43,23 @@ _OPTIMIZERS = {
     "torch.optim.Adam": "torch_npu.optim.NpuFusedAdam",
     "torch.optim.SGD": "torch_npu.optim.NpuFusedSGD",
 }
-_FLASH_ATTN = ("flash_attn.flash_attn_func", "flash_attn.flash_attn_varlen_func", "flash_attn.flash_attn_qkvpacked_func",
-               "flash_attn.flash_attn_interface.flash_attn_func")
+_FLASH_ATTN = (
+    "flash_attn.flash_attn_func",
+    "flash_attn.flash_attn_varlen_func",
+    "flash_attn.flash_attn_qkvpacked_func",
+    "flash_attn.flash_attn_interface.flash_attn_func",
+)
 
 ADVICE = {
     "torch_npu.npu_fast_gelu": "QuickGELU x*sigmoid(1.702x) is exactly torch_npu.npu_fast_gelu(x) (not F.gelu: they differ by 2e-2)",
     "torch_npu.npu_scaled_masked_softmax": "softmax over masked_fill scores is torch_npu.npu_scaled_masked_softmax(x, mask, scale) "
-                                           "(mask True = masked; x 4-D, last two dims in [32, 4096] and divisible by 32)",
+    "(mask True = masked; x 4-D, last two dims in [32, 4096] and divisible by 32)",
     "torch_npu.npu_rotary_mul": "rotary x*cos + rotate_half(x)*sin is torch_npu.npu_rotary_mul(x, cos, sin)",
     "torch_npu.npu_fusion_attention": "torch_npu.npu_fusion_attention is the fused attention kernel: pass scale=1/sqrt(D) "
-                                      "(its default is 1), invert a boolean mask (True = masked on NPU), and give "
-                                      "is_causal=True as sparse_mode=2 with the 2048x2048 triu(1) mask",
+    "(its default is 1), invert a boolean mask (True = masked on NPU), and give "
+    "is_causal=True as sparse_mode=2 with the 2048x2048 triu(1) mask",
     "flash": "flash_attn is CUDA-only: torch_npu.npu_fusion_attention with input_layout 'BSND', causal=True as "
-             "sparse_mode=3 (bottom-right aligned) with the 2048x2048 triu(1) mask, keep_prob=1-dropout_p",
+    "sparse_mode=3 (bottom-right aligned) with the 2048x2048 triu(1) mask, keep_prob=1-dropout_p",
 }
 
 
@@ -81,8 +86,15 @@ class _Matcher(ast.NodeVisitor):
         self._chunks: list[dict | None] = []  # name -> (pair partner, side)
         self._masked: list[set[str] | None] = []  # names assigned from masked_fill
 
-    def _add(self, node: ast.AST, api_type: str, call_name: str, target: str, advice_key: str | None = None,
-             note: str | None = None) -> None:
+    def _add(
+        self,
+        node: ast.AST,
+        api_type: str,
+        call_name: str,
+        target: str,
+        advice_key: str | None = None,
+        note: str | None = None,
+    ) -> None:
         if target in self.covered:
             return  # a fused-operator rule finds these sites and says whether it rewrote them
         line, col = self.source.pos(node)
@@ -92,8 +104,18 @@ class _Matcher(ast.NodeVisitor):
         if not available:
             note += f"; torch_npu {self.api.version} does not have {op}: choose a newer --torch-npu-version"
         end = getattr(node, "end_lineno", line) or line
-        self.rows.append([f"{self.source.display}:{line}:{col}", end, api_type, call_name, target,
-                          "candidate" if available else "unavailable", "NPU921", note])
+        self.rows.append(
+            [
+                f"{self.source.display}:{line}:{col}",
+                end,
+                api_type,
+                call_name,
+                target,
+                "candidate" if available else "unavailable",
+                "NPU921",
+                note,
+            ]
+        )
         self.findings.append(R.finding(R.AFFINITY_API, self.source.display, line, col, f"{call_name}: {note}"))
 
     # -- scopes
@@ -119,9 +141,14 @@ class _Matcher(ast.NodeVisitor):
                 side = self._geglu(node)
                 if side is not None:
                     left = ", activate_left=True" if side == "left" else ""
-                    self._add(node, "special", self.source.segment(node, 60), "torch_npu.npu_geglu",
-                              note=f"GEGLU over x.chunk(2, -1) is torch_npu.npu_geglu(x, dim=-1, approximate=0{left})[0] "
-                                   "(approximate=0 is the erf GELU of F.gelu; the default 1 is the tanh form)")
+                    self._add(
+                        node,
+                        "special",
+                        self.source.segment(node, 60),
+                        "torch_npu.npu_geglu",
+                        note=f"GEGLU over x.chunk(2, -1) is torch_npu.npu_geglu(x, dim=-1, approximate=0{left})[0] "
+                        "(approximate=0 is the erf GELU of F.gelu; the default 1 is the tanh form)",
+                    )
         self.generic_visit(node)
 
     def _quick_gelu(self, node: ast.BinOp) -> bool:
@@ -143,8 +170,13 @@ class _Matcher(ast.NodeVisitor):
             self._chunks[-1] = _chunk_pairs(self._functions[-1])
         pairs = self._chunks[-1]
         for value, act in ((node.left, node.right), (node.right, node.left)):
-            if (isinstance(act, ast.Call) and act.args and self.source.names.resolve(act.func) in _GELU
-                    and isinstance(act.args[0], ast.Name) and isinstance(value, ast.Name)):
+            if (
+                isinstance(act, ast.Call)
+                and act.args
+                and self.source.names.resolve(act.func) in _GELU
+                and isinstance(act.args[0], ast.Name)
+                and isinstance(value, ast.Name)
+            ):
                 partner = pairs.get(act.args[0].id)
                 if partner is not None and partner[0] == value.id:
                     return partner[1]
@@ -160,8 +192,18 @@ class _Matcher(ast.NodeVisitor):
             target = _OPTIMIZERS[qualname]
             line, col = self.source.pos(node)
             note = f"{target} fuses the parameter update of {qualname} into a few kernels (same hyper-parameters)"
-            self.rows.append([f"{self.source.display}:{line}:{col}", getattr(node, "end_lineno", line), "torch",
-                              qualname, target, "candidate", "NPU921", note])
+            self.rows.append(
+                [
+                    f"{self.source.display}:{line}:{col}",
+                    getattr(node, "end_lineno", line),
+                    "torch",
+                    qualname,
+                    target,
+                    "candidate",
+                    "NPU921",
+                    note,
+                ]
+            )
             self.findings.append(R.finding(R.AFFINITY_API, self.source.display, line, col, f"{qualname}: {note}"))
         elif self._masked_softmax(node, qualname):
             self._add(node, "special", self.source.segment(node, 60), "torch_npu.npu_scaled_masked_softmax")
@@ -184,7 +226,11 @@ class _Matcher(ast.NodeVisitor):
 
 
 def _is_masked_fill(node: ast.AST) -> bool:
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("masked_fill", "masked_fill_")
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("masked_fill", "masked_fill_")
+    )
 
 
 def _masked_names(function: ast.AST, source: Source) -> set[str]:
@@ -192,8 +238,13 @@ def _masked_names(function: ast.AST, source: Source) -> set[str]:
     for node in ast.walk(function):
         if isinstance(node, ast.Assign) and _is_masked_fill(node.value):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute) \
-                and node.value.func.attr == "masked_fill_" and isinstance(node.value.func.value, ast.Name):
+        elif (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr == "masked_fill_"
+            and isinstance(node.value.func.value, ast.Name)
+        ):
             names.add(node.value.func.value.id)
     return names
 
@@ -202,10 +253,17 @@ def _chunk_pairs(function: ast.AST) -> dict[str, tuple[str, str]]:
     """`a, b = x.chunk(2, dim=-1)`: b -> (a, "right"), a -> (b, "left")."""
     pairs = {}
     for node in ast.walk(function):
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple)
-                and len(node.targets[0].elts) == 2 and isinstance(node.value, ast.Call)
-                and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "chunk"
-                and node.value.args and _number(node.value.args[0], 2)):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Tuple)
+            and len(node.targets[0].elts) == 2
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr == "chunk"
+            and node.value.args
+            and _number(node.value.args[0], 2)
+        ):
             left, right = node.targets[0].elts
             if isinstance(left, ast.Name) and isinstance(right, ast.Name):
                 pairs[right.id] = (left.id, "right")
@@ -214,7 +272,9 @@ def _chunk_pairs(function: ast.AST) -> dict[str, tuple[str, str]]:
 
 
 def scan(source: Source, context: Context) -> dict | None:
-    if "torch" not in source.names.modules and not any(m.startswith(("torch.", "flash_attn")) for m in source.names.modules):
+    if "torch" not in source.names.modules and not any(
+        m.startswith(("torch.", "flash_attn")) for m in source.names.modules
+    ):
         return None
     matcher = _Matcher(source, context.api, frozenset(fused_rule_targets().values()))
     matcher.visit(source.tree)
@@ -235,19 +295,27 @@ def collect(project: Project) -> ModeResult:
         target = fused_rule_targets().get(finding.rule_id, "torch_npu fused operator")
         status = "applied" if finding.fixed else "declined"
         name = (finding.original.splitlines() or [finding.rule_id])[0].rstrip(":")
-        rows.append([finding.location(), finding.line, "function", name, target, status,
-                     finding.rule_id, finding.message])
+        rows.append(
+            [finding.location(), finding.line, "function", name, target, status, finding.rule_id, finding.message]
+        )
     for _, facts in project.facts("affinity_apis"):
         rows.extend(facts["rows"])
         result.findings.extend(facts["findings"])
     rows.sort(key=lambda r: (r[0].rsplit(":", 2)[0], int(r[0].rsplit(":", 2)[1]), int(r[0].rsplit(":", 2)[2])))
     result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule_id))
-    result.tables = [Table("affinity_api_call.csv", "Affinity API sites",
-                           ["location", "end_line", "api_type", "api_call_name", "affinity_api", "status", "rule", "reason"],
-                           rows)]
+    result.tables = [
+        Table(
+            "affinity_api_call.csv",
+            "Affinity API sites",
+            ["location", "end_line", "api_type", "api_call_name", "affinity_api", "status", "rule", "reason"],
+            rows,
+        )
+    ]
     by_status: dict[str, int] = {}
     for row in rows:
         by_status[row[5]] = by_status.get(row[5], 0) + 1
-    result.summary = [f"{len(rows)} affinity API sites: " + (", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "none")]
+    result.summary = [
+        f"{len(rows)} affinity API sites: " + (", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "none")
+    ]
     result.data = {"sites": [dict(zip(result.tables[0].header, row)) for row in rows], "by_status": by_status}
     return result

@@ -49,17 +49,23 @@ def analyze_command(
     ] = None,
     output: Annotated[
         Optional[Path],
-        typer.Option("--output", "-o", help="Write the CSVs, report.json, report.sarif, report.md and report.html here."),
+        typer.Option(
+            "--output", "-o", help="Write the CSVs, report.json, report.sarif, report.md and report.html here."
+        ),
     ] = None,
     output_format: Annotated[
         ReportFormat, typer.Option("--format", help="What to print on stdout.")
     ] = ReportFormat.text,
     torch_npu_version: Annotated[
-        Optional[str], typer.Option("--torch-npu-version", help="torch_npu version to judge support against (default: newest known).")
+        Optional[str],
+        typer.Option("--torch-npu-version", help="torch_npu version to judge support against (default: newest known)."),
     ] = None,
     env_path: Annotated[
         Optional[list[Path]],
-        typer.Option("--env-path", help="Library source tree to analyse for third_party (repeatable): writes full_unsupported_results.csv."),
+        typer.Option(
+            "--env-path",
+            help="Library source tree to analyse for third_party (repeatable): writes full_unsupported_results.csv.",
+        ),
     ] = None,
     api_files: Annotated[
         Optional[list[Path]],
@@ -67,7 +73,9 @@ def analyze_command(
     ] = None,
     instrument: Annotated[
         Optional[Path],
-        typer.Option("--instrument", help="dynamic_shape: write an instrumented copy here that records the shapes it sees."),
+        typer.Option(
+            "--instrument", help="dynamic_shape: write an instrumented copy here that records the shapes it sees."
+        ),
     ] = None,
     jobs: Annotated[
         Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")
@@ -98,20 +106,27 @@ def analyze_command(
             raise _fail(f"{given}: no such file or directory")
     try:
         config = discover_config(paths, config_file)
-        enabled = select_rules(list(config.select or ["ALL"]), [*config.ignore, *config.fused_ignores(fused_rule_names())])
+        enabled = select_rules(
+            list(config.select or ["ALL"]), [*config.ignore, *config.fused_ignores(fused_rule_names())]
+        )
         version = torch_npu_version or config.torch_npu_version
         NpuApi(version)
     except (ConfigError, SelectionError, UnknownVersionError) as exc:
         raise _fail(str(exc)) from None
 
     settings = Settings(
-        modes=modes, enabled=enabled, torch_npu_version=version,
-        env_paths=tuple(env_path or ()), api_files=tuple(api_files or ()), jobs=jobs,
+        modes=modes,
+        enabled=enabled,
+        torch_npu_version=version,
+        env_paths=tuple(env_path or ()),
+        api_files=tuple(api_files or ()),
+        jobs=jobs,
     )
     excludes = [(pattern, config.root) for pattern in config.exclude]
     try:
-        analysis = analyse(paths, settings, ignored_for=config.ignored_for, excludes=excludes,
-                           respect_gitignore=not no_gitignore)
+        analysis = analyse(
+            paths, settings, ignored_for=config.ignored_for, excludes=excludes, respect_gitignore=not no_gitignore
+        )
         for path, reason in analysis.errors:
             typer.echo(f"{path}: error: {reason}", err=True)
         if instrument is not None:
@@ -120,8 +135,11 @@ def analyze_command(
 
             project = Project(analysis.root, settings, None, analysis.files, list(paths))
             written = dynamic_shape.instrument(project, instrument)
-            typer.echo(f"instrumented {len(written)} files into {instrument}; run it there, then read "
-                       f"{dynamic_shape.SHAPES_CSV}", err=True)
+            typer.echo(
+                f"instrumented {len(written)} files into {instrument}; run it there, then read "
+                f"{dynamic_shape.SHAPES_CSV}",
+                err=True,
+            )
         if output is not None:
             if output.exists() and not output.is_dir():
                 raise AnalysisError(f"--output {output}: exists and is not a folder")

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
-from npu_migrate.names import Names
 from npu_migrate.findings import Finding
+from npu_migrate.names import Names
 from npu_migrate.pipeline import Job, Mode, Plan, Status, process
 from npu_migrate.source import SourceError, parse_python, read_source
 
@@ -280,8 +281,14 @@ def module_name(display: str) -> str | None:
     return ".".join(parts)
 
 
-def analyse(paths: list[Path], settings: Settings, *, ignored_for: Callable[[str], tuple[str, ...]] = lambda _: (),
-            excludes: list[tuple[str, Path]] | None = None, respect_gitignore: bool = True) -> Analysis:
+def analyse(
+    paths: list[Path],
+    settings: Settings,
+    *,
+    ignored_for: Callable[[str], tuple[str, ...]] = lambda _: (),
+    excludes: list[tuple[str, Path]] | None = None,
+    respect_gitignore: bool = True,
+) -> Analysis:
     """Analyse `paths` (files or folders) in the chosen modes."""
     from npu_migrate.analyze import MODE_MODULES, third_party
     from npu_migrate.discovery import discover
@@ -291,7 +298,7 @@ def analyse(paths: list[Path], settings: Settings, *, ignored_for: Callable[[str
             raise AnalysisError(f"{given}: no such file or directory")
     root = common_root(paths)
     context = Context(settings)
-    context.api  # an unknown --torch-npu-version fails here, before any work
+    _ = context.api  # an unknown --torch-npu-version fails here, before any work
     if settings.env_paths:
         context.library_unsupported.update(third_party.library_unsupported(settings, context))
     for csv_path in settings.api_files:

@@ -100,9 +100,10 @@ def scan(source: Source, context: Context) -> dict | None:
         return None
     constants = {
         t.id: n.value.value
-        for n in source.tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
-        and isinstance(n.value.value, str)
-        for t in n.targets if isinstance(t, ast.Name)
+        for n in source.tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+        for t in n.targets
+        if isinstance(t, ast.Name)
     }
     rows, findings = [], []
 
@@ -117,13 +118,18 @@ def scan(source: Source, context: Context) -> dict | None:
             qualname = source.names.resolve(node.func) or ""
             if not qualname.startswith(_EXT):
                 continue
-            api = qualname[len(_EXT):]
+            api = qualname[len(_EXT) :]
             name_node = _arg(node, 0, "name")
             name = name_node.value if isinstance(name_node, ast.Constant) else "?"
             if api == "CUDAExtension":
                 files = _sources(_arg(node, 1, "sources"))
-                add(node, "extension_build", name, ", ".join(files),
-                    "port the .cu sources to Ascend C; build with torch_npu.utils.cpp_extension.NpuExtension")
+                add(
+                    node,
+                    "extension_build",
+                    name,
+                    ", ".join(files),
+                    "port the .cu sources to Ascend C; build with torch_npu.utils.cpp_extension.NpuExtension",
+                )
             elif api == "load":
                 files = _sources(_arg(node, 1, "sources"))
                 with_cuda = _arg(node, None, "with_cuda")
@@ -131,23 +137,49 @@ def scan(source: Source, context: Context) -> dict | None:
                 if cuda or (isinstance(with_cuda, ast.Constant) and with_cuda.value is True):
                     add(node, "jit_build", name, ", ".join(files), "port the CUDA sources; load the NPU build instead")
                 else:
-                    add(node, "jit_build", name, ", ".join(files), "host C++: builds and runs on the CPU of an NPU machine")
+                    add(
+                        node,
+                        "jit_build",
+                        name,
+                        ", ".join(files),
+                        "host C++: builds and runs on the CPU of an NPU machine",
+                    )
             elif api == "load_inline":
                 cuda_node = _arg(node, 2, "cuda_sources")
                 if cuda_node is None or (isinstance(cuda_node, ast.Constant) and cuda_node.value is None):
-                    add(node, "jit_build", name, "cpp_sources only", "host C++: builds and runs on the CPU of an NPU machine")
+                    add(
+                        node,
+                        "jit_build",
+                        name,
+                        "cpp_sources only",
+                        "host C++: builds and runs on the CPU of an NPU machine",
+                    )
                     continue
                 code = _string_value(cuda_node, constants) or ""
                 kernels = [k for k, _ in kernels_in(code)]
-                add(node, "jit_build", name, f"kernels: {', '.join(kernels) or 'not visible statically'}",
-                    "port the kernels; load the NPU build instead")
+                add(
+                    node,
+                    "jit_build",
+                    name,
+                    f"kernels: {', '.join(kernels) or 'not visible statically'}",
+                    "port the kernels; load the NPU build instead",
+                )
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for decorator in node.decorator_list:
                 target = decorator.func if isinstance(decorator, ast.Call) else decorator
-                if (source.names.resolve(target) or "").startswith(("triton.jit", "triton.autotune", "triton.heuristics")):
-                    add(node, "triton_kernel", node.name, "", "port with triton-ascend, or rewrite with torch ops",
-                        R.CUDA_KERNEL, f"triton kernel {node.name} is compiled for NVIDIA GPUs; port it with "
-                        "triton-ascend or rewrite it with torch operators")
+                if (source.names.resolve(target) or "").startswith(
+                    ("triton.jit", "triton.autotune", "triton.heuristics")
+                ):
+                    add(
+                        node,
+                        "triton_kernel",
+                        node.name,
+                        "",
+                        "port with triton-ascend, or rewrite with torch ops",
+                        R.CUDA_KERNEL,
+                        f"triton kernel {node.name} is compiled for NVIDIA GPUs; port it with "
+                        "triton-ascend or rewrite it with torch operators",
+                    )
                     break
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "__global__" in node.value:
             start_line, _ = source.pos(node)
@@ -157,8 +189,16 @@ def scan(source: Source, context: Context) -> dict | None:
                     pos = source.pos(node)
                 else:
                     pos = (line, offset - (node.value.rfind("\n", 0, offset) + 1) + 1)
-                add(node, "cuda_kernel", kernel, "inline CUDA source", _PORT_KERNEL, R.CUDA_KERNEL,
-                    f"CUDA kernel {kernel} (in a Python string) must be ported: {_PORT_KERNEL}", pos=pos)
+                add(
+                    node,
+                    "cuda_kernel",
+                    kernel,
+                    "inline CUDA source",
+                    _PORT_KERNEL,
+                    R.CUDA_KERNEL,
+                    f"CUDA kernel {kernel} (in a Python string) must be ported: {_PORT_KERNEL}",
+                    pos=pos,
+                )
     if not rows:
         return None
     return {"rows": rows, "findings": findings}
@@ -191,25 +231,52 @@ def native_sources(project: Project) -> tuple[list[list], list]:
                 line, col = _line_of(text, offset)
                 rows.append([f"{display}:{line}:{col}", "cuda_kernel", kernel, detail, _PORT_KERNEL])
             if not kernels:
-                rows.append([f"{display}:1:1", "cuda_source", path.name, f"{detail}; {launches} launches",
-                             "port with the kernels that use it"])
+                rows.append(
+                    [
+                        f"{display}:1:1",
+                        "cuda_source",
+                        path.name,
+                        f"{detail}; {launches} launches",
+                        "port with the kernels that use it",
+                    ]
+                )
             continue
         match = _CPP_CUDA.search(text)
         bindings = sorted(set(_BINDING.findall(text)))
         if match is None:
             if bindings:
-                rows.append([f"{display}:1:1", "host_cpp", path.name, "binds " + ", ".join(bindings),
-                             "host C++: portable; the ops it binds need NPU tensors handled"])
+                rows.append(
+                    [
+                        f"{display}:1:1",
+                        "host_cpp",
+                        path.name,
+                        "binds " + ", ".join(bindings),
+                        "host C++: portable; the ops it binds need NPU tensors handled",
+                    ]
+                )
             continue
         line, col = _line_of(text, match.start())
         bound = f"; binds {', '.join(bindings)}" if bindings else ""
-        rows.append([f"{display}:{line}:{col}", "cuda_cpp", path.name, f"uses {match.group(0).strip()}{bound}",
-                     "replace the CUDA runtime calls; register the ops for the NPU (PrivateUse1) device"])
-        findings.append(R.finding(
-            R.CUDA_KERNEL, display, line, col,
-            f"C++ source depends on CUDA ({match.group(0).strip()}){bound}: replace the CUDA runtime calls and "
-            "register the operators for the NPU (PrivateUse1) device", Severity.WARNING,
-        ))
+        rows.append(
+            [
+                f"{display}:{line}:{col}",
+                "cuda_cpp",
+                path.name,
+                f"uses {match.group(0).strip()}{bound}",
+                "replace the CUDA runtime calls; register the ops for the NPU (PrivateUse1) device",
+            ]
+        )
+        findings.append(
+            R.finding(
+                R.CUDA_KERNEL,
+                display,
+                line,
+                col,
+                f"C++ source depends on CUDA ({match.group(0).strip()}){bound}: replace the CUDA runtime calls and "
+                "register the operators for the NPU (PrivateUse1) device",
+                Severity.WARNING,
+            )
+        )
     return rows, findings
 
 
@@ -232,8 +299,14 @@ def collect(project: Project) -> ModeResult:
         findings.extend(facts["findings"])
     rows.sort(key=lambda r: _location_key(r[0]))
     result.findings = sorted(findings, key=lambda f: (f.path, f.line, f.col, f.rule_id))
-    result.tables = [Table("custom_kernels.csv", "Custom kernels and extension builds",
-                           ["location", "kind", "name", "detail", "what_to_port"], rows)]
+    result.tables = [
+        Table(
+            "custom_kernels.csv",
+            "Custom kernels and extension builds",
+            ["location", "kind", "name", "detail", "what_to_port"],
+            rows,
+        )
+    ]
     kinds: dict[str, int] = {}
     for row in rows:
         kinds[row[1]] = kinds.get(row[1], 0) + 1

@@ -39,8 +39,25 @@ def _bool_expr(node: ast.AST) -> bool:
         return _bool_expr(node.operand)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):
         return _bool_expr(node.left) or _bool_expr(node.right)
-    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
-        "bool", "isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or", "eq", "ne", "gt", "lt", "ge", "le",
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr
+        in (
+            "bool",
+            "isnan",
+            "isinf",
+            "isfinite",
+            "logical_not",
+            "logical_and",
+            "logical_or",
+            "eq",
+            "ne",
+            "gt",
+            "lt",
+            "ge",
+            "le",
+        )
     )
 
 
@@ -72,8 +89,11 @@ class _Finder(ast.NodeVisitor):
     def _mask_names(self) -> set[str]:
         if self._masks[-1] is None:
             self._masks[-1] = {
-                t.id for child in ast.walk(self._scopes[-1])
-                if isinstance(child, ast.Assign) and _bool_expr(child.value) for t in child.targets if isinstance(t, ast.Name)
+                t.id
+                for child in ast.walk(self._scopes[-1])
+                if isinstance(child, ast.Assign) and _bool_expr(child.value)
+                for t in child.targets
+                if isinstance(t, ast.Name)
             }
         return self._masks[-1]
 
@@ -97,25 +117,42 @@ class _Finder(ast.NodeVisitor):
                 qualname = self.source.names.resolve(child.func) or ""
                 if qualname.endswith("pad_sequence"):
                     name = "pad_sequence"
-                elif isinstance(child.func, ast.Name) and child.func.id == "max" and any(
-                    isinstance(a, (ast.GeneratorExp, ast.ListComp)) and "len(" in self.source.segment(a, 400)
-                    or isinstance(a, ast.Call) and getattr(a.func, "id", None) == "len" for a in child.args
+                elif (
+                    isinstance(child.func, ast.Name)
+                    and child.func.id == "max"
+                    and any(
+                        isinstance(a, (ast.GeneratorExp, ast.ListComp))
+                        and "len(" in self.source.segment(a, 400)
+                        or isinstance(a, ast.Call)
+                        and getattr(a.func, "id", None) == "len"
+                        for a in child.args
+                    )
                 ):
                     name = "max(len(...))"
             if name is not None:
-                self._site(node, "collate_fn", "collate",
-                           f"collate function {node.name} pads each batch to its longest sample ({name}): every "
-                           "batch gets a new shape and a new operator compilation on NPU; pad to a fixed length "
-                           "or a few buckets", R.VARIABLE_SHAPE_INPUT)
+                self._site(
+                    node,
+                    "collate_fn",
+                    "collate",
+                    f"collate function {node.name} pads each batch to its longest sample ({name}): every "
+                    "batch gets a new shape and a new operator compilation on NPU; pad to a fixed length "
+                    "or a few buckets",
+                    R.VARIABLE_SHAPE_INPUT,
+                )
                 return
 
     def visit_If(self, node) -> None:
         if self._functions and self._functions[-1] == "forward":
             text = self.source.segment(node.test, 200)
             if ".shape" in text or ".size(" in text or ".dim()" in text or ".numel()" in text:
-                self._site(node, "if " + text, "control_flow",
-                           f"control flow on a shape in forward ({text}): each shape takes its own path; on NPU "
-                           "keep shapes static so one compiled graph serves every step", R.VARIABLE_SHAPE_INPUT)
+                self._site(
+                    node,
+                    "if " + text,
+                    "control_flow",
+                    f"control flow on a shape in forward ({text}): each shape takes its own path; on NPU "
+                    "keep shapes static so one compiled graph serves every step",
+                    R.VARIABLE_SHAPE_INPUT,
+                )
         self.generic_visit(node)
 
     visit_While = visit_If
@@ -128,14 +165,23 @@ class _Finder(ast.NodeVisitor):
                 api = qualname
             elif qualname == "torch.where" and len(node.args) == 1 and not node.keywords:
                 api = "torch.where (one argument)"
-            elif qualname == "torch.repeat_interleave" and len(node.args) > 1 and not isinstance(node.args[1], ast.Constant):
+            elif (
+                qualname == "torch.repeat_interleave"
+                and len(node.args) > 1
+                and not isinstance(node.args[1], ast.Constant)
+            ):
                 api = "torch.repeat_interleave (tensor repeats)"
         elif qualname is None and isinstance(node.func, ast.Attribute) and node.func.attr in DATA_DEPENDENT:
             if node.func.attr != "unique" or not isinstance(node.func.value, (ast.List, ast.Set)):
                 api = f"Tensor.{node.func.attr}"
         if api is not None:
-            self._site(node, api, "operator", f"{api}: the output shape depends on the data (a device-to-host sync, "
-                                              "and a compilation per new shape on NPU)")
+            self._site(
+                node,
+                api,
+                "operator",
+                f"{api}: the output shape depends on the data (a device-to-host sync, "
+                "and a compilation per new shape on NPU)",
+            )
         self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
@@ -143,9 +189,13 @@ class _Finder(ast.NodeVisitor):
             index = node.slice
             if _bool_expr(index) or (isinstance(index, ast.Name) and index.id in self._mask_names()):
                 text = self.source.segment(node, 60)
-                self._site(node, "boolean mask index", "mask_index",
-                           f"boolean-mask indexing {text}: the result's size is the number of True values; "
-                           "torch.where(mask, x, 0) or masked_fill keep the shape static")
+                self._site(
+                    node,
+                    "boolean mask index",
+                    "mask_index",
+                    f"boolean-mask indexing {text}: the result's size is the number of True values; "
+                    "torch.where(mask, x, 0) or masked_fill keep the shape static",
+                )
         self.generic_visit(node)
 
 
@@ -171,7 +221,9 @@ def collect(project: Project) -> ModeResult:
     kinds: dict[str, int] = {}
     for row in rows:
         kinds[row[1]] = kinds.get(row[1], 0) + 1
-    result.summary = [f"{len(rows)} dynamic-shape sources: " + (", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none")]
+    result.summary = [
+        f"{len(rows)} dynamic-shape sources: " + (", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none")
+    ]
     result.data = {"sites": [dict(zip(result.tables[0].header, r)) for r in rows], "by_kind": kinds}
     return result
 
@@ -199,7 +251,9 @@ def instrument(project: Project, out: Path) -> list[str]:
         out.mkdir(parents=True, exist_ok=True)
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             folder = Path(dirpath)
-            dirnames[:] = sorted(d for d in dirnames if not _is_skipped_dir(folder / d) and (folder / d).resolve() != out)
+            dirnames[:] = sorted(
+                d for d in dirnames if not _is_skipped_dir(folder / d) and (folder / d).resolve() != out
+            )
             for name in filenames:
                 src = folder / name
                 if src.is_symlink():
@@ -208,8 +262,12 @@ def instrument(project: Project, out: Path) -> list[str]:
                 dst = out / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 if rel in sites:
-                    prelude = render("report/shape_prelude.py.j2", depth=rel.count("/"), module=RECORDER_MODULE,
-                                     recorder=RECORDER_NAME)
+                    prelude = render(
+                        "report/shape_prelude.py.j2",
+                        depth=rel.count("/"),
+                        module=RECORDER_MODULE,
+                        recorder=RECORDER_NAME,
+                    )
                     try:
                         code = _instrument_text(cst, read_source(src).text, rel, sites[rel], prelude)
                     except (SourceError, cst.ParserSyntaxError) as exc:
@@ -217,7 +275,9 @@ def instrument(project: Project, out: Path) -> list[str]:
                     dst.write_text(code, encoding="utf-8")
                 else:
                     shutil.copy2(src, dst)
-        (out / f"{RECORDER_MODULE}.py").write_text(render("report/shape_recorder.py.j2", csv_name=SHAPES_CSV), encoding="utf-8")
+        (out / f"{RECORDER_MODULE}.py").write_text(
+            render("report/shape_recorder.py.j2", csv_name=SHAPES_CSV), encoding="utf-8"
+        )
     except OSError as exc:
         raise AnalysisError(f"--instrument {out}: {exc.strerror or exc} ({getattr(exc, 'filename', '')})") from None
     return sorted(sites)

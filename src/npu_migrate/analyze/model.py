@@ -27,12 +27,46 @@ _F = "torch.nn.functional."
 
 LAYER_KINDS = {
     "linear": {"Linear", "Bilinear", "LazyLinear"},
-    "convolution": {"Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "LazyConv2d"},
+    "convolution": {
+        "Conv1d",
+        "Conv2d",
+        "Conv3d",
+        "ConvTranspose1d",
+        "ConvTranspose2d",
+        "ConvTranspose3d",
+        "LazyConv2d",
+    },
     "attention": {"MultiheadAttention", "Transformer", "TransformerEncoderLayer", "TransformerDecoderLayer"},
-    "normalization": {"LayerNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "GroupNorm", "RMSNorm",
-                      "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "SyncBatchNorm", "LocalResponseNorm"},
-    "activation": {"ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "Softmax", "Mish", "Hardswish", "ELU",
-                   "PReLU", "Softplus", "ReLU6", "GLU", "LogSoftmax"},
+    "normalization": {
+        "LayerNorm",
+        "BatchNorm1d",
+        "BatchNorm2d",
+        "BatchNorm3d",
+        "GroupNorm",
+        "RMSNorm",
+        "InstanceNorm1d",
+        "InstanceNorm2d",
+        "InstanceNorm3d",
+        "SyncBatchNorm",
+        "LocalResponseNorm",
+    },
+    "activation": {
+        "ReLU",
+        "GELU",
+        "SiLU",
+        "Tanh",
+        "Sigmoid",
+        "LeakyReLU",
+        "Softmax",
+        "Mish",
+        "Hardswish",
+        "ELU",
+        "PReLU",
+        "Softplus",
+        "ReLU6",
+        "GLU",
+        "LogSoftmax",
+    },
     "embedding": {"Embedding", "EmbeddingBag"},
     "recurrent": {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell"},
     "pooling": {"MaxPool1d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "AdaptiveAvgPool1d", "MaxPool3d"},
@@ -40,16 +74,27 @@ LAYER_KINDS = {
 }
 _KIND_OF = {name: kind for kind, names in LAYER_KINDS.items() for name in names}
 #: Hand-written modules named after what they are (a Llama `LlamaRMSNorm` is a norm, not a generic module).
-_CUSTOM_KINDS = (("rmsnorm", "normalization"), ("layernorm", "normalization"), ("attention", "attention"),
-                 ("rotary", "positional"), ("rope", "positional"), ("swiglu", "mlp"), ("mlp", "mlp"),
-                 ("feedforward", "mlp"), ("embedding", "embedding"))
+_CUSTOM_KINDS = (
+    ("rmsnorm", "normalization"),
+    ("layernorm", "normalization"),
+    ("attention", "attention"),
+    ("rotary", "positional"),
+    ("rope", "positional"),
+    ("swiglu", "mlp"),
+    ("mlp", "mlp"),
+    ("feedforward", "mlp"),
+    ("embedding", "embedding"),
+)
 
 _ACTIVATION_FUNCS = {"relu", "gelu", "silu", "tanh", "sigmoid", "leaky_relu", "mish", "hardswish", "elu", "softplus"}
 
 #: Heavy operators: (cost order, how it runs on Ascend). Order 1 costs most per call at typical sizes.
 OPERATORS = {
-    "attention": (1, "native: F.scaled_dot_product_attention and nn.MultiheadAttention run on NPU; "
-                     "torch_npu.npu_fusion_attention is the fused kernel"),
+    "attention": (
+        1,
+        "native: F.scaled_dot_product_attention and nn.MultiheadAttention run on NPU; "
+        "torch_npu.npu_fusion_attention is the fused kernel",
+    ),
     "convolution": (2, "native (aclnn convolution, Cube unit)"),
     "matmul": (3, "native (aclnn matmul, Cube unit)"),
     "linear": (3, "native (aclnn matmul, Cube unit)"),
@@ -62,21 +107,46 @@ OPERATORS = {
     "pooling": (7, "native"),
 }
 _FUNCTIONAL_KIND = {
-    "torch.matmul": "matmul", "torch.bmm": "matmul", "torch.mm": "matmul", "torch.einsum": "matmul",
-    "torch.baddbmm": "matmul", "torch.addmm": "matmul", _F + "linear": "linear",
-    _F + "conv1d": "convolution", _F + "conv2d": "convolution", _F + "conv3d": "convolution",
-    _F + "scaled_dot_product_attention": "attention", _F + "softmax": "softmax", "torch.softmax": "softmax",
-    _F + "log_softmax": "softmax", _F + "layer_norm": "normalization", _F + "group_norm": "normalization",
-    _F + "batch_norm": "normalization", "torch.rsqrt": "normalization", _F + "embedding": "embedding",
-    _F + "cross_entropy": "loss", _F + "nll_loss": "loss", _F + "mse_loss": "loss",
-    **{_F + name: "activation" for name in _ACTIVATION_FUNCS}, "torch.sigmoid": "activation", "torch.tanh": "activation",
+    "torch.matmul": "matmul",
+    "torch.bmm": "matmul",
+    "torch.mm": "matmul",
+    "torch.einsum": "matmul",
+    "torch.baddbmm": "matmul",
+    "torch.addmm": "matmul",
+    _F + "linear": "linear",
+    _F + "conv1d": "convolution",
+    _F + "conv2d": "convolution",
+    _F + "conv3d": "convolution",
+    _F + "scaled_dot_product_attention": "attention",
+    _F + "softmax": "softmax",
+    "torch.softmax": "softmax",
+    _F + "log_softmax": "softmax",
+    _F + "layer_norm": "normalization",
+    _F + "group_norm": "normalization",
+    _F + "batch_norm": "normalization",
+    "torch.rsqrt": "normalization",
+    _F + "embedding": "embedding",
+    _F + "cross_entropy": "loss",
+    _F + "nll_loss": "loss",
+    _F + "mse_loss": "loss",
+    **{_F + name: "activation" for name in _ACTIVATION_FUNCS},
+    "torch.sigmoid": "activation",
+    "torch.tanh": "activation",
 }
 _FLASH = "flash_attn."
 
 #: Person-days per fact, for the effort estimate (low end; the high end doubles it).
 EFFORT_DAYS = {
-    "base": 1.0, "custom_kernel": 3.0, "native_build": 0.5, "package_without_alternative": 2.0, "package_with_alternative": 1.0,
-    "unsupported_api": 0.5, "distributed": 1.0, "dynamic_shape": 0.25, "fused_declined": 0.25, "sync_in_loop": 0.1,
+    "base": 1.0,
+    "custom_kernel": 3.0,
+    "native_build": 0.5,
+    "package_without_alternative": 2.0,
+    "package_with_alternative": 1.0,
+    "unsupported_api": 0.5,
+    "distributed": 1.0,
+    "dynamic_shape": 0.25,
+    "fused_declined": 0.25,
+    "sync_in_loop": 0.1,
 }
 
 _SYNC_METHODS = {"item", "cpu", "numpy", "tolist"}
@@ -139,18 +209,28 @@ class _Scanner(ast.NodeVisitor):
 
     def _loop_names(self) -> set[str]:
         if self._assigned_in_loop[-1] is None:
-            self._assigned_in_loop[-1] = {t.id for n in ast.walk(self._loops[-1]) if isinstance(n, ast.Assign)
-                                          for t in n.targets if isinstance(t, ast.Name)}
+            self._assigned_in_loop[-1] = {
+                t.id
+                for n in ast.walk(self._loops[-1])
+                if isinstance(n, ast.Assign)
+                for t in n.targets
+                if isinstance(t, ast.Name)
+            }
         return self._assigned_in_loop[-1]
 
     def _sync(self, node: ast.AST, what: str) -> None:
         loop = self._loops[-1]
         line, col = self.s.pos(node)
-        self.findings.append(R.finding(
-            R.HOST_SYNC, self.s.display, line, col,
-            f"{what} synchronises the device in every iteration of the loop at line {loop.lineno}: "
-            "log every N steps or keep the value on the device",
-        ))
+        self.findings.append(
+            R.finding(
+                R.HOST_SYNC,
+                self.s.display,
+                line,
+                col,
+                f"{what} synchronises the device in every iteration of the loop at line {loop.lineno}: "
+                "log every N steps or keep the value on the device",
+            )
+        )
 
     def visit_Call(self, node: ast.Call) -> None:
         qualname = self.s.names.resolve(node.func)
@@ -160,8 +240,10 @@ class _Scanner(ast.NodeVisitor):
                 self._sync(node, f"{self.s.segment(func.value, 40)}.{func.attr}()")
             elif qualname in _SYNC_CALLS:
                 self._sync(node, f"{qualname}()")
-            elif isinstance(func, ast.Name) and func.id == "print" and any(
-                isinstance(a, ast.Name) and a.id in self._loop_names() for a in node.args
+            elif (
+                isinstance(func, ast.Name)
+                and func.id == "print"
+                and any(isinstance(a, ast.Name) and a.id in self._loop_names() for a in node.args)
             ):
                 self._sync(node, f"print({self.s.segment(node.args[0], 40)})")
         if qualname is not None:
@@ -174,7 +256,7 @@ class _Scanner(ast.NodeVisitor):
     def _torch_call(self, node: ast.Call, qualname: str) -> None:
         where = self.where(node)
         if qualname.startswith(_NN) and qualname.count(".") == 2:
-            name = qualname[len(_NN):]
+            name = qualname[len(_NN) :]
             kind = _KIND_OF.get(name)
             if kind is not None:
                 self.layers.append([kind, f"nn.{name}", where])
@@ -190,18 +272,28 @@ class _Scanner(ast.NodeVisitor):
         elif qualname.startswith(_FLASH):
             self.operators.append(["attention", qualname, where])
             self.layers.append(["attention", qualname, where])
-        if qualname in ("torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel"):
+        if qualname in (
+            "torch.nn.parallel.DistributedDataParallel",
+            "torch.nn.parallel.distributed.DistributedDataParallel",
+        ):
             self.distributed.append(["DDP", "DistributedDataParallel", where])
-        elif qualname.startswith("torch.distributed.fsdp.") and qualname.rsplit(".", 1)[-1] in ("FullyShardedDataParallel", "fully_shard"):
+        elif qualname.startswith("torch.distributed.fsdp.") and qualname.rsplit(".", 1)[-1] in (
+            "FullyShardedDataParallel",
+            "fully_shard",
+        ):
             self.distributed.append(["FSDP", qualname.rsplit(".", 1)[-1], where])
         elif qualname == "torch.distributed.init_process_group":
             backend = _kwarg(node, "backend") or (node.args[0] if node.args else None)
-            self.distributed.append(["process group", f"backend={_literal(backend) if backend is not None else 'default'}", where])
+            self.distributed.append(
+                ["process group", f"backend={_literal(backend) if backend is not None else 'default'}", where]
+            )
         elif qualname == "deepspeed.initialize":
             self.distributed.append(["DeepSpeed", "deepspeed.initialize", where])
         elif qualname in ("torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"):
             dtype = _kwarg(node, "dtype")
-            self.amp.append(["autocast", f"{qualname}(dtype={ast.unparse(dtype) if dtype is not None else 'default'})", where])
+            self.amp.append(
+                ["autocast", f"{qualname}(dtype={ast.unparse(dtype) if dtype is not None else 'default'})", where]
+            )
         elif qualname in ("torch.amp.GradScaler", "torch.cuda.amp.GradScaler"):
             self.amp.append(["GradScaler", qualname, where])
         elif qualname.startswith("torch.utils.checkpoint."):
@@ -210,8 +302,17 @@ class _Scanner(ast.NodeVisitor):
             self._loader(node, where)
 
     def _loader(self, node: ast.Call, where: str) -> None:
-        settings = {name: _literal(_kwarg(node, name)) for name in
-                    ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "collate_fn")}
+        settings = {
+            name: _literal(_kwarg(node, name))
+            for name in (
+                "batch_size",
+                "num_workers",
+                "pin_memory",
+                "prefetch_factor",
+                "persistent_workers",
+                "collate_fn",
+            )
+        }
         if isinstance(_kwarg(node, "collate_fn"), (ast.Name, ast.Attribute)):
             settings["collate_fn"] = ast.unparse(_kwarg(node, "collate_fn"))
         self.loaders.append({"location": where, **{k: v for k, v in settings.items()}})
@@ -224,7 +325,9 @@ class _Scanner(ast.NodeVisitor):
             problems.append("persistent_workers is off (workers restart every epoch)")
         if problems:
             line, col = self.s.pos(node)
-            self.findings.append(R.finding(R.DATALOADER, self.s.display, line, col, "DataLoader: " + "; ".join(problems)))
+            self.findings.append(
+                R.finding(R.DATALOADER, self.s.display, line, col, "DataLoader: " + "; ".join(problems))
+            )
 
     # -- fusion opportunities
     def _sequential(self, node: ast.Call) -> None:
@@ -232,7 +335,7 @@ class _Scanner(ast.NodeVisitor):
         for arg in node.args:
             if isinstance(arg, ast.Call):
                 qualname = self.s.names.resolve(arg.func) or ""
-                kinds.append((qualname[len(_NN):] if qualname.startswith(_NN) else "", arg))
+                kinds.append((qualname[len(_NN) :] if qualname.startswith(_NN) else "", arg))
         for i, (name, arg) in enumerate(kinds):
             nxt = kinds[i + 1][0] if i + 1 < len(kinds) else ""
             after = kinds[i + 2][0] if i + 2 < len(kinds) else ""
@@ -249,8 +352,12 @@ class _Scanner(ast.NodeVisitor):
             return
         inner = node.args[0]
         chain = []
-        while isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and isinstance(inner.func.value, ast.Name) \
-                and inner.func.value.id == "self":
+        while (
+            isinstance(inner, ast.Call)
+            and isinstance(inner.func, ast.Attribute)
+            and isinstance(inner.func.value, ast.Name)
+            and inner.func.value.id == "self"
+        ):
             chain.append(inner.func.attr)
             inner = inner.args[0] if inner.args else None
         if not chain:
@@ -264,8 +371,11 @@ class _Scanner(ast.NodeVisitor):
     # -- gradient accumulation: optimizer.step() under `if ... % ...`
     def visit_If(self, node: ast.If) -> None:
         test = ast.unparse(node.test)
-        if "%" in test and any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
-                               for stmt in node.body for n in ast.walk(stmt)):
+        if "%" in test and any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
+            for stmt in node.body
+            for n in ast.walk(stmt)
+        ):
             self.accumulation.append(self.where(node))
         self.generic_visit(node)
 
@@ -282,9 +392,21 @@ def scan(source: Source, context: Context) -> dict | None:
         return None
     scanner = _Scanner(source)
     scanner.visit(source.tree)
-    facts = {key: getattr(scanner, key) for key in (
-        "classes", "layers", "operators", "distributed", "amp", "checkpointing", "accumulation", "loaders", "fusions",
-        "findings")}
+    facts = {
+        key: getattr(scanner, key)
+        for key in (
+            "classes",
+            "layers",
+            "operators",
+            "distributed",
+            "amp",
+            "checkpointing",
+            "accumulation",
+            "loaders",
+            "fusions",
+            "findings",
+        )
+    }
     return facts if any(facts.values()) else None
 
 
@@ -304,8 +426,11 @@ def _module_classes(project: Project) -> list[dict]:
                 continue
             for base in c["bases"]:
                 short = base.rsplit(".", 1)[-1]
-                if base in ("torch.nn.Module", "torch.nn.modules.module.Module") or base.endswith(("PreTrainedModel",)) \
-                        or any(m[1] == short for m in modules):
+                if (
+                    base in ("torch.nn.Module", "torch.nn.modules.module.Module")
+                    or base.endswith(("PreTrainedModel",))
+                    or any(m[1] == short for m in modules)
+                ):
                     modules.add(key)
                     changed = True
                     break
@@ -336,12 +461,16 @@ def complexity(project: Project, findings_by_rule: Counter, facts: dict) -> dict
     unsupported = facts["unsupported_apis"]
     if unsupported:
         level = max(level, 1)
-        reasons.append(f"{len(unsupported)} distinct unsupported torch APIs: {', '.join(sorted(unsupported)[:6])}"
-                       + (" ..." if len(unsupported) > 6 else ""))
+        reasons.append(
+            f"{len(unsupported)} distinct unsupported torch APIs: {', '.join(sorted(unsupported)[:6])}"
+            + (" ..." if len(unsupported) > 6 else "")
+        )
         days += EFFORT_DAYS["unsupported_api"] * len(unsupported)
     if facts["distributed"]:
         level = max(level, 1)
-        reasons.append(f"distributed training ({', '.join(facts['distributed'])}): HCCL setup and multi-card validation")
+        reasons.append(
+            f"distributed training ({', '.join(facts['distributed'])}): HCCL setup and multi-card validation"
+        )
         days += EFFORT_DAYS["distributed"]
     if facts["dynamic_shapes"]:
         reasons.append(f"{facts['dynamic_shapes']} dynamic-shape sources to measure and bucket")
@@ -361,8 +490,12 @@ def complexity(project: Project, findings_by_rule: Counter, facts: dict) -> dict
         reasons.append("no CUDA-specific code found")
     rating = ("Low", "Medium", "High")[level]
     low = round(days * 2) / 2
-    return {"rating": rating, "reasons": reasons, "effort_days": [low, low * 2],
-            "effort": f"{low:g}-{low * 2:g} person-days (heuristic: weights in npu_migrate.analyze.model.EFFORT_DAYS)"}
+    return {
+        "rating": rating,
+        "reasons": reasons,
+        "effort_days": [low, low * 2],
+        "effort": f"{low:g}-{low * 2:g} person-days (heuristic: weights in npu_migrate.analyze.model.EFFORT_DAYS)",
+    }
 
 
 def collect(project: Project) -> ModeResult:
@@ -389,7 +522,9 @@ def collect(project: Project) -> ModeResult:
         order, status = OPERATORS.get(kind, (9, "native"))
         if api.startswith(_FLASH):
             status = "not available: flash_attn is CUDA-only (use torch_npu.npu_fusion_attention)"
-        op_rows.append([order, kind, api, len(locations), status, " ".join(locations[:5]) + (" ..." if len(locations) > 5 else "")])
+        op_rows.append(
+            [order, kind, api, len(locations), status, " ".join(locations[:5]) + (" ..." if len(locations) > 5 else "")]
+        )
     op_rows.sort(key=lambda r: (r[0], -r[3], r[2]))
 
     every = [f for scan in project.files for f in (*scan.findings, *scanner_findings(scan))]
@@ -416,14 +551,20 @@ def collect(project: Project) -> ModeResult:
     }
     advice = []
     if not gathered["amp"]:
-        advice.append("no mixed precision found: bf16 autocast (torch.autocast('npu', dtype=torch.bfloat16)) roughly "
-                      "halves activation memory and uses the Cube unit's fast path")
+        advice.append(
+            "no mixed precision found: bf16 autocast (torch.autocast('npu', dtype=torch.bfloat16)) roughly "
+            "halves activation memory and uses the Cube unit's fast path"
+        )
     if not gathered["checkpointing"] and classes:
-        advice.append("no gradient checkpointing: torch.utils.checkpoint on the repeated blocks trades compute for "
-                      "activation memory when the model does not fit")
+        advice.append(
+            "no gradient checkpointing: torch.utils.checkpoint on the repeated blocks trades compute for "
+            "activation memory when the model does not fit"
+        )
     if not gathered["accumulation"]:
-        advice.append("no gradient accumulation: accumulate over N micro-batches to keep the global batch when the "
-                      "per-card batch must shrink")
+        advice.append(
+            "no gradient accumulation: accumulate over N micro-batches to keep the global batch when the "
+            "per-card batch must shrink"
+        )
 
     by_rule = Counter()
     for f in every:
@@ -437,37 +578,85 @@ def collect(project: Project) -> ModeResult:
     kernel_rows, _ = custom_kernels.native_sources(project)
     kernel_rows += [r for _, facts in project.facts("custom_kernels") for r in facts["rows"]]
     kernels = sum(1 for r in kernel_rows if r[1] in ("cuda_kernel", "triton_kernel", "cuda_source"))
-    builds = sum(1 for r in kernel_rows if r[1] in ("extension_build", "jit_build", "cuda_cpp") and "host C++" not in r[4])
+    builds = sum(
+        1 for r in kernel_rows if r[1] in ("extension_build", "jit_build", "cuda_cpp") and "host C++" not in r[4]
+    )
     apis = torch_apis.collect(project).data["apis"]
     unsupported = {entry["api"] for entry in apis if entry["status"] == torch_apis.UNSUPPORTED}
     dynamic = sum(len(facts["sites"]) for _, facts in project.facts("dynamic_shape"))
-    rating = complexity(project, by_rule, {
-        "custom_kernels": kernels,
-        "native_builds": builds,
-        "packages_without_alternative": sorted(p for p in packages if not table[p]["alternative"]),
-        "packages_with_alternative": sorted(p for p in packages if table[p]["alternative"]),
-        "unsupported_apis": unsupported,
-        "distributed": sorted({d[0] for d in gathered["distributed"] if d[0] != "process group"}),
-        "dynamic_shapes": dynamic,
-    })
+    rating = complexity(
+        project,
+        by_rule,
+        {
+            "custom_kernels": kernels,
+            "native_builds": builds,
+            "packages_without_alternative": sorted(p for p in packages if not table[p]["alternative"]),
+            "packages_with_alternative": sorted(p for p in packages if table[p]["alternative"]),
+            "unsupported_apis": unsupported,
+            "distributed": sorted({d[0] for d in gathered["distributed"] if d[0] != "process group"}),
+            "dynamic_shapes": dynamic,
+        },
+    )
 
     result.tables = [
-        Table("model_classes.csv", "Model classes (nn.Module subclasses)", ["location", "class", "bases"],
-              [[c["location"], c["name"], " ".join(c["bases"])] for c in sorted(classes, key=lambda c: location_key(c["location"]))]),
+        Table(
+            "model_classes.csv",
+            "Model classes (nn.Module subclasses)",
+            ["location", "class", "bases"],
+            [
+                [c["location"], c["name"], " ".join(c["bases"])]
+                for c in sorted(classes, key=lambda c: location_key(c["location"]))
+            ],
+        ),
         Table("model_layers.csv", "Layer inventory", ["kind", "layer", "count", "locations"], layer_rows),
-        Table("model_operators.csv", "Heavy operators (cost order)",
-              ["cost_order", "kind", "operator", "count", "ascend", "locations"], op_rows),
+        Table(
+            "model_operators.csv",
+            "Heavy operators (cost order)",
+            ["cost_order", "kind", "operator", "count", "ascend", "locations"],
+            op_rows,
+        ),
         Table("model_fusion.csv", "Fusion opportunities", ["pattern", "detail", "location"], fusion_rows),
-        Table("model_distributed.csv", "Distributed setup and AMP", ["what", "detail", "location"],
-              [*gathered["distributed"], *gathered["amp"]]),
-        Table("model_dataloaders.csv", "DataLoaders",
-              ["location", "batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "collate_fn"],
-              [[d["location"], *(_cell(d[k]) for k in ("batch_size", "num_workers", "pin_memory", "prefetch_factor",
-                                                        "persistent_workers", "collate_fn"))] for d in loaders]),
+        Table(
+            "model_distributed.csv",
+            "Distributed setup and AMP",
+            ["what", "detail", "location"],
+            [*gathered["distributed"], *gathered["amp"]],
+        ),
+        Table(
+            "model_dataloaders.csv",
+            "DataLoaders",
+            [
+                "location",
+                "batch_size",
+                "num_workers",
+                "pin_memory",
+                "prefetch_factor",
+                "persistent_workers",
+                "collate_fn",
+            ],
+            [
+                [
+                    d["location"],
+                    *(
+                        _cell(d[k])
+                        for k in (
+                            "batch_size",
+                            "num_workers",
+                            "pin_memory",
+                            "prefetch_factor",
+                            "persistent_workers",
+                            "collate_fn",
+                        )
+                    ),
+                ]
+                for d in loaders
+            ],
+        ),
         Table("model_syncs.csv", "Host-device syncs in loops", ["location", "detail"], sync_rows),
     ]
     result.summary = [
-        f"{len(classes)} model classes; layers: " + (", ".join(f"{r[0]} {r[2]}" for r in _kind_totals(layer_rows)) or "none"),
+        f"{len(classes)} model classes; layers: "
+        + (", ".join(f"{r[0]} {r[2]}" for r in _kind_totals(layer_rows)) or "none"),
         f"distributed: {', '.join(sorted({d[0] + ' ' + d[1] for d in gathered['distributed']})) or 'none'}; "
         f"AMP: {', '.join(sorted({a[0] for a in gathered['amp']})) or 'none'}; "
         f"{len(sync_rows)} host-device syncs in loops; {len(loaders)} DataLoaders",
@@ -504,8 +693,10 @@ def _group(rows: list[list]) -> dict[tuple[str, str], list[str]]:
 
 
 def _grouped(rows: list[list]) -> list[list]:
-    out = [[kind, name, len(locs), " ".join(locs[:5]) + (" ..." if len(locs) > 5 else "")]
-           for (kind, name), locs in _group(rows).items()]
+    out = [
+        [kind, name, len(locs), " ".join(locs[:5]) + (" ..." if len(locs) > 5 else "")]
+        for (kind, name), locs in _group(rows).items()
+    ]
     return sorted(out, key=lambda r: (r[0], -r[2], r[1]))
 
 

@@ -16,7 +16,7 @@ CUDA_ONLY_PACKAGE = Rule(
     id="NPU901",
     name="cuda-only-package",
     summary="Imports of CUDA-only packages (flash_attn, apex, xformers, bitsandbytes, ...) with the Ascend alternative",
-    doc='''
+    doc="""
     These packages ship CUDA kernels and fail to import (or to run) on an Ascend machine. The finding
     names the Ascend alternative where one exists (`transforms/data/third_party.toml`): for example
     `flash_attn.flash_attn_func` -> `torch_npu.npu_fusion_attention`, apex `FusedAdam` ->
@@ -25,7 +25,7 @@ CUDA_ONLY_PACKAGE = Rule(
     Example:
         from flash_attn import flash_attn_func
     reports: flash_attn is CUDA-only; use torch_npu.npu_fusion_attention (sparse_mode=3 for causal=True).
-    ''',
+    """,
     severity=Severity.ERROR,
     fixable=False,
 )
@@ -34,7 +34,7 @@ UNSUPPORTED_LIBRARY_CALL = Rule(
     id="NPU902",
     name="unsupported-library-call",
     summary="Calls into a library function that reaches an unsupported API or a CUDA-only extension",
-    doc='''
+    doc="""
     `analyze --mode third_party --env-path LIB` follows the library's own call graph and writes
     `full_unsupported_results.csv`; given back with `--api-files`, each call of the user's code into one
     of those functions is reported with the chain that makes it unsupported.
@@ -44,7 +44,7 @@ UNSUPPORTED_LIBRARY_CALL = Rule(
         out = fused_attention(q, k, v)
     reports: minilib.fused_attention is unsupported on NPU: minilib.layers.fused_attention calls the
     custom operator torch.ops.minilib.attn_fwd.
-    ''',
+    """,
     severity=Severity.ERROR,
     fixable=False,
 )
@@ -53,7 +53,7 @@ CUDA_KERNEL = Rule(
     id="NPU911",
     name="cuda-kernel-source",
     summary="CUDA kernels held in Python strings, triton kernels and C++ bindings that include CUDA headers",
-    doc='''
+    doc="""
     A `__global__` kernel, a triton `@triton.jit` function or a C++ file that includes the CUDA runtime
     runs on NVIDIA GPUs only. Port each kernel to Ascend C (registered as an aclnn operator for
     torch_npu), express it with torch operators, or use triton-ascend for triton kernels.
@@ -63,7 +63,7 @@ CUDA_KERNEL = Rule(
     Example:
         SRC = "__global__ void scale_kernel(float* x, float s, int n) { ... }"
     reports: CUDA kernel scale_kernel (in a Python string) must be ported.
-    ''',
+    """,
     severity=Severity.ERROR,
     fixable=False,
 )
@@ -72,7 +72,7 @@ AFFINITY_API = Rule(
     id="NPU921",
     name="affinity-api",
     summary="Code a torch_npu fused or affinity API can replace (fast_gelu, geglu, rotary_mul, fusion_attention, ...)",
-    doc='''
+    doc="""
     torch_npu ships fused kernels for patterns that are several operators in PyTorch. The finding
     names the API and what to check before switching to it (the two differ in defaults more often
     than in shape): `x * torch.sigmoid(1.702 * x)` is `torch_npu.npu_fast_gelu(x)`; diffusers' GEGLU is
@@ -84,7 +84,7 @@ AFFINITY_API = Rule(
     Example:
         return x * torch.sigmoid(1.702 * x)
     reports: QuickGELU: torch_npu.npu_fast_gelu(x) computes exactly this.
-    ''',
+    """,
     fixable=False,
 )
 
@@ -92,7 +92,7 @@ DYNAMIC_SHAPE = Rule(
     id="NPU931",
     name="dynamic-shape",
     summary="Operators whose output shape depends on the data (`nonzero`, `unique`, `masked_select`, `x[mask]`)",
-    doc='''
+    doc="""
     Ascend compiles an operator per input shape; an output whose size depends on tensor values forces
     a device-to-host sync and a recompilation for each new shape. Keep the shape static where you can
     (`torch.where(mask, x, 0)` instead of `x[mask]`, pad to buckets), or measure what shapes occur with
@@ -101,7 +101,7 @@ DYNAMIC_SHAPE = Rule(
     Example:
         idx = torch.nonzero(labels == ignore_index)
     reports: torch.nonzero: the output shape depends on the data.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -110,7 +110,7 @@ VARIABLE_SHAPE_INPUT = Rule(
     id="NPU932",
     name="variable-shape-input",
     summary="Variable-length batches (collate functions padding to the longest sample) and shape-dependent control flow",
-    doc='''
+    doc="""
     A collate function that pads to the longest sequence of each batch gives every batch a new
     shape, and `if x.shape[1] > n:` in a forward pass picks the graph by shape; on Ascend each new
     shape costs an operator compilation. Pad to a fixed length or a few buckets.
@@ -118,7 +118,7 @@ VARIABLE_SHAPE_INPUT = Rule(
     Example:
         return pad_sequence(samples, batch_first=True)
     reports: collate pads to the longest sample; batches get a new shape each time.
-    ''',
+    """,
     fixable=False,
 )
 
@@ -126,7 +126,7 @@ HOST_SYNC = Rule(
     id="NPU941",
     name="host-device-sync-in-loop",
     summary="`.item()`, `.cpu()`, `.numpy()`, `.tolist()`, `print(tensor)` inside a loop stall the NPU stream",
-    doc='''
+    doc="""
     Each of these waits for every queued NPU operator to finish and copies to the host. In a training
     loop that serialises host and device; log every N steps, or accumulate on the device and read once.
 
@@ -134,7 +134,7 @@ HOST_SYNC = Rule(
         for batch in loader:
             print(loss.item())
     reports: loss.item() synchronises the device in every iteration of the loop at line 1.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -143,7 +143,7 @@ DATALOADER = Rule(
     id="NPU942",
     name="dataloader-settings",
     summary="DataLoader settings that starve the NPU (no workers, no pinned memory)",
-    doc='''
+    doc="""
     With `num_workers=0` the training process loads every batch itself between device steps, and
     without `pin_memory=True` host-to-device copies cannot overlap with compute. Set `num_workers`,
     `pin_memory=True` and `persistent_workers=True`.
@@ -151,7 +151,7 @@ DATALOADER = Rule(
     Example:
         DataLoader(dataset, batch_size=8)
     reports: DataLoader without num_workers (0: loads in the training process), without pin_memory.
-    ''',
+    """,
     fixable=False,
 )
 
@@ -159,14 +159,14 @@ FLOAT64 = Rule(
     id="NPU951",
     name="float64",
     summary="float64 tensors: most NPU kernels have no float64 implementation",
-    doc='''
+    doc="""
     Ascend's AI cores compute in float32, float16 and bfloat16; most operators reject float64 or run on
     the AI CPU, far slower. Decide whether float32 is enough, or keep the computation on the CPU.
 
     Example:
         weights = torch.zeros(n, dtype=torch.float64, device=device)
     reports: torch.float64 on the device.
-    ''',
+    """,
     severity=Severity.WARNING,
     fixable=False,
 )
@@ -175,7 +175,7 @@ GELU_APPROXIMATE = Rule(
     id="NPU952",
     name="gelu-approximate",
     summary="`F.gelu` / `nn.GELU` on NPU always computes the tanh approximation",
-    doc='''
+    doc="""
     torch_npu's native GELU ignores `approximate` and computes the tanh form, which differs from the
     exact erf GELU (the default of `F.gelu`) by up to 5e-4. Where exact GELU matters use
     `torch_npu.npu_gelu(x, approximate="none")` (torch_npu 2.1.0.post17 and later).
@@ -183,20 +183,35 @@ GELU_APPROXIMATE = Rule(
     Example:
         h = F.gelu(h)
     reports: F.gelu runs the tanh approximation on NPU.
-    ''',
+    """,
     fixable=False,
 )
 
 RULES = (
-    CUDA_ONLY_PACKAGE, UNSUPPORTED_LIBRARY_CALL, CUDA_KERNEL, AFFINITY_API,
-    DYNAMIC_SHAPE, VARIABLE_SHAPE_INPUT, HOST_SYNC, DATALOADER, FLOAT64, GELU_APPROXIMATE,
+    CUDA_ONLY_PACKAGE,
+    UNSUPPORTED_LIBRARY_CALL,
+    CUDA_KERNEL,
+    AFFINITY_API,
+    DYNAMIC_SHAPE,
+    VARIABLE_SHAPE_INPUT,
+    HOST_SYNC,
+    DATALOADER,
+    FLOAT64,
+    GELU_APPROXIMATE,
 )
 
 #: Which analysis mode reports each rule: the category of the report's charts.
 FAMILY = {
-    "NPU901": "third_party", "NPU902": "third_party", "NPU911": "custom_kernels",
-    "NPU921": "affinity_apis", "NPU931": "dynamic_shape", "NPU932": "dynamic_shape", "NPU941": "model",
-    "NPU942": "model", "NPU951": "torch_apis", "NPU952": "torch_apis",
+    "NPU901": "third_party",
+    "NPU902": "third_party",
+    "NPU911": "custom_kernels",
+    "NPU921": "affinity_apis",
+    "NPU931": "dynamic_shape",
+    "NPU932": "dynamic_shape",
+    "NPU941": "model",
+    "NPU942": "model",
+    "NPU951": "torch_apis",
+    "NPU952": "torch_apis",
 }
 
 

@@ -26,7 +26,17 @@ from pathlib import Path
 
 from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.core import (
-    AnalysisError, Context, ModeResult, Project, Settings, Source, Table, module_name, parallel, parse, relative,
+    AnalysisError,
+    Context,
+    ModeResult,
+    Project,
+    Settings,
+    Source,
+    Table,
+    module_name,
+    parallel,
+    parse,
+    relative,
 )
 from npu_migrate.api import load_table
 from npu_migrate.source import SourceError
@@ -34,9 +44,24 @@ from npu_migrate.source import SourceError
 API_FILE_HEADER = ["function", "kind", "location", "reason", "via"]
 
 #: torch.ops namespaces PyTorch itself registers; any other namespace is a compiled extension's operator.
-TORCH_OP_NAMESPACES = frozenset({"aten", "prims", "quantized", "_c10d_functional", "c10d_functional", "c10d",
-                                 "profiler", "_quantized", "rngprims", "higher_order", "inductor", "mkldnn",
-                                 "_inductor_test", "npu"})
+TORCH_OP_NAMESPACES = frozenset(
+    {
+        "aten",
+        "prims",
+        "quantized",
+        "_c10d_functional",
+        "c10d_functional",
+        "c10d",
+        "profiler",
+        "_quantized",
+        "rngprims",
+        "higher_order",
+        "inductor",
+        "mkldnn",
+        "_inductor_test",
+        "npu",
+    }
+)
 _ENTRY_METHODS = ("__init__", "forward", "__call__")
 
 
@@ -81,8 +106,15 @@ def scan(source: Source, context: Context) -> dict | None:
                     line, col = source.pos(node)
                     why = context.library_unsupported[qualname]
                     calls.append([f"{source.display}:{line}:{col}", qualname, why])
-                    findings.append(R.finding(R.UNSUPPORTED_LIBRARY_CALL, source.display, line, col,
-                                              f"{qualname} is unsupported on NPU: {why}"))
+                    findings.append(
+                        R.finding(
+                            R.UNSUPPORTED_LIBRARY_CALL,
+                            source.display,
+                            line,
+                            col,
+                            f"{qualname} is unsupported on NPU: {why}",
+                        )
+                    )
     if not findings:
         return None
     return {"findings": findings, "packages": packages, "calls": calls}
@@ -97,13 +129,23 @@ def collect(project: Project) -> ModeResult:
         calls.extend(facts["calls"])
     library = project.context.library_rows
     result.tables = [
-        Table("cuda_only_packages.csv", "CUDA-only packages imported",
-              ["location", "import", "package", "ascend_alternative", "advice"], packages),
-        Table("unsupported_library_calls.csv", "Calls into unsupported library functions",
-              ["location", "function", "reason"], calls),
+        Table(
+            "cuda_only_packages.csv",
+            "CUDA-only packages imported",
+            ["location", "import", "package", "ascend_alternative", "advice"],
+            packages,
+        ),
+        Table(
+            "unsupported_library_calls.csv",
+            "Calls into unsupported library functions",
+            ["location", "function", "reason"],
+            calls,
+        ),
     ]
     if project.settings.env_paths:
-        result.tables.append(Table("full_unsupported_results.csv", "Unsupported library functions", API_FILE_HEADER, library))
+        result.tables.append(
+            Table("full_unsupported_results.csv", "Unsupported library functions", API_FILE_HEADER, library)
+        )
     distinct = sorted({row[2] for row in packages})
     result.summary = [
         f"{len(packages)} imports of CUDA-only packages ({', '.join(distinct) or 'none'}); "
@@ -187,8 +229,12 @@ class _Body(ast.NodeVisitor):
         target = None
         if isinstance(func, ast.Name) and func.id in self.local:
             target = f"{self.module}.{func.id}"
-        elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
-              and self.owner is not None):
+        elif (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+            and self.owner is not None
+        ):
             target = f"{self.owner}.{func.attr}"
         else:
             target = self.source.names.resolve(func)
@@ -238,8 +284,9 @@ def scan_library_file(task: LibTask) -> LibFile:
             out.functions.append(fn)
         elif isinstance(node, ast.ClassDef):
             cls = f"{module}.{node.name}"
-            out.functions.append(LibFunction(cls, source.where(node), "class",
-                                             calls={f"{cls}.{m}" for m in _ENTRY_METHODS}))
+            out.functions.append(
+                LibFunction(cls, source.where(node), "class", calls={f"{cls}.{m}" for m in _ENTRY_METHODS})
+            )
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     fn = LibFunction(f"{cls}.{item.name}", source.where(item), "function")
@@ -331,8 +378,15 @@ def library_unsupported(settings: Settings, context: Context) -> dict[str, str]:
     for alias, target in sorted(aliases.items()):
         target = canonical(target)
         if target in reason and alias != target:
-            rows.append([alias, "alias", functions[target].location, reason[target],
-                         f"{target} -> {via[target]}" if via[target] else target])
+            rows.append(
+                [
+                    alias,
+                    "alias",
+                    functions[target].location,
+                    reason[target],
+                    f"{target} -> {via[target]}" if via[target] else target,
+                ]
+            )
     context.library_rows = rows
     return {row[0]: _why(row) for row in rows}
 

@@ -64,9 +64,13 @@ def classify(qualname: str, api) -> tuple[str, str, str]:
             return UNSUPPORTED, "", f"torch_npu {version} has no operator {parts[1]}."
         return UNKNOWN, "", f"{qualname} is not in the generated torch_npu {version} tables; check it by hand."
     if parts[:3] in (["torch", "backends", "cuda"], ["torch", "backends", "cudnn"]):
-        return UNKNOWN, "", (
-            f"{qualname}: the CUDA backend settings are not part of the torch_npu API tables; "
-            "most are host-side flags without effect on NPU, check this one by hand."
+        return (
+            UNKNOWN,
+            "",
+            (
+                f"{qualname}: the CUDA backend settings are not part of the torch_npu API tables; "
+                "most are host-side flags without effect on NPU, check this one by hand."
+            ),
         )
     if parts[:3] == ["torch", "utils", "cpp_extension"]:
         return UNKNOWN, "", "torch.utils.cpp_extension builds native code: see the custom_kernels mode."
@@ -95,19 +99,37 @@ class _Uses(ast.NodeVisitor):
     def _advise(self, qualname: str, node: ast.AST) -> None:
         line, col = self.source.pos(node)
         if qualname in _FLOAT64:
-            self.advice.append(R.finding(R.FLOAT64, self.source.display, line, col,
-                                         f"{qualname}: most NPU kernels have no float64 implementation; use float32 "
-                                         "or keep this computation on the CPU"))
+            self.advice.append(
+                R.finding(
+                    R.FLOAT64,
+                    self.source.display,
+                    line,
+                    col,
+                    f"{qualname}: most NPU kernels have no float64 implementation; use float32 "
+                    "or keep this computation on the CPU",
+                )
+            )
         elif qualname in _GELU:
-            self.advice.append(R.finding(R.GELU_APPROXIMATE, self.source.display, line, col,
-                                         f"{qualname} runs the tanh approximation on NPU whatever `approximate` says; "
-                                         'use torch_npu.npu_gelu(x, approximate="none") where exact GELU matters'))
+            self.advice.append(
+                R.finding(
+                    R.GELU_APPROXIMATE,
+                    self.source.display,
+                    line,
+                    col,
+                    f"{qualname} runs the tanh approximation on NPU whatever `approximate` says; "
+                    'use torch_npu.npu_gelu(x, approximate="none") where exact GELU matters',
+                )
+            )
 
     def visit_Name(self, node: ast.Name) -> None:
         self._record(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if isinstance(node.ctx, ast.Load) and node.attr in ("cuda", "is_cuda") and self.source.names.resolve(node) is None:
+        if (
+            isinstance(node.ctx, ast.Load)
+            and node.attr in ("cuda", "is_cuda")
+            and self.source.names.resolve(node) is None
+        ):
             line, col = self.source.pos(node)
             self.cuda_methods.append(("Tensor.cuda" if node.attr == "cuda" else "Tensor.is_cuda", line, col))
         if not self._record(node):
@@ -117,14 +139,23 @@ class _Uses(ast.NodeVisitor):
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "double" and not node.args and not node.keywords:
             line, col = self.source.pos(node)
-            self.advice.append(R.finding(R.FLOAT64, self.source.display, line, col,
-                                         f"{self.source.segment(func)}(): most NPU kernels have no float64 "
-                                         "implementation; use float32 or keep this computation on the CPU"))
+            self.advice.append(
+                R.finding(
+                    R.FLOAT64,
+                    self.source.display,
+                    line,
+                    col,
+                    f"{self.source.segment(func)}(): most NPU kernels have no float64 "
+                    "implementation; use float32 or keep this computation on the CPU",
+                )
+            )
         self.generic_visit(node)
 
 
 def scan(source: Source, context: Context) -> dict | None:
-    if not any(root in source.names.modules or any(m.startswith(root + ".") for m in source.names.modules) for root in ROOTS):
+    if not any(
+        root in source.names.modules or any(m.startswith(root + ".") for m in source.names.modules) for root in ROOTS
+    ):
         return None
     visitor = _Uses(source)
     visitor.visit(source.tree)
@@ -136,11 +167,7 @@ def scan(source: Source, context: Context) -> dict | None:
 def _rule_verdicts(project: Project) -> dict[tuple[str, int, int], Finding]:
     """What a rule says at a site overrules the tables: an error it cannot fix makes the API unsupported
     (NPU305 DataParallel), a rewrite makes it supported (NPU501 `allow_tf32` -> `allow_hf32`)."""
-    return {
-        (f.path, f.line, f.col): f
-        for f in project.rule_findings
-        if f.fixed or f.severity is Severity.ERROR
-    }
+    return {(f.path, f.line, f.col): f for f in project.rule_findings if f.fixed or f.severity is Severity.ERROR}
 
 
 def collect(project: Project) -> ModeResult:
@@ -150,7 +177,9 @@ def collect(project: Project) -> ModeResult:
     from npu_migrate.analyze.custom_kernels import is_kernel_rule
 
     # Fused-operator sites are the affinity mode's, CUDA sources and builds the custom_kernels mode's.
-    result.findings = [f for f in project.rule_findings if not f.rule_id.startswith("NPU7") and not is_kernel_rule(f.rule_id)]
+    result.findings = [
+        f for f in project.rule_findings if not f.rule_id.startswith("NPU7") and not is_kernel_rule(f.rule_id)
+    ]
     unsupported, unknown, cuda_rows = [], [], []
     inventory: dict[str, dict] = {}
     counts: Counter = Counter()
@@ -163,13 +192,19 @@ def collect(project: Project) -> ModeResult:
             status, target, advice = cache[qualname]
             verdict = verdicts.get((scan.display, line, col))
             if verdict is not None and verdict.fixed and status == UNKNOWN:
-                status, target, advice = SUPPORTED, verdict.replacement or target, f"{verdict.rule_id}: {verdict.message}"
+                status, target, advice = (
+                    SUPPORTED,
+                    verdict.replacement or target,
+                    f"{verdict.rule_id}: {verdict.message}",
+                )
             elif verdict is not None and not verdict.fixed and status == SUPPORTED:
                 status, advice = UNSUPPORTED, f"{verdict.rule_id}: {verdict.message}"
             location = f"{scan.display}:{line}:{col}"
             counts[status] += 1
-            entry = inventory.setdefault(qualname, {"api": qualname, "status": status, "npu": target,
-                                                    "count": 0, "first": location, "advice": advice})
+            entry = inventory.setdefault(
+                qualname,
+                {"api": qualname, "status": status, "npu": target, "count": 0, "first": location, "advice": advice},
+            )
             entry["count"] += 1
             if status == UNSUPPORTED:
                 unsupported.append([location, qualname, api.version, advice])
@@ -178,14 +213,23 @@ def collect(project: Project) -> ModeResult:
             if qualname.startswith(("torch.cuda", "torch.backends.cuda", "torch.backends.cudnn")):
                 cuda_rows.append([location, qualname, status, target, advice])
         for name, line, col in facts["cuda_methods"]:
-            cuda_rows.append([f"{scan.display}:{line}:{col}", name, SUPPORTED,
-                              "Tensor.npu" if name == "Tensor.cuda" else "Tensor.is_npu", ""])
+            cuda_rows.append(
+                [
+                    f"{scan.display}:{line}:{col}",
+                    name,
+                    SUPPORTED,
+                    "Tensor.npu" if name == "Tensor.cuda" else "Tensor.is_npu",
+                    "",
+                ]
+            )
     cuda_rows.sort(key=lambda r: _location_key(r[0]))
     precision = [f for f in result.findings if f.rule_id in PRECISION_RULES]
     from npu_migrate.analyze.affinity import is_fused_site
 
     performance = [
-        f for scan in project.files for f in _all_findings(project, scan)
+        f
+        for scan in project.files
+        for f in _all_findings(project, scan)
         if f.rule_id in PERFORMANCE_RULES or is_fused_site(f)
     ]
     result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule_id))
@@ -193,15 +237,30 @@ def collect(project: Project) -> ModeResult:
     result.tables = [
         Table("unsupported_api.csv", "Unsupported APIs", loc_header, unsupported),
         Table("unknown_api.csv", "APIs of unknown support", loc_header, unknown),
-        Table("cuda_op_list.csv", "CUDA APIs used", ["location", "api", "status", "npu_equivalent", "advice"], cuda_rows),
-        Table("api_precision_advice.csv", "Precision advice", ["location", "rule", "advice"],
-              [[f.location(), f.rule_id, f.message] for f in precision]),
-        Table("api_performance_advice.csv", "Performance advice", ["location", "rule", "advice"],
-              [[f.location(), f.rule_id, f.message] for f in sorted(performance, key=_order)]),
-        Table("torch_api_list.csv", "Every torch API used",
-              ["api", "status", "npu_equivalent", "uses", "first_location", "advice"],
-              [[e["api"], e["status"], e["npu"], e["count"], e["first"], e["advice"]]
-               for e in sorted(inventory.values(), key=lambda e: (-e["count"], e["api"]))]),
+        Table(
+            "cuda_op_list.csv", "CUDA APIs used", ["location", "api", "status", "npu_equivalent", "advice"], cuda_rows
+        ),
+        Table(
+            "api_precision_advice.csv",
+            "Precision advice",
+            ["location", "rule", "advice"],
+            [[f.location(), f.rule_id, f.message] for f in precision],
+        ),
+        Table(
+            "api_performance_advice.csv",
+            "Performance advice",
+            ["location", "rule", "advice"],
+            [[f.location(), f.rule_id, f.message] for f in sorted(performance, key=_order)],
+        ),
+        Table(
+            "torch_api_list.csv",
+            "Every torch API used",
+            ["api", "status", "npu_equivalent", "uses", "first_location", "advice"],
+            [
+                [e["api"], e["status"], e["npu"], e["count"], e["first"], e["advice"]]
+                for e in sorted(inventory.values(), key=lambda e: (-e["count"], e["api"]))
+            ],
+        ),
     ]
     distinct = Counter(e["status"] for e in inventory.values())
     result.summary = [
@@ -231,4 +290,3 @@ def _location_key(location: str) -> tuple[str, int, int]:
 
 def _order(f: Finding):
     return (f.path, f.line, f.col, f.rule_id)
-

@@ -38,7 +38,10 @@ def verify_command(
     original: Annotated[Path, typer.Option("--original", help="The tree before migration (put first on sys.path).")],
     migrated: Annotated[Path, typer.Option("--migrated", help="The tree `npu-migrate apply` wrote.")],
     factory: Annotated[
-        Path, typer.Option("--factory", help="A .py file whose build() returns (model, inputs); inputs: a tensor, tuple or dict.")
+        Path,
+        typer.Option(
+            "--factory", help="A .py file whose build() returns (model, inputs); inputs: a tensor, tuple or dict."
+        ),
     ],
     min_cosine: Annotated[
         float, typer.Option("--min-cosine", help="Fail when any output's cosine similarity is below this.")
@@ -47,11 +50,15 @@ def verify_command(
         VerifyDtype, typer.Option("--dtype", help="Cast the model and its floating-point inputs to this dtype.")
     ] = VerifyDtype.float32,
     output_format: Annotated[VerifyFormat, typer.Option("--format", help="Report format.")] = VerifyFormat.text,
-    seed: Annotated[int, typer.Option("--seed", help="Seed for weights, inputs and dropout, the same on both sides.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed for weights, inputs and dropout, the same on both sides.")
+    ] = 0,
     mode: Annotated[
         VerifyMode,
-        typer.Option("--mode", help="Where the fused branches run: auto (NPU if present, else the CPU reference), "
-                                    "reference, or npu."),
+        typer.Option(
+            "--mode",
+            help="Where the fused branches run: auto (NPU if present, else the CPU reference), reference, or npu.",
+        ),
     ] = VerifyMode.auto,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks of failures.")] = False,
 ) -> None:
@@ -64,8 +71,9 @@ def verify_command(
     from npu_migrate.verify.harness import VerifyUsageError, compare
 
     try:
-        report = compare(original, migrated, factory, min_cosine=min_cosine, dtype=dtype.value, seed=seed,
-                         mode=mode.value)
+        report = compare(
+            original, migrated, factory, min_cosine=min_cosine, dtype=dtype.value, seed=seed, mode=mode.value
+        )
     except VerifyUsageError as exc:
         typer.echo(f"npu-migrate verify: error: {exc}", err=True)
         if verbose and exc.detail:

@@ -186,11 +186,13 @@ def compare(
         elif error.get("npu_op"):
             report.failures.append(
                 f"a fused branch calls torch_npu with arguments the device rejects: {error['message']} "
-                f"({error['where']})")
+                f"({error['where']})"
+            )
         else:
             report.failures.append(
                 f"the migrated code fails where the original runs ({error['stage']}): "
-                f"{error['where']}: {error['type']}: {error['message']}")
+                f"{error['where']}: {error['type']}: {error['message']}"
+            )
         report.error_detail = error.get("traceback", "")
     else:
         _compare_outputs(before["outputs"], after["outputs"], report)
@@ -200,8 +202,12 @@ def compare(
 
 
 def _describe(error: dict, side: str) -> str:
-    stage = {"import": "importing the factory", "build": "build()", "forward": "the forward pass",
-             "setup": "setting up"}.get(error["stage"], error["stage"])
+    stage = {
+        "import": "importing the factory",
+        "build": "build()",
+        "forward": "the forward pass",
+        "setup": "setting up",
+    }.get(error["stage"], error["stage"])
     return f"{error['where']}: {error['type']}: {error['message']} ({stage}, {side})"
 
 
@@ -217,9 +223,25 @@ def _run_pair(original: Path, migrated: Path, factory: Path, dtype: str, seed: i
         procs = {}
         for role, tree in (("original", original), ("migrated", migrated)):
             out, log = Path(tmp, f"{role}.pt"), Path(tmp, f"{role}.log")
-            cmd = [sys.executable, "-m", "npu_migrate.verify.worker", "--dir", str(tree.resolve()),
-                   "--factory", str(factory.resolve()), "--role", role, "--dtype", dtype, "--seed", str(seed),
-                   "--mode", mode, "--out", str(out)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "npu_migrate.verify.worker",
+                "--dir",
+                str(tree.resolve()),
+                "--factory",
+                str(factory.resolve()),
+                "--role",
+                role,
+                "--dtype",
+                dtype,
+                "--seed",
+                str(seed),
+                "--mode",
+                mode,
+                "--out",
+                str(out),
+            ]
             # A file, not a pipe, takes the user's prints: a full pipe would stall the side not being read.
             with open(log, "wb") as sink:
                 procs[role] = (subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT), out, log)
@@ -233,7 +255,8 @@ def _run_pair(original: Path, migrated: Path, factory: Path, dtype: str, seed: i
                 if proc.returncode != 0 or not out.is_file():
                     tail = log.read_text(encoding="utf-8", errors="replace")[-4000:]
                     raise VerifyUsageError(
-                        f"the {role} worker exited with status {proc.returncode} without a result", tail)
+                        f"the {role} worker exited with status {proc.returncode} without a result", tail
+                    )
                 results[role] = _load(out)
         finally:
             for proc, _, _ in procs.values():
@@ -273,8 +296,17 @@ def _metrics(name: str, a, b) -> OutputReport:
 
     shape, dtype = list(a.shape), str(a.dtype).replace("torch.", "")
     if a.shape != b.shape:
-        return OutputReport(name, shape, dtype, math.nan, math.nan, math.nan, None, False,
-                            f"shape {tuple(b.shape)} != original {tuple(a.shape)}")
+        return OutputReport(
+            name,
+            shape,
+            dtype,
+            math.nan,
+            math.nan,
+            math.nan,
+            None,
+            False,
+            f"shape {tuple(b.shape)} != original {tuple(a.shape)}",
+        )
     x, y = a.double().flatten(), b.double().flatten()
     if x.numel() == 0:
         return OutputReport(name, shape, dtype, 1.0, 0.0, 0.0, None, True)
@@ -306,13 +338,15 @@ def _check_fused_ran(report: VerifyReport) -> None:
     if not report.modules:
         report.failures.append(
             "no migrated module with fused branches was imported: nothing was verified "
-            "(is --migrated the output of `npu-migrate apply`, and does build() use it?)")
+            "(is --migrated the output of `npu-migrate apply`, and does build() use it?)"
+        )
         return
     if not any(report.fused_calls.values()):
         names = ", ".join(m.name for m in report.modules[:3])
         report.failures.append(
             f"the migrated code has fused branches ({names}) but none ran: the original code ran instead "
-            f"(silent fallback); check the branch guards for this model and dtype")
+            f"(silent fallback); check the branch guards for this model and dtype"
+        )
         return
     for m in report.modules:
         idle = sorted(op for op, n in m.sites.items() if n and not m.calls.get(op))

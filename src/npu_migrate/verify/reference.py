@@ -63,7 +63,8 @@ def _tensor(value, op: str, name: str) -> torch.Tensor:
 
 def _kernel_dtype(t: torch.Tensor, op: str, name: str) -> None:
     _require(
-        t.dtype in _KERNEL_DTYPES, op,
+        t.dtype in _KERNEL_DTYPES,
+        op,
         f"{name} dtype {t.dtype} is not supported (float16, bfloat16, float32 only)",
     )
 
@@ -82,7 +83,8 @@ def _rms_norm(op: str, x: torch.Tensor, gamma: torch.Tensor, epsilon: float):
     _require(2 <= x.dim() <= 8, op, f"input must have 2 to 8 dims, got {x.dim()}")
     k = gamma.dim()
     _require(
-        1 <= k <= x.dim() and tuple(gamma.shape) == tuple(x.shape[x.dim() - k:]), op,
+        1 <= k <= x.dim() and tuple(gamma.shape) == tuple(x.shape[x.dim() - k :]),
+        op,
         f"gamma shape {tuple(gamma.shape)} must equal the trailing dims of input shape {tuple(x.shape)}",
     )
     dims = tuple(range(x.dim() - k, x.dim()))
@@ -102,7 +104,9 @@ def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-06):
     op = "npu_add_rms_norm"
     x1, x2 = _tensor(x1, op, "x1"), _tensor(x2, op, "x2")
     _same_dtype(x1, x2, op, "x1 and x2")
-    _require(x1.shape == x2.shape, op, f"x1 and x2 must have the same shape, got {tuple(x1.shape)} and {tuple(x2.shape)}")
+    _require(
+        x1.shape == x2.shape, op, f"x1 and x2 must have the same shape, got {tuple(x1.shape)} and {tuple(x2.shape)}"
+    )
     x = x1 + x2
     y, rstd = _rms_norm(op, x, _tensor(gamma, op, "gamma"), epsilon)
     return y, rstd, x
@@ -158,17 +162,27 @@ def npu_rotary_mul(self, r1, r2, rotary_mode="half", rotate=None):
     _same_dtype(x, r2, op, "r2 and self")
     if rotary_mode in ("quarter", "interleave-half"):
         raise NpuOpError(f"{op}: rotary_mode {rotary_mode!r} is only supported on Ascend 950, not A2/A3")
-    _require(rotary_mode in ("half", "interleave"), op, f"rotary_mode must be 'half' or 'interleave', got {rotary_mode!r}")
-    _require(x.dim() == 4 and r1.dim() == 4 and r2.dim() == 4, op,
-             f"self, r1 and r2 must be 4-D, got {x.dim()}-D, {r1.dim()}-D and {r2.dim()}-D")
-    _require(r1.shape == r2.shape, op, f"r1 and r2 must have the same shape, got {tuple(r1.shape)} and {tuple(r2.shape)}")
+    _require(
+        rotary_mode in ("half", "interleave"), op, f"rotary_mode must be 'half' or 'interleave', got {rotary_mode!r}"
+    )
+    _require(
+        x.dim() == 4 and r1.dim() == 4 and r2.dim() == 4,
+        op,
+        f"self, r1 and r2 must be 4-D, got {x.dim()}-D, {r1.dim()}-D and {r2.dim()}-D",
+    )
+    _require(
+        r1.shape == r2.shape, op, f"r1 and r2 must have the same shape, got {tuple(r1.shape)} and {tuple(r2.shape)}"
+    )
     d = x.shape[-1]
     _require(d % 2 == 0 and d < 896, op, f"the last dim D = {d} must be even and < 896")
     layouts = _rotary_layouts(x.shape, r1.shape, rotary_mode)
     allowed = _INTERLEAVE_SHAPES if rotary_mode == "interleave" else sum(_ROTARY_LAYOUTS.values(), ())
-    _require(bool(layouts), op,
-             f"r1/r2 shape {tuple(r1.shape)} is not an allowed broadcast of self {tuple(x.shape)} in "
-             f"{rotary_mode} mode (allowed: {', '.join(allowed)})")
+    _require(
+        bool(layouts),
+        op,
+        f"r1/r2 shape {tuple(r1.shape)} is not an allowed broadcast of self {tuple(x.shape)} in "
+        f"{rotary_mode} mode (allowed: {', '.join(allowed)})",
+    )
     if rotary_mode == "half":
         _require(any(s["B"] < 1000 and s["N"] < 1000 for s in layouts), op, "B and N must each be < 1000")
     else:
@@ -177,8 +191,11 @@ def npu_rotary_mul(self, r1, r2, rotary_mode="half", rotate=None):
     if rotate is not None:
         rotate = _tensor(rotate, op, "rotate")
         _same_dtype(x, rotate, op, "rotate and self")
-        _require(rotate.dim() == 2 and tuple(rotate.shape) == (d, d), op,
-                 f"rotate must be a ({d}, {d}) matrix, got {tuple(rotate.shape)}")
+        _require(
+            rotate.dim() == 2 and tuple(rotate.shape) == (d, d),
+            op,
+            f"rotate must be a ({d}, {d}) matrix, got {tuple(rotate.shape)}",
+        )
         rotated = xf @ rotate.float()
     elif rotary_mode == "half":
         first, second = xf.chunk(2, -1)
@@ -225,23 +242,35 @@ def _cumulative(value, op: str, name: str) -> list[int]:
     _require(value is not None, op, f"{name} is required for input_layout 'TND'")
     if isinstance(value, torch.Tensor):
         value = value.tolist()
-    _require(isinstance(value, Sequence) and all(isinstance(v, int) for v in value) and len(value) > 0, op,
-             f"{name} must be a non-empty list of int")
-    _require(value[0] != 0, op,
-             f"{name} holds cumulative sequence ends without a leading 0 (flash-attn cu_seqlens[1:]), got {list(value)}")
+    _require(
+        isinstance(value, Sequence) and all(isinstance(v, int) for v in value) and len(value) > 0,
+        op,
+        f"{name} must be a non-empty list of int",
+    )
+    _require(
+        value[0] != 0,
+        op,
+        f"{name} holds cumulative sequence ends without a leading 0 (flash-attn cu_seqlens[1:]), got {list(value)}",
+    )
     _require(all(b >= a for a, b in zip(value, value[1:])), op, f"{name} must be non-decreasing, got {list(value)}")
     return list(value)
 
 
 def _check_compressed(mask: torch.Tensor, mode: int, op: str) -> None:
     """Modes 2-4 read a fixed 2048x2048 causal tile: any other mask is not what the kernel assumes."""
-    _require(tuple(mask.shape) == (_COMPRESSED_MASK, _COMPRESSED_MASK), op,
-             f"sparse_mode {mode} needs the compressed {_COMPRESSED_MASK}x{_COMPRESSED_MASK} atten_mask, "
-             f"got {tuple(mask.shape)}")
+    _require(
+        tuple(mask.shape) == (_COMPRESSED_MASK, _COMPRESSED_MASK),
+        op,
+        f"sparse_mode {mode} needs the compressed {_COMPRESSED_MASK}x{_COMPRESSED_MASK} atten_mask, "
+        f"got {tuple(mask.shape)}",
+    )
     expected = torch.ones(_COMPRESSED_MASK, _COMPRESSED_MASK, dtype=torch.bool, device=mask.device).triu(1)
-    _require(torch.equal(mask.bool(), expected), op,
-             f"sparse_mode {mode} needs atten_mask = triu(ones(2048, 2048), 1) with True = masked; "
-             "the mask given differs (inverted?)")
+    _require(
+        torch.equal(mask.bool(), expected),
+        op,
+        f"sparse_mode {mode} needs atten_mask = triu(ones(2048, 2048), 1) with True = masked; "
+        "the mask given differs (inverted?)",
+    )
 
 
 def _band(sq: int, skv: int, origin: int, pre: int, nxt: int) -> torch.Tensor:
@@ -259,9 +288,11 @@ def _masked_positions(mode, mask, sq, skv, pre, nxt, batch_heads, op):
     if mode in (0, 1):
         b, n = batch_heads
         allowed = {(b, n, sq, skv), (b, 1, sq, skv), (1, 1, sq, skv), (sq, skv)}
-        _require(tuple(mask.shape) in allowed, op,
-                 f"atten_mask shape {tuple(mask.shape)} must be BNSS, B1SS, 11SS or SS "
-                 f"({b}, {n}, {sq}, {skv})")
+        _require(
+            tuple(mask.shape) in allowed,
+            op,
+            f"atten_mask shape {tuple(mask.shape)} must be BNSS, B1SS, 11SS or SS ({b}, {n}, {sq}, {skv})",
+        )
         masked = mask.bool()
         if mode == 0 and (pre < _INT_MAX or nxt < _INT_MAX):
             masked = masked | _band(sq, skv, 0, pre, nxt)
@@ -304,11 +335,34 @@ def _attend(q, k, v, pse, masked, scale, keep_prob, sink, inner_precise, generat
     return p @ v.float(), row_max.squeeze(-1), row_sum.squeeze(-1)
 
 
-def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, padding_mask=None,
-                         atten_mask=None, scale=1.0, keep_prob=1.0, pre_tockens=_INT_MAX, next_tockens=_INT_MAX,
-                         inner_precise=0, prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0,
-                         gen_mask_parallel=True, sync=False, softmax_layout="", sink=None, dropout_mask=None,
-                         seed=0, offset=0, *, _generator=None):
+def npu_fusion_attention(
+    query,
+    key,
+    value,
+    head_num,
+    input_layout,
+    pse=None,
+    padding_mask=None,
+    atten_mask=None,
+    scale=1.0,
+    keep_prob=1.0,
+    pre_tockens=_INT_MAX,
+    next_tockens=_INT_MAX,
+    inner_precise=0,
+    prefix=None,
+    actual_seq_qlen=None,
+    actual_seq_kvlen=None,
+    sparse_mode=0,
+    gen_mask_parallel=True,
+    sync=False,
+    softmax_layout="",
+    sink=None,
+    dropout_mask=None,
+    seed=0,
+    offset=0,
+    *,
+    _generator=None,
+):
     """softmax(mask(scale · (Q·Kᵀ + pse)))·V with dropout; returns the 7-tuple of torch_npu 2.14.
 
     `atten_mask` True = masked; `scale` defaults to 1.0; GQA repeats each kv head Nq/Nkv times.
@@ -321,34 +375,73 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     _same_dtype(q, k, op, "query and key")
     _same_dtype(q, v, op, "query and value")
     _require(input_layout in _LAYOUTS, op, f"input_layout must be one of {', '.join(_LAYOUTS)}, got {input_layout!r}")
-    _require(isinstance(head_num, int) and 1 <= head_num <= 256, op, f"head_num must be an int in [1, 256], got {head_num!r}")
+    _require(
+        isinstance(head_num, int) and 1 <= head_num <= 256, op, f"head_num must be an int in [1, 256], got {head_num!r}"
+    )
     _require(padding_mask is None, op, "padding_mask is not supported, pass None")
-    _require(isinstance(keep_prob, (int, float)) and 0.0 < keep_prob <= 1.0, op, f"keep_prob must be in (0, 1], got {keep_prob!r}")
-    _require(isinstance(scale, (int, float)) or (isinstance(scale, torch.Tensor) and scale.dim() == 0), op,
-             f"scale must be a float, got {type(scale).__name__}")
+    _require(
+        isinstance(keep_prob, (int, float)) and 0.0 < keep_prob <= 1.0,
+        op,
+        f"keep_prob must be in (0, 1], got {keep_prob!r}",
+    )
+    _require(
+        isinstance(scale, (int, float)) or (isinstance(scale, torch.Tensor) and scale.dim() == 0),
+        op,
+        f"scale must be a float, got {type(scale).__name__}",
+    )
     scale = float(scale)
     _require(softmax_layout in ("", "TND"), op, f"softmax_layout must be '' or 'TND', got {softmax_layout!r}")
     _require(softmax_layout == "" or input_layout == "TND", op, "softmax_layout 'TND' needs input_layout 'TND'")
-    _require(k.shape == v.shape, op, f"key and value must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    _require(
+        k.shape == v.shape, op, f"key and value must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+    )
     valid_modes = (0, 1, 2, 3, 4, 6, 7, 8) if input_layout == "TND" else (0, 1, 2, 3, 4, 5, 6)
-    _require(sparse_mode in valid_modes, op, f"sparse_mode {sparse_mode!r} is not valid for input_layout {input_layout!r}")
+    _require(
+        sparse_mode in valid_modes, op, f"sparse_mode {sparse_mode!r} is not valid for input_layout {input_layout!r}"
+    )
     if sparse_mode not in (0, 1, 2, 3, 4):
-        raise NotModelledError(f"{op}: sparse_mode {sparse_mode} (prefix / split varlen) is not modelled by the CPU reference")
+        raise NotModelledError(
+            f"{op}: sparse_mode {sparse_mode} (prefix / split varlen) is not modelled by the CPU reference"
+        )
     if dropout_mask is not None:
         raise NotModelledError(f"{op}: an external dropout_mask is not modelled by the CPU reference")
     if atten_mask is not None:
         atten_mask = _tensor(atten_mask, op, "atten_mask")
-        _require(atten_mask.dtype in (torch.bool, torch.uint8), op,
-                 f"atten_mask must be bool or uint8 (True/1 = masked), got {atten_mask.dtype}")
+        _require(
+            atten_mask.dtype in (torch.bool, torch.uint8),
+            op,
+            f"atten_mask must be bool or uint8 (True/1 = masked), got {atten_mask.dtype}",
+        )
     if sink is not None:
         sink = _tensor(sink, op, "sink")
-        _require(sink.dtype == torch.float32 and tuple(sink.shape) == (head_num,), op,
-                 f"sink must be float32 of shape ({head_num},), got {sink.dtype} {tuple(sink.shape)}")
+        _require(
+            sink.dtype == torch.float32 and tuple(sink.shape) == (head_num,),
+            op,
+            f"sink must be float32 of shape ({head_num},), got {sink.dtype} {tuple(sink.shape)}",
+        )
 
     if input_layout == "TND":
-        return _fusion_attention_tnd(q, k, v, head_num, pse, atten_mask, scale, keep_prob, pre_tockens, next_tockens,
-                                     inner_precise, actual_seq_qlen, actual_seq_kvlen, sparse_mode, sink, seed, offset,
-                                     _generator, op)
+        return _fusion_attention_tnd(
+            q,
+            k,
+            v,
+            head_num,
+            pse,
+            atten_mask,
+            scale,
+            keep_prob,
+            pre_tockens,
+            next_tockens,
+            inner_precise,
+            actual_seq_qlen,
+            actual_seq_kvlen,
+            sparse_mode,
+            sink,
+            seed,
+            offset,
+            _generator,
+            op,
+        )
 
     qb = _to_bnsd(q, input_layout, head_num, None, op, "query")
     head_dim = qb.shape[-1]
@@ -364,23 +457,52 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, pse=None, pa
     if pse is not None:
         pse = _tensor(pse, op, "pse")
         _same_dtype(q, pse, op, "pse and query")
-        _require(tuple(pse.shape) in {(b, nq, sq, skv), (b, nq, 1, skv), (1, nq, sq, skv)}, op,
-                 f"pse shape {tuple(pse.shape)} must be BNSS, BN1S or 1NSS")
+        _require(
+            tuple(pse.shape) in {(b, nq, sq, skv), (b, nq, 1, skv), (1, nq, sq, skv)},
+            op,
+            f"pse shape {tuple(pse.shape)} must be BNSS, BN1S or 1NSS",
+        )
     masked = _masked_positions(sparse_mode, atten_mask, sq, skv, pre_tockens, next_tockens, (b, nq), op)
     if nkv != nq:
         kb, vb = kb.repeat_interleave(nq // nkv, 1), vb.repeat_interleave(nq // nkv, 1)
     out, row_max, row_sum = _attend(qb, kb, vb, pse, masked, scale, keep_prob, sink, inner_precise, _generator)
     numels = b * nq * sq * skv if keep_prob < 1.0 else 0
-    return (_from_bnsd(out.to(q.dtype), input_layout), _stats(row_max), _stats(row_sum),
-            q.new_empty(0), int(seed), int(offset), numels)
+    return (
+        _from_bnsd(out.to(q.dtype), input_layout),
+        _stats(row_max),
+        _stats(row_sum),
+        q.new_empty(0),
+        int(seed),
+        int(offset),
+        numels,
+    )
 
 
 def _stats(t: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(-1).expand(*t.shape, 8).contiguous()
 
 
-def _fusion_attention_tnd(q, k, v, head_num, pse, atten_mask, scale, keep_prob, pre, nxt, inner_precise,
-                          qlen, kvlen, sparse_mode, sink, seed, offset, generator, op):
+def _fusion_attention_tnd(
+    q,
+    k,
+    v,
+    head_num,
+    pse,
+    atten_mask,
+    scale,
+    keep_prob,
+    pre,
+    nxt,
+    inner_precise,
+    qlen,
+    kvlen,
+    sparse_mode,
+    sink,
+    seed,
+    offset,
+    generator,
+    op,
+):
     _require(q.dim() == 3 and k.dim() == 3, op, f"query and key must be 3-D (T, N, D) for TND, got {tuple(q.shape)}")
     _require(q.shape[1] == head_num, op, f"head_num {head_num} does not match the query's {q.shape[1]} heads")
     nq, d = q.shape[1], q.shape[2]
@@ -394,8 +516,11 @@ def _fusion_attention_tnd(q, k, v, head_num, pse, atten_mask, scale, keep_prob, 
         raise NotModelledError(f"{op}: a user atten_mask with input_layout 'TND' is not modelled by the CPU reference")
     qends, kvends = _cumulative(qlen, op, "actual_seq_qlen"), _cumulative(kvlen, op, "actual_seq_kvlen")
     _require(len(qends) == len(kvends), op, "actual_seq_qlen and actual_seq_kvlen must have the same length")
-    _require(qends[-1] <= q.shape[0] and kvends[-1] <= k.shape[0], op,
-             f"the sequence ends {qends[-1]}/{kvends[-1]} exceed T = {q.shape[0]}/{k.shape[0]}")
+    _require(
+        qends[-1] <= q.shape[0] and kvends[-1] <= k.shape[0],
+        op,
+        f"the sequence ends {qends[-1]}/{kvends[-1]} exceed T = {q.shape[0]}/{k.shape[0]}",
+    )
     out = q.new_zeros(q.shape[0], nq, v.shape[2], dtype=torch.float32)
     row_max = torch.zeros(q.shape[0], nq)
     row_sum = torch.zeros(q.shape[0], nq)
@@ -428,7 +553,9 @@ OPS = {
 }
 
 
-def torch_npu_module(generator: torch.Generator | None = None, calls: collections.Counter | None = None) -> types.ModuleType:
+def torch_npu_module(
+    generator: torch.Generator | None = None, calls: collections.Counter | None = None
+) -> types.ModuleType:
     """A stand-in `torch_npu` module: the reference ops plus `calls`, a Counter of calls per op.
 
     `generator` drives `npu_fusion_attention` dropout, so `keep_prob < 1` is reproducible; pass a shared

@@ -120,6 +120,7 @@ class _CountingTorchNpu(types.ModuleType):
     def __getattr__(self, name):
         value = getattr(self._real, name)
         if name.startswith("npu_") and callable(value):
+
             def counted(*args, _value=value, _name=name, **kwargs):
                 self.calls[_name] += 1
                 return _value(*args, **kwargs)
@@ -167,8 +168,11 @@ def _to(value, device=None, dtype=None):
     if isinstance(value, Mapping):
         return {key: _to(item, device, dtype) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_to(item, device, dtype) for item in value) if type(value) in (list, tuple) else \
-            tuple(_to(item, device, dtype) for item in value)
+        return (
+            type(value)(_to(item, device, dtype) for item in value)
+            if type(value) in (list, tuple)
+            else tuple(_to(item, device, dtype) for item in value)
+        )
     return value
 
 
@@ -227,8 +231,13 @@ def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str) ->
         spec.loader.exec_module(module)
         build = getattr(module, "build", None)
         if not callable(build):
-            result["error"] = {"stage": "import", "type": "UsageError", "where": factory,
-                               "message": "the factory defines no build() function", "traceback": ""}
+            result["error"] = {
+                "stage": "import",
+                "type": "UsageError",
+                "where": factory,
+                "message": "the factory defines no build() function",
+                "traceback": "",
+            }
             return result
         stage = "build"
         _seed(seed)
@@ -258,12 +267,17 @@ def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str) ->
             patcher.sweep()
         else:
             # A migrated module in the original tree means the two trees are the wrong way round.
-            stale = [m.__name__ for m in list(sys.modules.values())
-                     if isinstance(m, types.ModuleType) and patcher.owns(getattr(m, "__file__", None))
-                     and PRELUDE_MARK in vars(m)]
+            stale = [
+                m.__name__
+                for m in list(sys.modules.values())
+                if isinstance(m, types.ModuleType)
+                and patcher.owns(getattr(m, "__file__", None))
+                and PRELUDE_MARK in vars(m)
+            ]
             if stale:
                 result["warnings"].append(
-                    "the original tree already contains fused branches (in " + ", ".join(sorted(stale)[:3]) + ")")
+                    "the original tree already contains fused branches (in " + ", ".join(sorted(stale)[:3]) + ")"
+                )
         _flatten(out, "", result["outputs"])
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides the exit code
         if isinstance(exc, KeyboardInterrupt):
