@@ -120,7 +120,7 @@ def test_every_finding_of_mode_all(document):
 
 def test_rule_findings_are_exactly_what_apply_reports(document):
     """One mechanism: the rule findings of the report are those of `apply --diff`, message for message."""
-    engine = {r.id for r in all_rules()}
+    engine = {r.id for r in all_rules() if "analysis" not in r.tags}
     got = [
         (f["path"], f["rule"], f["line"], f["col"], f["message"], f["fixed"])
         for f in document["findings"]
@@ -136,9 +136,7 @@ def test_rule_findings_are_exactly_what_apply_reports(document):
 
 
 def test_every_finding_names_a_documented_rule(document):
-    from npu_migrate.analyze.rules import documented_rules
-
-    documented = {r.id: r for r in documented_rules()}
+    documented = {r.id: r for r in all_rules()}
     for f in document["findings"]:
         assert f["rule"] in documented
         assert "Example" in documented[f["rule"]].documentation or "Before" in documented[f["rule"]].documentation

@@ -16,7 +16,7 @@ from conftest import FIXTURES
 from npu_migrate import scoped
 from npu_migrate.findings import Severity
 from npu_migrate.pipeline import migrate_text
-from npu_migrate.rule import Rule, TreeChecker
+from npu_migrate.rule import Example, FixSafety, Rule, TreeChecker
 
 FUSED_INPUTS = sorted(
     p for rule in ("NPU701", "NPU702", "NPU703", "NPU704") for p in (FIXTURES / "rules" / rule).glob("*.in.py")
@@ -147,7 +147,19 @@ def test_suppression_comment_on_the_def_line():
 class _WarnOnDefs(TreeChecker):
     """A tree checker whose findings a human must act on (the fused rules only report INFO)."""
 
-    rules = (Rule(id="NPU799", name="test-warning", summary="test", doc="test", severity=Severity.WARNING),)
+    rules = (
+        Rule(
+            id="NPU799",
+            name="test-warning",
+            family="test",
+            summary="test",
+            what="test",
+            why="test",
+            example=Example("def f(): pass", reports="odd"),
+            fix_safety=FixSafety.REPORT_ONLY,
+            severity=Severity.WARNING,
+        ),
+    )
 
     def check(self, tree, source, index):
         return [

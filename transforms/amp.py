@@ -15,7 +15,7 @@ import libcst as cst
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, rebind_import
-from npu_migrate.rule import NameUseChecker, Rule
+from npu_migrate.rule import Example, FixSafety, NameUseChecker, Rule
 from npu_migrate.transforms.device import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.distributed import argument
 from npu_migrate.transforms.literals import is_under, load_table, torch_version, with_tail
@@ -23,78 +23,139 @@ from npu_migrate.transforms.literals import is_under, load_table, torch_version,
 CUDA_AMP = Rule(
     id="NPU401",
     name="cuda-amp",
+    family="amp",
     summary='`torch.cuda.amp.autocast` / `GradScaler` / `custom_fwd` / `custom_bwd` become `torch.amp` ones on "npu"',
-    doc="""
-    `torch.cuda.amp.autocast(...)` -> `torch.amp.autocast("npu", ...)` (positional `enabled`, `dtype`,
-    `cache_enabled` become keywords; like torch's own replacement the dtype then defaults to
+    what="""
+    Rewrites `torch.cuda.amp.autocast(...)` -> `torch.amp.autocast("npu", ...)` (positional `enabled`,
+    `dtype`, `cache_enabled` become keywords; like torch's own replacement the dtype then defaults to
     `torch.get_autocast_dtype("npu")`, float16 unless changed), `torch.cuda.amp.GradScaler(...)` ->
     `torch.amp.GradScaler("npu", ...)`, and the `custom_fwd` / `custom_bwd` decorators ->
     `torch.amp.custom_fwd(..., device_type="npu")`. Imports from `torch.cuda.amp` are rebound to
     `torch.amp` and their uses rewritten, only if every use can be. For torch_npu versions whose torch
     lacks the `torch.amp` name, the name moves to `torch.npu.amp`, which keeps the CUDA signature.
-
-    Before:
-        from torch.cuda.amp import autocast, GradScaler
-        scaler = GradScaler()
-        with autocast(dtype=torch.bfloat16):
-            loss = model(x)
-    After:
-        from torch.amp import autocast, GradScaler
-        scaler = GradScaler("npu")
-        with autocast("npu", dtype=torch.bfloat16):
-            loss = model(x)
     """,
+    why="""
+    `torch.cuda.amp` autocasts and scales for CUDA devices only: on an NPU host the model runs in
+    float32 (autocast disabled, with a warning) and the scaler does nothing.
+    """,
+    example=Example(
+        before="""
+            import torch
+            from torch.cuda.amp import GradScaler, autocast
+
+            scaler = GradScaler()
+
+
+            def step(model, x):
+                with autocast(dtype=torch.bfloat16):
+                    return model(x)
+        """,
+        after="""
+            import torch
+            import torch_npu
+            from torch.amp import GradScaler, autocast
+
+            scaler = GradScaler("npu")
+
+
+            def step(model, x):
+                with autocast("npu", dtype=torch.bfloat16):
+                    return model(x)
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 AMP_DEVICE = Rule(
     id="NPU402",
     name="amp-device-type",
+    family="amp",
     summary='`torch.autocast("cuda")`, `torch.amp.GradScaler("cuda")` and other AMP device types become `"npu"`',
-    doc="""
-    The device type of `torch.autocast`, `torch.amp.autocast`, `torch.amp.GradScaler`,
+    what="""
+    Rewrites the device type "cuda" of `torch.autocast`, `torch.amp.autocast`, `torch.amp.GradScaler`,
     `torch.amp.custom_fwd` / `custom_bwd` and the `torch.get/set_autocast_dtype`,
-    `is/set_autocast_enabled` functions selects which device autocasts; "cuda" does nothing on NPU.
-
-    Before:
-        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
-            out = model(x)
-    After:
-        with torch.autocast(device_type="npu", dtype=torch.bfloat16):
-            out = model(x)
+    `is/set_autocast_enabled` functions to "npu".
     """,
+    why="""
+    The device type selects which device autocasts; "cuda" does nothing on an NPU.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+
+            def forward(model, x):
+                with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+                    return model(x)
+        """,
+        after="""
+            import torch
+            import torch_npu
+
+
+            def forward(model, x):
+                with torch.autocast(device_type="npu", dtype=torch.bfloat16):
+                    return model(x)
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 GPU_DTYPE = Rule(
     id="NPU403",
     name="autocast-gpu-dtype",
+    family="amp",
     summary="`torch.get_autocast_gpu_dtype()` / `set_autocast_gpu_dtype` become `torch.npu.get/set_autocast_dtype`",
-    doc="""
-    The GPU autocast dtype accessors read and set CUDA's autocast dtype; torch_npu's counterparts do the
-    same for the NPU.
-
-    Before:
-        dtype = torch.get_autocast_gpu_dtype()
-    After:
-        dtype = torch.npu.get_autocast_dtype()
+    what="""
+    Rewrites `torch.get_autocast_gpu_dtype()` and `torch.set_autocast_gpu_dtype(...)` to torch_npu's
+    `torch.npu.get_autocast_dtype()` and `torch.npu.set_autocast_dtype(...)`.
     """,
+    why="""
+    The GPU accessors read and set CUDA's autocast dtype, which the NPU does not use; torch_npu's
+    counterparts do the same for the NPU.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            dtype = torch.get_autocast_gpu_dtype()
+        """,
+        after="""
+            import torch
+            import torch_npu
+
+            dtype = torch.npu.get_autocast_dtype()
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 AMP_NOT_MIGRATED = Rule(
     id="NPU404",
     name="cuda-amp-not-migrated",
+    family="amp",
     summary="`torch.cuda.amp` uses that cannot be rewritten safely are reported",
-    doc="""
-    A `torch.cuda.amp` class used other than by calling it (`isinstance(s, GradScaler)`, passing
-    `autocast` around), `*args` whose position is unknown, private helpers, or names the chosen
-    torch_npu version lacks. The code (and its import) is left alone; the finding says what to write.
-
-    Example:
-        if isinstance(scaler, torch.cuda.amp.GradScaler):
-            ...
-    reports: use torch.amp.GradScaler.
+    what="""
+    Reports the `torch.cuda.amp` uses NPU401 cannot rewrite: a class used other than by calling it
+    (`isinstance(s, GradScaler)`, passing `autocast` around), `*args` whose position is unknown, private
+    helpers, or names the chosen torch_npu version lacks. The code (and its import) is left alone; the
+    finding says what to write.
     """,
+    why="""
+    Left as it is, the code keeps using CUDA's AMP, which does nothing on an NPU (see NPU401).
+    """,
+    example=Example(
+        before="""
+            import torch
+
+
+            def is_scaled(scaler):
+                return isinstance(scaler, torch.cuda.amp.GradScaler)
+        """,
+        reports="use `torch.amp.GradScaler` with the NPU device by hand",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
-    fixable=False,
 )
 
 _TABLE = load_table("amp.toml")

@@ -21,115 +21,173 @@ import libcst as cst
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, dotted_node
-from npu_migrate.rule import NameUseChecker, Rule
+from npu_migrate.rule import Example, FixSafety, NameUseChecker, Rule
 from npu_migrate.transforms.literals import with_tail
 
 TF32_TO_HF32 = Rule(
     id="NPU501",
     name="tf32-to-hf32",
+    family="backends",
     summary="`torch.backends.cuda.matmul.allow_tf32` / `cudnn.allow_tf32` become `torch.npu.matmul` / `conv.allow_hf32`",
-    doc="""
-    NPUs have no TF32; the reduced-precision float32 mode of their matmul and convolution units is HF32,
-    switched by `torch.npu.matmul.allow_hf32` (default off, like CUDA's matmul TF32) and
-    `torch.npu.conv.allow_hf32` (default on, like cuDNN's TF32). Setting and reading the flag are both
-    rewritten; like the CUDA setters, the NPU ones take a bool.
+    what="""
+    Rewrites the TF32 switches to torch_npu's HF32 ones: `torch.backends.cuda.matmul.allow_tf32` ->
+    `torch.npu.matmul.allow_hf32` (default off, like CUDA's matmul TF32) and
+    `torch.backends.cudnn.allow_tf32` -> `torch.npu.conv.allow_hf32` (default on, like cuDNN's TF32).
+    Setting and reading the flag are both rewritten; like the CUDA setters, the NPU ones take a bool.
 
     Uses through `torch` (any alias) are rewritten in place. A use through an import of
     `torch.backends.cuda` / `torch.backends.cudnn` (`cudnn.allow_tf32 = True`) is rewritten to
     `torch.npu...` only when the file binds `torch` at its top level no later than that import; the
-    import itself is left alone. Otherwise, and for `from torch.backends.cudnn import allow_tf32`
-    (a copy of the flag taken at import time), the site is reported.
+    import itself is left alone. Otherwise, and for `from torch.backends.cudnn import allow_tf32` (a
+    copy of the flag taken at import time), the site is reported.
+    """,
+    why="""
+    NPUs have no TF32: the CUDA flags change nothing there. Matmuls a GPU run did in TF32 run in full
+    float32 (slower), and setting `cudnn.allow_tf32 = False` no longer keeps convolutions in full
+    float32 (`torch.npu.conv.allow_hf32` defaults to True). HF32 is the NPU's reduced-precision float32.
+    """,
+    example=Example(
+        before="""
+            import torch
 
-    Before:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    After:
-        torch.npu.matmul.allow_hf32 = True
-        torch.npu.conv.allow_hf32 = True
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        """,
+        after="""
+            import torch
+            import torch_npu
+
+            torch.npu.matmul.allow_hf32 = True
+            torch.npu.conv.allow_hf32 = True
+        """,
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    HF32 is not TF32: the NPU's reduced-precision float32 rounds differently from the GPU's, so results
+    differ from the GPU run in the low bits, as TF32's differ from float32. Check the model's accuracy,
+    or set the flags to False for full float32.
     """,
 )
 
 CUDNN_SETTINGS = Rule(
     id="NPU502",
     name="cudnn-settings",
+    family="backends",
     summary="`torch.backends.cudnn.benchmark` / `deterministic` / `enabled` / `is_available()` ... are reported: no cuDNN on NPU",
-    doc="""
-    torch_npu does not use cuDNN, so the `torch.backends.cudnn` flags run but change nothing on NPU:
-    `benchmark`, `benchmark_limit` and `enabled` can stay or go. `deterministic = True` does *not* make
-    NPU kernels deterministic: use `torch.use_deterministic_algorithms(True)`, torch_npu's
-    `torch.npu.enable_deterministic_with_backward` (and `torch.npu.set_deterministic_level` in newer
-    versions), and `HCCL_DETERMINISTIC=true` for collectives. `is_available()` is False and `version()`
-    None on NPU: code gated on them takes its no-accelerator path; use `torch.npu.is_available()`.
-    The code is left as it is.
-
-    Example:
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cudnn.deterministic = True
-    reports: benchmark has no effect on NPU; for determinism use torch.use_deterministic_algorithms(True) ...
+    what="""
+    Reports the `torch.backends.cudnn` flags and queries, and leaves the code as it is. `benchmark`,
+    `benchmark_limit` and `enabled` can stay or go. For determinism use
+    `torch.use_deterministic_algorithms(True)`, torch_npu's `torch.npu.enable_deterministic_with_backward`
+    (and `torch.npu.set_deterministic_level` in newer versions), and `HCCL_DETERMINISTIC=true` for
+    collectives; for availability `torch.npu.is_available()`.
     """,
-    fixable=False,
+    why="""
+    torch_npu does not use cuDNN, so the flags run but change nothing on NPU: `deterministic = True`
+    does *not* make NPU kernels deterministic. `is_available()` is False and `version()` None on NPU, so
+    code gated on them takes its no-accelerator path.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.deterministic = True
+        """,
+        reports="does not make NPU kernels deterministic",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
 )
 
 SDP_TOGGLES = Rule(
     id="NPU503",
     name="sdp-backend-toggles",
+    family="backends",
     summary="SDPA backend toggles (`sdp_kernel`, `enable_flash_sdp`, `sdpa_kernel(...)` ...) select no NPU kernel and are reported",
-    doc="""
-    `torch.backends.cuda.sdp_kernel`, `enable_flash_sdp`, `enable_mem_efficient_sdp`, `enable_math_sdp`,
-    their `*_sdp_enabled` queries and `torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)` only
-    flip torch's global SDPA flags; on NPU they select no kernel (torch_npu's same-named
-    `torch.npu.enable_flash_sdp` says so in a warning), and the availability queries
-    (`can_use_flash_attention`, `is_flash_attention_available` ...) answer for CUDA. The NPU's fused
-    attention is `torch_npu.npu_fusion_attention`, which rule NPU704 injects for
-    `scaled_dot_product_attention` calls. The code is left as it is: remove or guard the toggle.
-
-    Example:
-        with torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False):
-            out = F.scaled_dot_product_attention(q, k, v)
-    reports: selects no NPU kernel; see NPU704 for the NPU fused attention.
+    what="""
+    Reports `torch.backends.cuda.sdp_kernel`, `enable_flash_sdp`, `enable_mem_efficient_sdp`,
+    `enable_math_sdp`, their `*_sdp_enabled` queries, `torch.nn.attention.sdpa_kernel(...)` and the
+    availability queries (`can_use_flash_attention`, `is_flash_attention_available` ...). The code is
+    left as it is: remove or guard the toggle.
     """,
+    why="""
+    The toggles only flip torch's global SDPA flags; on NPU they select no kernel (torch_npu's same-named
+    `torch.npu.enable_flash_sdp` says so in a warning), and the queries answer for CUDA. The NPU's fused
+    attention is `torch_npu.npu_fusion_attention`, which rule NPU704 injects for
+    `scaled_dot_product_attention` calls.
+    """,
+    example=Example(
+        before="""
+            import torch
+            import torch.nn.functional as F
+
+
+            def attend(q, k, v):
+                with torch.backends.cuda.sdp_kernel(enable_flash=True, enable_math=False):
+                    return F.scaled_dot_product_attention(q, k, v)
+        """,
+        reports="on NPU it selects no kernel",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
-    fixable=False,
 )
 
 PROFILER_CUDA = Rule(
     id="NPU504",
     name="profiler-cuda-activity",
+    family="backends",
     summary="`torch.profiler.ProfilerActivity.CUDA` is reported: NPU kernels are traced by `torch_npu.profiler`",
-    doc="""
-    `ProfilerActivity.CUDA` traces CUDA kernels through CUPTI; on NPU it traces nothing. Swapping only the
-    activity would not work: `torch.profiler.profile` cannot trace NPU activity. Use
+    what="""
+    Reports `torch.profiler.ProfilerActivity.CUDA` and leaves the code as it is. Use
     `torch_npu.profiler.profile` with `activities=[torch_npu.profiler.ProfilerActivity.CPU,
-    torch_npu.profiler.ProfilerActivity.NPU]` and `experimental_config=torch_npu.profiler._ExperimentalConfig(...)`,
-    with `torch_npu.profiler.schedule` and `torch_npu.profiler.tensorboard_trace_handler`.
-    (`torch.cuda.profiler.start/stop` are reported by NPU203.) The code is left as it is.
-
-    Example:
-        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            model(x)
-    reports: use torch_npu.profiler.profile with torch_npu.profiler.ProfilerActivity.NPU.
+    torch_npu.profiler.ProfilerActivity.NPU]` and
+    `experimental_config=torch_npu.profiler._ExperimentalConfig(...)`, with `torch_npu.profiler.schedule`
+    and `torch_npu.profiler.tensorboard_trace_handler`. (`torch.cuda.profiler.start/stop` are NPU203's.)
     """,
+    why="""
+    `ProfilerActivity.CUDA` traces CUDA kernels through CUPTI; on NPU it traces nothing. Swapping only
+    the activity would not work: `torch.profiler.profile` cannot trace NPU activity.
+    """,
+    example=Example(
+        before="""
+            from torch.profiler import ProfilerActivity, profile
+
+
+            def trace(model, x):
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    model(x)
+                return prof
+        """,
+        reports="Use torch_npu.profiler.profile",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
-    fixable=False,
 )
 
 CUDA_BACKEND_SETTINGS = Rule(
     id="NPU505",
     name="cuda-backend-settings",
+    family="backends",
     summary="Other `torch.backends.cuda` settings (cuFFT plan cache, cuBLAS workspace, linalg library ...) are reported",
-    doc="""
-    `torch.backends.cuda.preferred_linalg_library` (a no-op on NPU), `preferred_blas_library`, the cuBLAS
-    workspace settings, `matmul.allow_fp16_reduced_precision_reduction` / `allow_bf16_...` /
-    `fp32_precision` and `is_built()` have no NPU counterpart. `cufft_plan_cache` has a near one,
-    `torch.npu.backends.fft_plan_cache` (`max_size`, `size`, `clear()`), but that is one cache for the
-    process rather than one per device (`cufft_plan_cache[i]`), so it is not rewritten. The code is left
-    as it is; the finding says what to use instead, if anything.
-
-    Example:
-        torch.backends.cuda.cufft_plan_cache.max_size = 32
-    reports: use torch.npu.backends.fft_plan_cache.max_size (one cache for all devices).
+    what="""
+    Reports `torch.backends.cuda.preferred_linalg_library` (a no-op on NPU), `preferred_blas_library`,
+    the cuBLAS workspace settings, `matmul.allow_fp16_reduced_precision_reduction` / `allow_bf16_...` /
+    `fp32_precision`, `is_built()` and `cufft_plan_cache`, and leaves the code as it is; the finding says
+    what to use instead, if anything.
     """,
-    fixable=False,
+    why="""
+    These settings have no NPU counterpart. `cufft_plan_cache` has a near one,
+    `torch.npu.backends.fft_plan_cache` (`max_size`, `size`, `clear()`), but that is one cache for the
+    process rather than one per device (`cufft_plan_cache[i]`), so it is not rewritten.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            torch.backends.cuda.cufft_plan_cache.max_size = 32
+        """,
+        reports="torch.npu.backends.fft_plan_cache",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
 )
 
 

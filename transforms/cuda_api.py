@@ -15,100 +15,160 @@ from npu_migrate.api import Kind
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
-from npu_migrate.rule import Checker, Rule
+from npu_migrate.rule import Checker, Example, FixSafety, Rule
 from npu_migrate.transforms.literals import is_under, with_tail
 
 SAME_NAME = Rule(
     id="NPU201",
     name="torch-cuda-api",
+    family="cuda_api",
     summary="`torch.cuda.X` becomes `torch.npu.X` where the chosen torch_npu version has X",
-    doc="""
-    torch_npu registers `torch.npu` with the same API as `torch.cuda` for most names (device
-    management, streams, events, memory statistics, RNG, graphs, the legacy `torch.cuda.FloatTensor`
-    types). Which names exist depends on the torch_npu version (`--torch-npu-version`).
-
-    Imports are rewritten in place and keep their local names, so the code that uses them is untouched.
-
-    Before:
-        import torch
-        from torch.cuda import synchronize as sync
-        torch.cuda.set_device(local_rank)
-        print(torch.cuda.max_memory_allocated())
-    After:
-        import torch
-        import torch_npu
-        from torch.npu import synchronize as sync
-        torch.npu.set_device(local_rank)
-        print(torch.npu.max_memory_allocated())
+    what="""
+    Rewrites `torch.cuda.X` (however torch is imported) to `torch.npu.X` for the names torch_npu
+    registers under the same name: device management, streams, events, memory statistics, RNG, graphs,
+    the legacy `torch.cuda.FloatTensor` types. Which names exist depends on the torch_npu version
+    (`--torch-npu-version`). Imports are rewritten in place and keep their local names, so the code
+    that uses them is untouched.
     """,
+    why="""
+    `torch.cuda` talks to the CUDA runtime, which an NPU host does not have; torch_npu registers
+    `torch.npu` with the same API for the NPU.
+    """,
+    example=Example(
+        before="""
+            import torch
+            from torch.cuda import synchronize as sync
+
+
+            def setup(local_rank):
+                torch.cuda.set_device(local_rank)
+                sync()
+                return torch.cuda.max_memory_allocated()
+        """,
+        after="""
+            import torch
+            import torch_npu
+            from torch.npu import synchronize as sync
+
+
+            def setup(local_rank):
+                torch.npu.set_device(local_rank)
+                sync()
+                return torch.npu.max_memory_allocated()
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 RENAMED = Rule(
     id="NPU202",
     name="torch-cuda-renamed-api",
+    family="cuda_api",
     summary="CUDA APIs whose NPU counterpart has another name (`CUDAGraph` -> `NPUGraph`, nvtx -> mstx)",
-    doc="""
-    Renames that are the same operation under another name: `torch.cuda.CUDAGraph` ->
+    what="""
+    Rewrites the APIs that are the same operation under another name: `torch.cuda.CUDAGraph` ->
     `torch.npu.NPUGraph`, `CUDAPluggableAllocator` -> `NPUPluggableAllocator`,
     `torch.cuda.OutOfMemoryError` -> `torch.OutOfMemoryError`, and `torch.cuda.nvtx.range_push`,
-    `range_pop`, `mark` -> `torch.npu.mstx.*`. (Huawei's msFmkTransplt writes `torch.npu.CUDAGraph`
-    and `torch.npu.nvtx`, which do not exist.)
-
-    Before:
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.nvtx.range_push("forward")
-    After:
-        graph = torch.npu.NPUGraph()
-        torch.npu.mstx.range_push("forward")
+    `range_pop`, `mark` -> `torch.npu.mstx.*`.
     """,
+    why="""
+    A plain `torch.cuda` -> `torch.npu` rename names APIs that do not exist: Huawei's msFmkTransplt
+    writes `torch.npu.CUDAGraph` and `torch.npu.nvtx`, which fail on first use.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.nvtx.range_push("forward")
+        """,
+        after="""
+            import torch
+            import torch_npu
+
+            graph = torch.npu.NPUGraph()
+            torch.npu.mstx.range_push("forward")
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 NO_EQUIVALENT = Rule(
     id="NPU203",
     name="torch-cuda-no-equivalent",
+    family="cuda_api",
     summary="`torch.cuda` APIs with no NPU counterpart (in the chosen torch_npu version) are reported",
-    doc="""
-    `torch.cuda.nccl`, `jiterator`, `nvtx.range`, `get_arch_list`, the CUDA profiler API and others have
-    no NPU counterpart, and names added in later torch_npu versions are missing from older ones. The
-    code is left as it is and the finding says what to use instead.
-
-    Example:
-        torch.cuda.nccl.all_reduce(tensors)
-    reports: use torch.distributed collectives with the hccl backend.
+    what="""
+    Reports `torch.cuda` APIs that have no NPU counterpart in the chosen torch_npu version:
+    `torch.cuda.nccl`, `jiterator`, `nvtx.range`, `get_arch_list`, the CUDA profiler API, and names added
+    in later torch_npu versions than the one targeted. The finding says what to use instead.
     """,
+    why="""
+    There is nothing to rename them to: the call fails on an NPU host until a human replaces it.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+
+            def all_reduce(tensors):
+                torch.cuda.nccl.all_reduce(tensors)
+        """,
+        reports="use torch.distributed collectives with the hccl backend",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
-    fixable=False,
 )
 
 BEHAVIOUR_DIFFERS = Rule(
     id="NPU204",
     name="torch-cuda-behaviour-differs",
+    family="cuda_api",
     summary="APIs that exist on NPU but behave differently (`get_device_capability` returns None) are reported",
-    doc="""
-    A rename would run but give wrong answers: `torch.npu.get_device_capability()` returns None, so
-    `get_device_capability()[0] >= 8` crashes; `get_device_properties()` has no `major` / `minor`;
-    float64 tensor types are mostly unsupported. The code is left as it is and the finding explains what
-    to do.
-
-    Example:
-        if torch.cuda.get_device_capability()[0] >= 8:
-            use_bf16 = True
-    reports: returns None on NPU; gate the feature on torch.npu.is_available() or the SoC name.
+    what="""
+    Reports `torch.cuda` APIs whose `torch.npu` namesake runs but answers differently:
+    `torch.npu.get_device_capability()` returns None, `get_device_properties()` has no `major` /
+    `minor`, float64 tensor types are mostly unsupported. The code is left as it is; the finding
+    explains what to do.
     """,
+    why="""
+    A rename would run and give wrong answers: `get_device_capability()[0] >= 8` crashes on NPU.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            use_bf16 = torch.cuda.get_device_capability()[0] >= 8
+        """,
+        reports="returns None on NPU",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
-    fixable=False,
+    tags=frozenset({"precision"}),
 )
 
 UNKNOWN_API = Rule(
     id="NPU205",
     name="torch-cuda-unknown-api",
+    family="cuda_api",
     summary="`torch.cuda` names npu-migrate does not know (private or newer APIs) are reported",
-    doc="""
-    A `torch.cuda` name that is neither in torch's public `torch.cuda` API nor in torch_npu (for
-    example the private `torch.cuda._lazy_init`) is left alone and reported so a human can decide.
+    what="""
+    Reports a `torch.cuda` name that is neither in torch's public `torch.cuda` API nor in torch_npu (for
+    example the private `torch.cuda._lazy_init`), and leaves it alone.
     """,
+    why="""
+    npu-migrate cannot tell whether `torch.npu` has it or what it does there, so a human must decide.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            torch.cuda._lazy_init()
+        """,
+        reports="not a public torch.cuda API known to npu-migrate",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
-    fixable=False,
 )
 
 _KIND_RULE = {Kind.MISSING: NO_EQUIVALENT, Kind.CAVEAT: BEHAVIOUR_DIFFERS, Kind.UNKNOWN: UNKNOWN_API}

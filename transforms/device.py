@@ -11,89 +11,174 @@ import re
 import libcst as cst
 
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Checker, Rule
+from npu_migrate.rule import Checker, Example, FixSafety, Rule
 from npu_migrate.transforms.literals import string_value
 
 CUDA_METHOD = Rule(
     id="NPU101",
     name="cuda-method",
+    family="device",
     summary="`.cuda(...)` becomes `.npu(...)`",
-    doc="""
-    Moves tensors and modules to the NPU instead of the GPU. Arguments are kept: `.cuda(i)`,
-    `.cuda(device=...)` and `.cuda(non_blocking=True)` become the same `.npu(...)` call.
-
-    Not rewritten when the file defines a function or method called `cuda` itself: the call may be to
-    it. Then a finding asks you to check the call by hand.
-
-    Before:
-        model = Net().cuda()
-        batch = batch.cuda(non_blocking=True)
-    After:
-        model = Net().npu()
-        batch = batch.npu(non_blocking=True)
+    what="""
+    Rewrites `.cuda(...)` calls to `.npu(...)`, keeping the arguments: `.cuda(i)`, `.cuda(device=...)`
+    and `.cuda(non_blocking=True)` become the same `.npu(...)` call. Not rewritten when the file defines
+    a function or method called `cuda` itself (the call may be to it): then a finding asks you to check
+    the call by hand.
     """,
+    why="""
+    `.cuda()` moves tensors and modules to a GPU; on an NPU host there is none, and the call fails.
+    `.npu()` is the same move to the NPU.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            model = torch.nn.Linear(4, 2).cuda()
+            batch = torch.ones(8, 4).cuda(non_blocking=True)
+        """,
+        after="""
+            import torch
+            import torch_npu
+
+            model = torch.nn.Linear(4, 2).npu()
+            batch = torch.ones(8, 4).npu(non_blocking=True)
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 DEVICE_STRING = Rule(
     id="NPU102",
     name="device-string",
+    family="device",
     summary="`'cuda'` / `'cuda:N'` / `f'cuda:{i}'` device strings become `'npu'` ones",
-    doc="""
-    Rewrites device strings where they select a device: `torch.device(...)`, `.to(...)`,
-    `device=` / `map_location=` / `pin_memory_device=` arguments (including `map_location` dicts),
-    variables, attributes, dictionary entries and parameters whose name mentions "device",
-    argparse `--device` defaults and choices, and `'cuda' if torch.cuda.is_available() else 'cpu'`.
-    f-strings (`f"cuda:{rank}"`), `"cuda:{}".format(i)` and `"cuda:%d" % i` are handled too.
+    what="""
+    Rewrites device strings where they select a device: `torch.device(...)`, `.to(...)`, `device=` /
+    `map_location=` / `pin_memory_device=` arguments (including `map_location` dicts), variables,
+    attributes, dictionary entries and parameters whose name mentions "device", argparse `--device`
+    defaults and choices, and `'cuda' if torch.cuda.is_available() else 'cpu'`. f-strings
+    (`f"cuda:{rank}"`), `"cuda:{}".format(i)` and `"cuda:%d" % i` are handled too. Strings that only
+    mention CUDA are left alone.
+    """,
+    why="""
+    An NPU host has no "cuda" device: `torch.device("cuda")` and `.to("cuda:0")` fail there.
+    """,
+    example=Example(
+        before="""
+            import argparse
 
-    Strings that only mention CUDA are left alone.
+            import torch
 
-    Before:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        x = torch.zeros(3, device=f"cuda:{rank}")
-        state = torch.load(path, map_location="cuda:0")
-    After:
-        device = "npu" if torch.npu.is_available() else "cpu"
-        x = torch.zeros(3, device=f"npu:{rank}")
-        state = torch.load(path, map_location="npu:0")
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--device", default="cuda")
+
+
+            def load(path, rank):
+                state = torch.load(path, map_location="cuda:0")
+                return state, torch.zeros(3, device=f"cuda:{rank}")
+        """,
+        after="""
+            import argparse
+
+            import torch
+            import torch_npu
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--device", default="npu")
+
+
+            def load(path, rank):
+                state = torch.load(path, map_location="npu:0")
+                return state, torch.zeros(3, device=f"npu:{rank}")
+        """,
+    ),
+    valid=(
+        """
+        print("training on cuda")
+        """,
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    Besides device arguments, the rule rewrites values your program exposes: the default and choices
+    of its own `--device` option and variables, attributes and parameters named like a device. Launch
+    commands and configuration files outside the migrated tree that pass "cuda" must say "npu" too.
     """,
 )
 
 IS_CUDA = Rule(
     id="NPU103",
     name="is-cuda",
+    family="device",
     summary="`tensor.is_cuda` becomes `tensor.is_npu`",
-    doc="""
-    `Tensor.is_cuda` is False for every tensor on an NPU; `is_npu` is the NPU counterpart.
-
-    Not rewritten when the file assigns an attribute called `is_cuda` itself (then it is the program's
-    own flag, not the tensor property): a finding asks you to check.
-
-    Before:
-        if x.is_cuda:
-            torch.cuda.synchronize()
-    After:
-        if x.is_npu:
-            torch.npu.synchronize()
+    what="""
+    Rewrites the tensor property `.is_cuda` to `.is_npu`. Not rewritten when the file assigns an
+    attribute called `is_cuda` itself (then it is the program's own flag, not the tensor property): a
+    finding asks you to check.
     """,
+    why="""
+    `Tensor.is_cuda` is False for every tensor on an NPU, so code gated on it silently takes its CPU
+    path; `is_npu` is the NPU counterpart.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+
+            def to_half(x):
+                if x.is_cuda:
+                    x = x.half()
+                return x
+        """,
+        after="""
+            import torch
+            import torch_npu
+
+
+            def to_half(x):
+                if x.is_npu:
+                    x = x.half()
+                return x
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 DEVICE_COMPARISON = Rule(
     id="NPU104",
     name="device-comparison",
+    family="device",
     summary="`x.device.type == 'cuda'` and `'cuda' in device` compare against `'npu'`",
-    doc="""
-    After migration tensors live on `npu` devices, so a comparison with `"cuda"` silently becomes
-    False and the code takes its CPU branch. Comparisons whose other side is visibly a device
-    (`.device`, `.type`, a name containing "device") are rewritten; other comparisons with `"cuda"`
-    (`backend == "cuda"`) are reported for review, not rewritten.
-
-    Before:
-        if hidden.device.type == "cuda":
-            ...
-    After:
-        if hidden.device.type == "npu":
-            ...
+    what="""
+    Comparisons with "cuda" whose other side is visibly a device (`.device`, `.type`, a name containing
+    "device") are rewritten to compare with "npu"; other comparisons with "cuda" (`backend == "cuda"`)
+    are reported for review, not rewritten.
     """,
+    why="""
+    After migration tensors live on "npu" devices, so a comparison with "cuda" silently becomes False
+    and the code takes its CPU branch.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+
+            def upcast(hidden):
+                if hidden.device.type == "cuda":
+                    hidden = hidden.float()
+                return hidden
+        """,
+        after="""
+            import torch
+            import torch_npu
+
+
+            def upcast(hidden):
+                if hidden.device.type == "npu":
+                    hidden = hidden.float()
+                return hidden
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 DEVICE_LITERAL = re.compile(r"cuda(:\d+)?")

@@ -16,135 +16,248 @@ import libcst as cst
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import dotted_node
-from npu_migrate.rule import Checker, Rule
+from npu_migrate.rule import Checker, Example, FixSafety, Rule
 from npu_migrate.transforms.device import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.literals import load_table, replaceable, string_value, torch_npu_root, with_value
 
 BACKEND = Rule(
     id="NPU301",
     name="nccl-backend",
+    family="distributed",
     summary='The `"nccl"` process-group backend becomes `"hccl"` (`"cuda:nccl"` becomes `"npu:hccl"`)',
-    doc="""
+    what="""
     Rewrites the backend of `init_process_group`, `new_group`, `new_subgroups(_by_enumeration)`,
     `Backend(...)` and `is_backend_available`, whether written at the call or carried there within the
     file: a variable assigned a literal, a parameter default, an argparse `--backend` / `--dist-backend`
     option (default and choices), a dataclass field, an attribute, a dict entry or keyword argument whose
-    name contains "backend". `"cpu:gloo,cuda:nccl"` becomes `"cpu:gloo,npu:hccl"`. torch 2.13 would pick
-    hccl on its own when no backend is given; an explicit "nccl" fails on NPU.
+    name contains "backend". `"cpu:gloo,cuda:nccl"` becomes `"cpu:gloo,npu:hccl"`. In launch scripts,
+    `--backend nccl` options become `--backend hccl`.
+    """,
+    why="""
+    NCCL is NVIDIA's collective library; an explicit "nccl" backend fails on NPU, where torch_npu
+    registers HCCL. (torch 2.13 picks hccl on its own when no backend is given.)
+    """,
+    example=Example(
+        before="""
+            import argparse
 
-    Before:
-        parser.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
-        args = parser.parse_args()
-        dist.init_process_group(backend=args.backend)
-    After:
-        parser.add_argument("--backend", default="hccl", choices=["hccl", "gloo"])
-        args = parser.parse_args()
-        dist.init_process_group(backend=args.backend)
+            import torch.distributed as dist
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+            args = parser.parse_args()
+            dist.init_process_group(backend=args.backend)
+        """,
+        after="""
+            import argparse
+
+            import torch.distributed as dist
+            import torch_npu
+
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--backend", default="hccl", choices=["hccl", "gloo"])
+            args = parser.parse_args()
+            dist.init_process_group(backend=args.backend)
+        """,
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    Besides the backend argument, the rule rewrites values your program exposes: the default and
+    choices of its own `--backend` option, dataclass fields and config entries. Launch commands and
+    configuration files outside the migrated tree that pass "nccl" must say "hccl" too.
     """,
 )
 
 NCCL_API = Rule(
     id="NPU302",
     name="nccl-api",
+    family="distributed",
     summary="`Backend.NCCL`, `is_nccl_available()` and `ProcessGroupNCCL` become their HCCL counterparts",
-    doc="""
-    `dist.Backend.NCCL` -> `dist.Backend.HCCL`, `dist.is_nccl_available()` -> `dist.is_hccl_available()`
-    (both exist once torch_npu is imported), and `torch.distributed.ProcessGroupNCCL` (with its `Options`)
-    -> `torch_npu._C._distributed_c10d.ProcessGroupHCCL`. Imports of these names are rebound to torch_npu
+    what="""
+    Rewrites `dist.Backend.NCCL` -> `dist.Backend.HCCL`, `dist.is_nccl_available()` ->
+    `dist.is_hccl_available()` (both exist once torch_npu is imported), and
+    `torch.distributed.ProcessGroupNCCL` (with its `Options`) ->
+    `torch_npu._C._distributed_c10d.ProcessGroupHCCL`. Imports of these names are rebound to torch_npu
     and keep their local names. `ProcessGroupNCCL` reached through torch is only rewritten when the file
     can name `torch_npu` (it imports it, or rule NPU001 adds the import).
-
-    Before:
-        if dist.is_nccl_available():
-            opts = dist.ProcessGroupNCCL.Options()
-    After:
-        if dist.is_hccl_available():
-            opts = torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options()
     """,
+    why="""
+    On NPU, NCCL is never available: `is_nccl_available()` is False and `ProcessGroupNCCL` cannot be
+    built, so code that checks for or configures NCCL takes the wrong path or fails.
+    """,
+    example=Example(
+        before="""
+            import torch.distributed as dist
+
+            if dist.is_nccl_available():
+                opts = dist.ProcessGroupNCCL.Options()
+        """,
+        after="""
+            import torch.distributed as dist
+            import torch_npu
+
+            if dist.is_hccl_available():
+                opts = torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options()
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 DEVICE_MESH = Rule(
     id="NPU303",
     name="device-mesh-type",
+    family="distributed",
     summary='`init_device_mesh("cuda", ...)` and `DeviceMesh("cuda", ...)` build NPU meshes',
-    doc="""
-    The device type of a device mesh selects the process-group backend of its dimensions; torch_npu
-    registers hccl for "npu".
-
-    Before:
-        mesh = init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
-    After:
-        mesh = init_device_mesh("npu", (2, 4), mesh_dim_names=("dp", "tp"))
+    what="""
+    Rewrites the device type "cuda" of `init_device_mesh` and `DeviceMesh` to "npu".
     """,
+    why="""
+    The device type of a device mesh selects the process-group backend of its dimensions; a "cuda" mesh
+    cannot be built on an NPU host, and torch_npu registers hccl for "npu".
+    """,
+    example=Example(
+        before="""
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cuda", (2, 4), mesh_dim_names=("dp", "tp"))
+        """,
+        after="""
+            from torch.distributed.device_mesh import init_device_mesh
+            import torch_npu
+
+            mesh = init_device_mesh("npu", (2, 4), mesh_dim_names=("dp", "tp"))
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 BACKEND_COMPARISON = Rule(
     id="NPU304",
     name="backend-comparison",
+    family="distributed",
     summary='Comparisons of a backend with `"nccl"` compare with `"hccl"`',
-    doc="""
-    After migration the backend is "hccl", so `dist.get_backend() == "nccl"` silently becomes False.
-    Comparisons whose other side visibly is a backend (its code mentions "backend") are rewritten,
-    including membership tests like `backend in ("gloo", "nccl")`; other comparisons with "nccl" are
-    reported for review.
-
-    Before:
-        if dist.get_backend() == "nccl":
-            torch.cuda.synchronize()
-    After:
-        if dist.get_backend() == "hccl":
-            torch.npu.synchronize()
+    what="""
+    Comparisons with "nccl" whose other side visibly is a backend (its code mentions "backend") are
+    rewritten to compare with "hccl", membership tests like `backend in ("gloo", "nccl")` included;
+    other comparisons with "nccl" are reported for review.
     """,
+    why="""
+    After migration the backend is "hccl", so `dist.get_backend() == "nccl"` silently becomes False.
+    """,
+    example=Example(
+        before="""
+            import torch.distributed as dist
+
+
+            def uses_nccl():
+                return dist.get_backend() == "nccl"
+        """,
+        after="""
+            import torch.distributed as dist
+            import torch_npu
+
+
+            def uses_nccl():
+                return dist.get_backend() == "hccl"
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 DATA_PARALLEL = Rule(
     id="NPU305",
     name="data-parallel",
+    family="distributed",
     summary="`nn.DataParallel` is not supported on NPU: reported, use DistributedDataParallel",
-    doc="""
-    Single-process multi-device `DataParallel` (and `data_parallel`) has no NPU implementation. Switch to
-    `DistributedDataParallel` with one process per device (`torchrun --nproc_per_node N`) and the hccl
-    backend. The code is left as it is.
-
-    Example:
-        model = nn.DataParallel(model)
-    reports: use DistributedDataParallel.
+    what="""
+    Reports `nn.DataParallel` and `nn.parallel.data_parallel`, and leaves them as they are.
     """,
+    why="""
+    Single-process multi-device data parallelism has no NPU implementation. Switch to
+    `DistributedDataParallel` with one process per device (`torchrun --nproc_per_node N`) and the hccl
+    backend.
+    """,
+    example=Example(
+        before="""
+            from torch import nn
+
+            model = nn.DataParallel(nn.Linear(4, 2))
+        """,
+        reports="use DistributedDataParallel",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
-    fixable=False,
+    tags=frozenset({"performance"}),
 )
 
 DDP_DEVICES = Rule(
     id="NPU306",
     name="ddp-device-ids",
+    family="distributed",
     summary='DDP `device_ids=["cuda:0"]` (and positional device arguments) name the NPU',
-    doc="""
+    what="""
     Device strings in `DistributedDataParallel`'s `device_ids` list and in its positional `device_ids` /
     `output_device` arguments become NPU devices (the `output_device=` keyword and `torch.device(...)`
-    are handled by NPU102). Integer device ids stay as they are.
-
-    Before:
-        model = DDP(model, device_ids=[f"cuda:{local_rank}"])
-    After:
-        model = DDP(model, device_ids=[f"npu:{local_rank}"])
+    are NPU102's). Integer device ids stay as they are.
     """,
+    why="""
+    DDP places its replica on the devices it is given: "cuda:N" does not exist on an NPU host.
+    """,
+    example=Example(
+        before="""
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+            def wrap(model, local_rank):
+                return DDP(model, device_ids=[f"cuda:{local_rank}"])
+        """,
+        after="""
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            import torch_npu
+
+
+            def wrap(model, local_rank):
+                return DDP(model, device_ids=[f"npu:{local_rank}"])
+        """,
+    ),
+    valid=(
+        """
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+        def wrap(model, local_rank):
+            return DDP(model, device_ids=[local_rank])
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 BACKEND_NOT_FOLLOWED = Rule(
     id="NPU307",
     name="backend-not-followed",
+    family="distributed",
     summary="A process-group backend whose value cannot be followed within the file is reported",
-    doc="""
-    When the backend comes from a config object, a function result or a parameter, npu-migrate cannot
-    prove what it is. The call is left alone; make sure the value is "hccl" (or "cpu:gloo,npu:hccl")
-    on NPU, for example in your config files or launch scripts.
-
-    Example:
-        dist.init_process_group(backend=cfg.dist.backend)
-    reports: make sure `cfg.dist.backend` is "hccl" on NPU.
+    what="""
+    Reports a process-group backend that comes from a config object, a function result or a parameter,
+    and leaves the call alone.
     """,
+    why="""
+    npu-migrate cannot prove what the value is; if it is "nccl" at run time the process group fails on
+    NPU. Make sure it is "hccl" (or "cpu:gloo,npu:hccl"), for example in your config files or launch
+    scripts.
+    """,
+    example=Example(
+        before="""
+            import torch.distributed as dist
+
+
+            def setup(cfg):
+                dist.init_process_group(backend=cfg.dist.backend)
+        """,
+        reports='make sure it is "hccl"',
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
-    fixable=False,
 )
 
 _TABLE = load_table("distributed.toml")

@@ -14,81 +14,126 @@ import re
 import libcst as cst
 
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Checker, Rule
+from npu_migrate.rule import Checker, Example, FixSafety, Rule
 from npu_migrate.transforms.literals import load_table, replaceable, string_value, with_value
 
 RENAMED = Rule(
     id="NPU601",
     name="env-var-renamed",
+    family="environment",
     summary="`CUDA_VISIBLE_DEVICES`, `CUDA_LAUNCH_BLOCKING`, `PYTORCH_CUDA_ALLOC_CONF`, `TORCH_NCCL_*` ... get their Ascend names",
-    doc="""
-    Variables with the same meaning and value syntax on Ascend are renamed where Python code reads or
-    sets them: `CUDA_VISIBLE_DEVICES` -> `ASCEND_RT_VISIBLE_DEVICES`, `CUDA_LAUNCH_BLOCKING` ->
-    `ASCEND_LAUNCH_BLOCKING`, `PYTORCH_CUDA_ALLOC_CONF` -> `PYTORCH_NPU_ALLOC_CONF`, `TORCH_NCCL_X` ->
-    `TORCH_HCCL_X` for the settings torch_npu implements, `NCCL_SOCKET_IFNAME` -> `HCCL_SOCKET_IFNAME`.
-    `CUDA_VISIBLE_DEVICES` is not renamed when the value set is a literal the Ascend runtime would
-    misread (see NPU604).
+    what="""
+    Renames the variables whose Ascend counterpart has the same meaning and value syntax, where Python
+    code, shell scripts, Dockerfiles, `.env` and YAML files read or set them: `CUDA_VISIBLE_DEVICES` ->
+    `ASCEND_RT_VISIBLE_DEVICES`, `CUDA_LAUNCH_BLOCKING` -> `ASCEND_LAUNCH_BLOCKING`,
+    `PYTORCH_CUDA_ALLOC_CONF` -> `PYTORCH_NPU_ALLOC_CONF`, `TORCH_NCCL_X` -> `TORCH_HCCL_X` for the
+    settings torch_npu implements, `NCCL_SOCKET_IFNAME` -> `HCCL_SOCKET_IFNAME`. `CUDA_VISIBLE_DEVICES`
+    is not renamed when the value set is a literal the Ascend runtime would misread (see NPU604).
+    """,
+    why="""
+    The Ascend runtime, HCCL and torch_npu never read the CUDA and NCCL names: the setting is silently
+    lost (all devices visible, no blocking launches, the default allocator).
+    """,
+    example=Example(
+        before="""
+            import os
+            import subprocess
 
-    Before:
-        os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
-        subprocess.run(cmd, env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
-    After:
-        os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "0,1"
-        subprocess.run(cmd, env={**os.environ, "ASCEND_LAUNCH_BLOCKING": "1"})
+            os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
+            subprocess.run(["python", "train.py"], env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+        """,
+        after="""
+            import os
+            import subprocess
+
+            os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "0,1"
+            subprocess.run(["python", "train.py"], env={**os.environ, "ASCEND_LAUNCH_BLOCKING": "1"})
+        """,
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    The value is carried over as it is, to a variable read by the Ascend runtime, HCCL or torch_npu
+    instead of CUDA: a setting tuned for the GPU host (an allocator option, a network interface name)
+    may need another value on the NPU host.
     """,
 )
 
 NEEDS_CONVERSION = Rule(
     id="NPU602",
     name="env-var-needs-conversion",
+    family="environment",
     summary="NCCL variables whose HCCL counterpart takes other values (`NCCL_BUFFSIZE` bytes vs MB) are reported",
-    doc="""
-    Renaming would silently change the setting: `HCCL_BUFFSIZE` is in MB where `NCCL_BUFFSIZE` is in
-    bytes, and `HCCL_ALGO` has another syntax than `NCCL_ALGO`. The code is left alone; the finding says
-    how to convert the value.
-
-    Example:
-        os.environ["NCCL_BUFFSIZE"] = str(8 * 1024 * 1024)
-    reports: set HCCL_BUFFSIZE to the value divided by 1048576.
+    what="""
+    Reports `NCCL_BUFFSIZE`, `NCCL_ALGO` and `NCCL_TIMEOUT` and leaves them alone; the finding says how
+    to convert the value to the HCCL variable.
     """,
+    why="""
+    Renaming would silently change the setting: `HCCL_BUFFSIZE` is in MB where `NCCL_BUFFSIZE` is in
+    bytes, `HCCL_ALGO` has another syntax than `NCCL_ALGO`, and HCCL splits the timeout in two.
+    """,
+    example=Example(
+        before="""
+            import os
+
+            os.environ["NCCL_BUFFSIZE"] = str(8 * 1024 * 1024)
+        """,
+        reports="set HCCL_BUFFSIZE to the value divided by 1048576",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
-    fixable=False,
 )
 
 NO_EQUIVALENT = Rule(
     id="NPU603",
     name="env-var-no-equivalent",
+    family="environment",
     summary="CUDA / NCCL variables without an Ascend counterpart (`NCCL_DEBUG`, `CUBLAS_WORKSPACE_CONFIG` ...) are reported",
-    doc="""
-    Settings such as `NCCL_DEBUG`, `NCCL_IB_DISABLE`, `NCCL_P2P_DISABLE`, `CUDA_DEVICE_MAX_CONNECTIONS`
-    or `CUBLAS_WORKSPACE_CONFIG` have no effect on NPU. The code is left alone; the finding says what
-    to use instead, if anything.
-
-    Example:
-        os.environ["NCCL_DEBUG"] = "INFO"
-    reports: use ASCEND_GLOBAL_LOG_LEVEL.
+    what="""
+    Reports settings such as `NCCL_DEBUG`, `NCCL_IB_DISABLE`, `NCCL_P2P_DISABLE`,
+    `CUDA_DEVICE_MAX_CONNECTIONS` or `CUBLAS_WORKSPACE_CONFIG` and leaves them alone; the finding says
+    what to use instead, if anything.
     """,
+    why="""
+    Nothing on an NPU host reads them: whatever they were set for (debug logs, determinism, link
+    selection) silently does not happen.
+    """,
+    example=Example(
+        before="""
+            import os
+
+            os.environ["NCCL_DEBUG"] = "INFO"
+        """,
+        reports="use ASCEND_GLOBAL_LOG_LEVEL",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
-    fixable=False,
 )
 
 VISIBLE_DEVICES_ORDER = Rule(
     id="NPU604",
     name="visible-devices-order",
+    family="environment",
     summary='Device lists the Ascend runtime misreads (`"3,1"`, `"0, 1"`) are reported',
-    doc="""
+    what="""
+    Reports a literal device list that is not in ascending order or has spaces, and does not rename a
+    `CUDA_VISIBLE_DEVICES` holding it (NPU601). Sort the ids and remap the code that relies on their
+    order.
+    """,
+    why="""
     `ASCEND_RT_VISIBLE_DEVICES` must list device ids in ascending order, separated by commas without
     spaces; parsing stops at the first character that breaks the rule, so the process silently sees
-    fewer devices. CUDA accepts any order. A literal value that breaks the rule is reported (and a
-    `CUDA_VISIBLE_DEVICES` holding it is not renamed): sort the ids and remap the code that relies on
-    their order.
-
-    Example:
-        os.environ["CUDA_VISIBLE_DEVICES"] = "3,1"
-    reports: ASCEND_RT_VISIBLE_DEVICES needs ascending ids.
+    fewer devices. CUDA accepts any order.
     """,
+    example=Example(
+        before="""
+            import os
+
+            os.environ["CUDA_VISIBLE_DEVICES"] = "3,1"
+        """,
+        reports="in ascending order without spaces",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
-    fixable=False,
 )
 
 _TABLE = load_table("env_vars.toml")

@@ -13,40 +13,61 @@ import libcst as cst
 
 from npu_migrate import kinds
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Checker, Rule, TextChecker
+from npu_migrate.rule import Checker, Example, FixSafety, Rule, TextChecker
 from npu_migrate.textfiles import TextReport
 from npu_migrate.transforms.literals import string_value
 
 CUDA_KERNEL = Rule(
     id="NPU801",
     name="cuda-kernel-source",
+    family="kernels",
     summary="CUDA kernels in `.cu` / `.cuh` files are reported: they need an Ascend C port",
-    doc="""
-    NPUs do not run CUDA C++. Each `__global__` kernel is reported; port it to Ascend C (or replace it
-    with torch / torch_npu operators) and build it with torch_npu's `cpp_extension` (`NpuExtension`).
-
-    Example:
-        __global__ void fused_bias_gelu(float* out, const float* x, int n) { ... }
-    reports: CUDA kernel `fused_bias_gelu` needs an Ascend C port.
+    what="""
+    Reports each `__global__` kernel of a `.cu` / `.cuh` file. Port it to Ascend C (or replace it with
+    torch / torch_npu operators) and build it with torch_npu's `cpp_extension` (`NpuExtension`).
     """,
+    why="""
+    NPUs do not run CUDA C++: the kernel cannot be compiled or launched on an NPU host.
+    """,
+    example=Example(
+        path="scale.cu",
+        before="""
+            __global__ void scale(float* out, const float* x, float s, int n) {
+                int i = blockIdx.x * blockDim.x + threadIdx.x;
+                if (i < n) out[i] = s * x[i];
+            }
+        """,
+        reports="CUDA kernel `scale` needs an Ascend C port",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
-    fixable=False,
 )
 
 CUDA_EXTENSION = Rule(
     id="NPU802",
     name="cuda-extension-build",
+    family="kernels",
     summary="`CUDAExtension` / `cpp_extension.load(_inline)` builds of CUDA code are reported",
-    doc="""
-    A CUDA extension cannot be built or loaded on an NPU host. Port its kernels to Ascend C and build them
-    with `torch_npu.utils.cpp_extension.NpuExtension`, or replace the extension with torch operators.
-
-    Example:
-        ext = load_inline("ops", cpp_sources=cpp, cuda_sources=cuda_src)
-    reports: the CUDA sources of this extension need an Ascend C port.
+    what="""
+    Reports `CUDAExtension(...)` and `torch.utils.cpp_extension.load(...)` / `load_inline(...)` calls
+    that build CUDA sources. Port the kernels to Ascend C and build them with
+    `torch_npu.utils.cpp_extension.NpuExtension`, or replace the extension with torch operators.
     """,
+    why="""
+    A CUDA extension cannot be built or loaded on an NPU host: there is no nvcc and no CUDA runtime.
+    """,
+    example=Example(
+        before="""
+            from torch.utils.cpp_extension import load_inline
+
+            CPP = "torch::Tensor scale(torch::Tensor x, double s);"
+            CUDA = "torch::Tensor scale(torch::Tensor x, double s) { return x * s; }"
+            ext = load_inline("ops", cpp_sources=CPP, cuda_sources=CUDA, functions=["scale"])
+        """,
+        reports="the CUDA code needs an Ascend C port",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
-    fixable=False,
 )
 
 _GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]+?\s+)?(\w+)\s*\(")

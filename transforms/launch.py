@@ -12,7 +12,7 @@ import re
 
 from npu_migrate import kinds
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Rule, TextChecker
+from npu_migrate.rule import Example, FixSafety, Rule, TextChecker
 from npu_migrate.textfiles import TextReport, is_prose, split_lines, token
 from npu_migrate.transforms.device import DEVICE_STRING
 from npu_migrate.transforms.distributed import BACKEND
@@ -22,18 +22,32 @@ from npu_migrate.transforms.literals import load_table
 NVIDIA_SMI = Rule(
     id="NPU605",
     name="nvidia-smi",
+    family="launch",
     summary="`nvidia-smi` in launch scripts becomes `npu-smi info`; calls with options are reported",
-    doc="""
-    A bare `nvidia-smi` (a status printout) becomes `npu-smi info`. Options differ between the two
-    tools, so `nvidia-smi --query-gpu=...` or `$(nvidia-smi -L | wc -l)` are reported with the npu-smi
-    equivalent to use (`npu-smi info -l` lists the NPUs and their count) instead of being rewritten.
-
-    Before:
-        nvidia-smi
-        torchrun --nproc_per_node=$(nvidia-smi -L | wc -l) train.py
-    After:
-        npu-smi info
-        torchrun --nproc_per_node=$(nvidia-smi -L | wc -l) train.py   # reported: count NPUs another way
+    what="""
+    In launch scripts, Dockerfiles, `.env` and YAML files, a bare `nvidia-smi` (a status printout)
+    becomes `npu-smi info`. Calls with options (`nvidia-smi --query-gpu=...`, `$(nvidia-smi -L | wc -l)`)
+    are reported with the npu-smi command to use instead (`npu-smi info -l` lists the NPUs and their
+    count), and left as they are.
+    """,
+    why="""
+    An NPU host has no `nvidia-smi`: the command fails, and a script running with `set -e` stops there.
+    """,
+    example=Example(
+        path="train.sh",
+        before="""
+            nvidia-smi
+            torchrun --nproc_per_node=$(nvidia-smi -L | wc -l) train.py
+        """,
+        after="""
+            npu-smi info
+            torchrun --nproc_per_node=$(nvidia-smi -L | wc -l) train.py
+        """,
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    `npu-smi info` prints another table than `nvidia-smi`: anything that reads the printout (a pipe into
+    grep, a log parser) must be adapted.
     """,
     severity=Severity.WARNING,
 )

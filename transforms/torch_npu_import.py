@@ -10,26 +10,46 @@ from __future__ import annotations
 import libcst as cst
 
 from npu_migrate.imports import add_module_import, dotted_name
-from npu_migrate.rule import Checker, Rule
+from npu_migrate.rule import Checker, Example, FixSafety, Rule
 
 IMPORT_TORCH_NPU = Rule(
     id="NPU001",
     name="import-torch-npu",
+    family="torch_npu_import",
     summary="`import torch_npu` is added once to each migrated file that uses torch",
-    doc="""
-    Added only when another rule changed the file in a way that needs torch_npu (the fused-operator
-    branches do not: they import it guarded), the file imports torch, and it does not import torch_npu
-    already. Ignore this rule (`--ignore NPU001`) if your entry point imports
-    torch_npu for the whole process.
+    what="""
+    Adds `import torch_npu` after the file's first torch import, once, when another rule changed the
+    file in a way that needs torch_npu, the file imports torch, and it does not import torch_npu
+    already. The fused-operator branches do not count: they import torch_npu guarded.
+    """,
+    why="""
+    `torch.npu`, the "npu" device and the hccl backend exist only once torch_npu is imported; without
+    it the migrated code fails on its first NPU call. Ignore this rule (`--ignore NPU001`) if your entry
+    point imports torch_npu for the whole process.
+    """,
+    example=Example(
+        before="""
+            import torch
 
-    Before:
-        import torch
-        x = torch.ones(2).cuda()
-    After:
+            x = torch.ones(2).cuda()
+        """,
+        after="""
+            import torch
+            import torch_npu
+
+            x = torch.ones(2).npu()
+        """,
+        with_rules=("NPU101",),
+    ),
+    valid=(
+        """
         import torch
         import torch_npu
+
         x = torch.ones(2).npu()
-    """,
+        """,
+    ),
+    fix_safety=FixSafety.SAFE,
 )
 
 

@@ -283,35 +283,33 @@ def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
 
 @app.command()
 def rules(
-    rule_id: Annotated[Optional[str], typer.Argument(help="Show the documentation of this rule.")] = None,
+    rule_id: Annotated[Optional[str], typer.Argument(help="Show the documentation of this rule (id or name).")] = None,
     config_file: Annotated[
         Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from here upwards).")
     ] = None,
 ) -> None:
     """List every rule (and whether the current configuration enables it), or show one rule's documentation."""
-    from npu_migrate.registry import all_rules, family_of
+    from npu_migrate.registry import all_rules, rule
 
     config, enabled, _ = _settings([Path.cwd()], config_file, None, None, None)
-    known = all_rules()
     if rule_id is None:
         if config.path is not None:
             typer.echo(f"configuration: {config.path}")
-        for rule in known:
-            state = "on" if rule.id in enabled else "off"
-            kind = "fix" if rule.fixable else "report"
-            typer.echo(f"{rule.id}  {state:<3} {family_of(rule.id):<16} {kind:<6} {rule.summary}")
+        for known in all_rules():
+            state = "on" if known.id in enabled else "off"
+            typer.echo(f"{known.id}  {state:<3} {known.family:<16} {known.fix_safety.value:<12} {known.summary}")
         return
-    for rule in known:
-        if rule.id == rule_id.upper() or rule.name == rule_id:
-            state = "enabled" if rule.id in enabled else "disabled by the current configuration"
-            typer.echo(f"{rule.id} ({rule.name}): {rule.summary}\n")
-            typer.echo(
-                f"family: {family_of(rule.id)}; severity: {rule.severity.value}; "
-                f"{'rewrites code' if rule.fixable else 'reports only'}; {state}\n"
-            )
-            typer.echo(rule.documentation)
-            return
-    raise _fail(f"unknown rule {rule_id!r}; `npu-migrate rules` lists them")
+    try:
+        found = rule(rule_id)
+    except KeyError:
+        raise _fail(f"unknown rule {rule_id!r}; `npu-migrate rules` lists them") from None
+    state = "enabled" if found.id in enabled else "disabled by the current configuration"
+    tags = f"; tags: {', '.join(sorted(found.tags))}" if found.tags else ""
+    typer.echo(f"{found.id} ({found.name}): {found.summary}\n")
+    typer.echo(
+        f"family: {found.family}; severity: {found.severity.value}; fix: {found.fix_safety.value}{tags}; {state}\n"
+    )
+    typer.echo(found.documentation)
 
 
 # Both import only typer here; what their commands run (the analysis engine, the verify harness) is imported

@@ -102,12 +102,12 @@ _SARIF_LEVEL = {"error": "error", "warning": "warning", "info": "note"}
 _GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 
 
-def sarif_document(findings: list[Finding], extra_rules: tuple = ()) -> dict:
-    """SARIF 2.1.0, so code-scanning UIs show the findings inline. `extra_rules`: rules outside the
-    registry whose findings are included too (analyze's NPU9xx)."""
+def sarif_document(findings: list[Finding]) -> dict:
+    """SARIF 2.1.0, so code-scanning UIs show the findings inline; its rules are the registry's, `apply`'s
+    and `analyze`'s alike."""
     from npu_migrate.registry import all_rules
 
-    rules = [*all_rules(), *extra_rules]
+    rules = all_rules()
     index = {rule.id: i for i, rule in enumerate(rules)}
     return {
         "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
@@ -125,6 +125,12 @@ def sarif_document(findings: list[Finding], extra_rules: tuple = ()) -> dict:
                                 "shortDescription": {"text": rule.summary},
                                 "fullDescription": {"text": rule.documentation},
                                 "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity.value]},
+                                # SARIF's property bag: `tags` is the standard key code-scanning UIs filter on.
+                                "properties": {
+                                    "tags": sorted({rule.family, *rule.tags}),
+                                    "family": rule.family,
+                                    "fixSafety": rule.fix_safety.value,
+                                },
                             }
                             for rule in rules
                         ],

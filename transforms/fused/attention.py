@@ -22,14 +22,15 @@ import ast
 
 import libcst as cst
 
-from npu_migrate.rule import Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.transforms.fused.symbolic import Function, Outcome
 
 ATTENTION = Rule(
     id="NPU704",
     name="fused-attention",
+    family="fused",
     summary="`F.scaled_dot_product_attention` calls get a guarded `torch_npu.npu_fusion_attention` path",
-    doc="""
+    what="""
     Wraps every call of `torch.nn.functional.scaled_dot_product_attention` (however imported) in
     `_npu_sdpa(<the original function>, <the original arguments>)`. Off an NPU, or wherever the kernel
     would compute something else, `_npu_sdpa` calls the original function with the original arguments.
@@ -47,12 +48,118 @@ ATTENTION = Rule(
     (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`, e.g. HF's `eager_attention_forward`, which
     also returns the probabilities the kernel does not compute) and flash-attn's `flash_attn_func`
     (BSND layout, bottom-right causal: sparse_mode 3), calls inside TorchScript functions.
-
-    Before:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
-    After:
-        out = _npu_sdpa(F.scaled_dot_product_attention, q, k, v, attn_mask=mask, is_causal=False)
     """,
+    why="""
+    `torch_npu.npu_fusion_attention` is the NPU's fused attention kernel, and its conventions differ from
+    SDPA's (a mask where True means masked out, scale 1.0 by default, causal only through a mask and a
+    sparse mode): a hand port easily computes something else. `_npu_sdpa` gets them right, and falls
+    back to the original call wherever the kernel cannot compute what SDPA does.
+    """,
+    example=Example(
+        before="""
+            import torch
+            import torch.nn.functional as F
+
+
+            def attend(q, k, v, mask):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        """,
+        after='''
+            import torch
+            import torch.nn.functional as F
+
+
+            try:
+                import torch_npu
+            except ImportError:
+                torch_npu = None
+                _HAS_TORCH_NPU = False
+            else:
+                _HAS_TORCH_NPU = True
+
+
+            def _is_npu(x):
+                """True when the fused torch_npu kernels can run on `x`: torch_npu imported and `x` on an NPU."""
+                return _HAS_TORCH_NPU and torch.npu.is_available() and x.device.type == "npu"
+
+
+            _NPU_CAUSAL_MASKS = {}
+
+
+            def _npu_sdpa(sdpa, query, key, value, *args, **kwargs):
+                """`sdpa(query, key, value, ...)`, by `torch_npu.npu_fusion_attention` where it computes the same."""
+                # `sdpa` is the function the original code called: anything the kernel cannot take goes to it, as written.
+                if _is_npu(query):
+                    out = _npu_fusion_sdpa(query, key, value, *args, **kwargs)
+                    if out is not None:
+                        return out
+                return sdpa(query, key, value, *args, **kwargs)
+
+
+            def _npu_fusion_sdpa(
+                query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *extra, scale=None, enable_gqa=False, **unknown
+            ):
+                """SDPA by npu_fusion_attention, or None where the kernel would compute something else."""
+                # The kernel's traps (torch_npu facts 0 and 1.5): True in its mask means masked *out*; its scale
+                # defaults to 1.0, not 1/sqrt(D); without a mask every sparse_mode is full attention, so causal needs
+                # the 2048x2048 triu mask with sparse_mode 2, top-left aligned like SDPA's is_causal.
+                compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+                if extra or unknown or (compiling is not None and compiling()):
+                    return None  # arguments SDPA may know and the kernel does not; no graph mode for this kernel
+                if not (query.dim() == key.dim() == value.dim() == 4):
+                    return None
+                if not (query.dtype == key.dtype == value.dtype and query.dtype in (torch.float16, torch.bfloat16)):
+                    return None
+                batch, heads, q_len, dim = query.shape
+                kv_heads, kv_len = key.shape[1], key.shape[2]
+                if key.shape != value.shape or key.shape[0] != batch or key.shape[-1] != dim or dim > 768 or heads > 256:
+                    return None
+                # The kernel groups query head h with kv head h // (heads // kv_heads), as SDPA's enable_gqa does.
+                if kv_heads != heads and not (enable_gqa and heads % kv_heads == 0):
+                    return None
+                if is_causal and attn_mask is not None:
+                    return None  # SDPA raises: let it
+                mask, sparse_mode, inner_precise = None, 0, 0
+                if attn_mask is not None:
+                    if attn_mask.dtype != torch.bool or attn_mask.dim() > 4:
+                        return None  # a float mask is additive: the kernel only takes masks to drop
+                    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+                    if any(m not in (1, full) for m, full in zip(shape, (batch, heads, q_len, kv_len))):
+                        return None
+                    # The kernel takes BNSS, B1SS and 11SS masks: broadcast SDPA's to the nearest of those.
+                    mask_heads = heads if shape[1] != 1 else 1
+                    mask_batch = batch if shape[0] != 1 or mask_heads != 1 else 1
+                    mask = torch.logical_not(attn_mask.reshape(shape).expand(mask_batch, mask_heads, q_len, kv_len)).contiguous()
+                    inner_precise = 2  # rows SDPA masks entirely come out as zeros; the kernel needs 2 for that
+                elif is_causal:
+                    mask = _NPU_CAUSAL_MASKS.get(query.device)
+                    if mask is None:
+                        mask = torch.ones(2048, 2048, dtype=torch.bool, device=query.device).triu(1)
+                        _NPU_CAUSAL_MASKS[query.device] = mask
+                    sparse_mode = 2
+                if scale is None:
+                    import math
+
+                    scale = 1.0 / math.sqrt(dim)  # SDPA's default, computed as SDPA does
+                return torch_npu.npu_fusion_attention(
+                    query, key, value, heads, "BNSD",
+                    atten_mask=mask, scale=scale, keep_prob=1.0 - dropout_p, sparse_mode=sparse_mode, inner_precise=inner_precise,
+                )[0]
+
+
+            def attend(q, k, v, mask):
+                return _npu_sdpa(F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
+        ''',
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    The fused kernel computes the same function, not the same bits: it rounds differently from the
+    operators it replaces (within the dtype's precision). Off an NPU nothing changes, bit for bit.
+    Check the migrated model with `npu-migrate verify`, which compares one forward pass of the original
+    and the migrated tree.
+    """,
+    tags=frozenset({"fused"}),
+    fused_op="torch_npu.npu_fusion_attention",
     needs_torch_npu=False,
 )
 

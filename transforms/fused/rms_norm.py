@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 
-from npu_migrate.rule import Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.transforms.fused.symbolic import (
     Function,
     NotStraightLine,
@@ -34,38 +34,86 @@ from npu_migrate.transforms.fused.symbolic import (
 RMS_NORM = Rule(
     id="NPU701",
     name="fused-rms-norm",
+    family="fused",
     summary="hand-written RMSNorm gets a guarded `torch_npu.npu_rms_norm` branch",
-    doc="""
+    what="""
     Recognises `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)` scaled by a weight, in any of its
     spellings: `.float()` / `.to(torch.float32)` upcasts, `.to(input_dtype)` / `.type_as(x)` casts back,
     a separate `_norm` method, `torch.mean(x * x, ...)`, `/ torch.sqrt(...)`, the weight before or after
     the cast, Gemma's `(1 + weight)`. A branch in front of the untouched body runs the fused kernel when
     the input is on an NPU and the kernel's constraints hold (gamma shape and dtype, at least 2 dims);
-    otherwise the original code runs.
+    otherwise the original code runs. The file gets, once, a guarded `import torch_npu` and `_is_npu`.
 
     Declined, with a finding saying why: a reduction over another dim or without keepdim, mean
     subtraction (LayerNorm), no weight, bodies with control flow.
-
-    Before:
-        def forward(self, hidden_states):
-            input_dtype = hidden_states.dtype
-            hidden_states = hidden_states.to(torch.float32)
-            variance = hidden_states.pow(2).mean(-1, keepdim=True)
-            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-            return self.weight * hidden_states.to(input_dtype)
-    After:
-        def forward(self, hidden_states):
-            if (
-                _is_npu(hidden_states)
-                and hidden_states.dim() >= 2
-                and self.weight.shape == hidden_states.shape[-1:]
-                and self.weight.dtype == hidden_states.dtype
-                and hidden_states.dtype in (torch.float16, torch.bfloat16, torch.float32)
-            ):
-                return torch_npu.npu_rms_norm(hidden_states, self.weight, epsilon=self.variance_epsilon)[0]
-            input_dtype = hidden_states.dtype
-            ...
     """,
+    why="""
+    On an NPU the hand-written RMSNorm is five or more operators, each a kernel launch and a trip
+    through device memory; `torch_npu.npu_rms_norm` is one kernel.
+    """,
+    example=Example(
+        before="""
+            import torch
+            from torch import nn
+
+
+            class RMSNorm(nn.Module):
+                def __init__(self, dim, eps=1e-6):
+                    super().__init__()
+                    self.weight = nn.Parameter(torch.ones(dim))
+                    self.eps = eps
+
+                def forward(self, x):
+                    variance = x.pow(2).mean(-1, keepdim=True)
+                    return self.weight * (x * torch.rsqrt(variance + self.eps))
+        """,
+        after='''
+            import torch
+            from torch import nn
+
+
+            try:
+                import torch_npu
+            except ImportError:
+                torch_npu = None
+                _HAS_TORCH_NPU = False
+            else:
+                _HAS_TORCH_NPU = True
+
+
+            def _is_npu(x):
+                """True when the fused torch_npu kernels can run on `x`: torch_npu imported and `x` on an NPU."""
+                return _HAS_TORCH_NPU and torch.npu.is_available() and x.device.type == "npu"
+
+
+            class RMSNorm(nn.Module):
+                def __init__(self, dim, eps=1e-6):
+                    super().__init__()
+                    self.weight = nn.Parameter(torch.ones(dim))
+                    self.eps = eps
+
+                def forward(self, x):
+                    if (
+                        _is_npu(x)
+                        and x.dim() >= 2
+                        and self.weight.shape == x.shape[-1:]
+                        and self.weight.dtype == x.dtype
+                        and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+                    ):
+                        return torch_npu.npu_rms_norm(x, self.weight, epsilon=self.eps)[0]
+                    variance = x.pow(2).mean(-1, keepdim=True)
+                    return self.weight * (x * torch.rsqrt(variance + self.eps))
+        ''',
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    The fused kernel computes the same function, not the same bits: it rounds differently from the
+    operators it replaces (within the dtype's precision). Off an NPU nothing changes, bit for bit.
+    Check the migrated model with `npu-migrate verify`, which compares one forward pass of the original
+    and the migrated tree.
+    """,
+    tags=frozenset({"fused"}),
+    fused_op="torch_npu.npu_rms_norm",
     needs_torch_npu=False,
 )
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 
 from npu_migrate.api import load_table
-from npu_migrate.rule import Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.transforms.fused.symbolic import (
     Function,
     NotStraightLine,
@@ -38,8 +38,9 @@ from npu_migrate.transforms.fused.symbolic import (
 ROTARY = Rule(
     id="NPU703",
     name="fused-rotary",
+    family="fused",
     summary="hand-written rotary embedding (`x * cos + rotate_half(x) * sin`) gets a guarded `torch_npu.npu_rotary_mul` branch",
-    doc="""
+    what="""
     Recognises `x * cos + rotate_half(x) * sin` (either operand order), where `rotate_half` is any
     module-level function, method or inline expression computing `torch.cat((-x2, x1), dim=-1)` of the
     halves `x[..., : x.shape[-1] // 2]`, `x[..., x.shape[-1] // 2 :]` (or `x.chunk(2, -1)`), as in HF's
@@ -54,24 +55,105 @@ ROTARY = Rule(
     `x * cos - rotate_half(x) * sin` (the inverse rotation), complex-number rotary (`view_as_complex`,
     `torch.polar`), interleaved rotary where the torch_npu version has no rotary_mode, bodies with
     control flow.
-
-    Before:
-        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-            cos = cos.unsqueeze(unsqueeze_dim)
-            sin = sin.unsqueeze(unsqueeze_dim)
-            q_embed = (q * cos) + (rotate_half(q) * sin)
-            k_embed = (k * cos) + (rotate_half(k) * sin)
-            return q_embed, k_embed
-    After:
-        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-            if (
-                _is_npu(q)
-                and _npu_rotary_fits((_npu_cos := cos.unsqueeze(unsqueeze_dim)), (_npu_sin := sin.unsqueeze(unsqueeze_dim)), q, k)
-            ):
-                return (torch_npu.npu_rotary_mul(q, _npu_cos, _npu_sin), torch_npu.npu_rotary_mul(k, _npu_cos, _npu_sin))
-            cos = cos.unsqueeze(unsqueeze_dim)
-            ...
     """,
+    why="""
+    The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
+    products and a sum), each a kernel launch and a trip through device memory;
+    `torch_npu.npu_rotary_mul` is one kernel.
+    """,
+    example=Example(
+        before="""
+            import torch
+
+
+            def rotate_half(x):
+                x1, x2 = x.chunk(2, dim=-1)
+                return torch.cat((-x2, x1), dim=-1)
+
+
+            def apply_rotary(q, cos, sin):
+                return q * cos + rotate_half(q) * sin
+        """,
+        after='''
+            import torch
+
+
+            try:
+                import torch_npu
+            except ImportError:
+                torch_npu = None
+                _HAS_TORCH_NPU = False
+            else:
+                _HAS_TORCH_NPU = True
+
+
+            def _is_npu(x):
+                """True when the fused torch_npu kernels can run on `x`: torch_npu imported and `x` on an NPU."""
+                return _HAS_TORCH_NPU and torch.npu.is_available() and x.device.type == "npu"
+
+
+            def _npu_rotary_fits(cos, sin, *xs, mode="half"):
+                """True when `npu_rotary_mul(x, cos, sin, mode)` equals the broadcast `x * cos + rotate(x) * sin` for each x."""
+                # 4-D tensors of one dtype (the original would promote a mixed one), cos/sin of one shape that
+                # broadcasts into x without growing it, in a layout the kernel takes, an even head dim below 896.
+                if cos.dim() != 4 or cos.shape != sin.shape or cos.dtype != sin.dtype:
+                    return False
+                if cos.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+                    return False
+                needs_grad = cos.requires_grad or sin.requires_grad
+                for x in xs:
+                    d = x.shape[-1]
+                    if x.dim() != 4 or x.dtype != cos.dtype or cos.shape[-1] != d or d % 2 or d >= 896:
+                        return False
+                    fits = False
+                    # x's (B, N) dims per layout (BNSD, BSND, SBND), and the cos/sin shapes the kernel takes for it,
+                    # as which of the first three dims are full-size (the others are 1): 11SD/B1SD/BNSD,
+                    # 1S1D/BS1D/BSND, S11D/SB1D/SBND; 'interleave' takes only the first of each.
+                    for (b, n), shapes in (
+                        ((0, 1), ((0, 0, 1), (1, 0, 1), (1, 1, 1))),
+                        ((0, 2), ((0, 1, 0), (1, 1, 0), (1, 1, 1))),
+                        ((1, 2), ((1, 0, 0), (1, 1, 0), (1, 1, 1))),
+                    ):
+                        if mode == "interleave":
+                            shapes = shapes[:1]
+                            limits = x.shape[b] * x.shape[n] < 1000
+                        else:
+                            limits = x.shape[b] < 1000 and x.shape[n] < 1000
+                        if needs_grad and x.shape[b] * x.shape[n] > 1024:
+                            limits = False
+                        if limits and any(
+                            all(c == s if full else c == 1 for c, s, full in zip(cos.shape[:3], x.shape[:3], shape))
+                            for shape in shapes
+                        ):
+                            fits = True
+                    if not fits:
+                        return False
+                return True
+
+
+            def rotate_half(x):
+                x1, x2 = x.chunk(2, dim=-1)
+                return torch.cat((-x2, x1), dim=-1)
+
+
+            def apply_rotary(q, cos, sin):
+                if (
+                    _is_npu(q)
+                    and _npu_rotary_fits(cos, sin, q)
+                ):
+                    return torch_npu.npu_rotary_mul(q, cos, sin)
+                return q * cos + rotate_half(q) * sin
+        ''',
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    The fused kernel computes the same function, not the same bits: it rounds differently from the
+    operators it replaces (within the dtype's precision). Off an NPU nothing changes, bit for bit.
+    Check the migrated model with `npu-migrate verify`, which compares one forward pass of the original
+    and the migrated tree.
+    """,
+    tags=frozenset({"fused"}),
+    fused_op="torch_npu.npu_rotary_mul",
     needs_torch_npu=False,
 )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-from npu_migrate.rule import Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.transforms.fused.symbolic import (
     Function,
     NotStraightLine,
@@ -26,32 +26,86 @@ from npu_migrate.transforms.fused.symbolic import (
 SWIGLU = Rule(
     id="NPU702",
     name="fused-swiglu",
+    family="fused",
     summary="hand-written SwiGLU (`silu(gate) * up`) gets a guarded `torch_npu.npu_swiglu` branch",
-    doc="""
+    what="""
     Recognises `act(gate) * up` where `act` is SiLU: `F.silu`, `nn.SiLU()` or a configurable activation
     attribute (`self.act_fn = ACT2FN[config.hidden_act]`). A configurable activation is checked at run
     time (`_is_silu`, which knows `nn.SiLU` and transformers' `SiLUActivation`), so a model configured
     with GELU keeps its original code. Separate gate and up tensors are concatenated (guarded by equal
     shapes: `torch.cat` would silently accept a broadcast operand); `gate, up = x.chunk(2, -1)` passes
-    `x` itself.
+    `x` itself. The branch runs only on an NPU; otherwise the original code runs.
 
     Declined, with a finding: `up, gate = x.chunk(2, -1)` with SiLU on the second half (the kernel
     activates the first half; swapping would copy the whole tensor), code that would evaluate a
     projection twice, bodies with control flow. GELU gates are not SwiGLU and are left alone.
-
-    Before:
-        def forward(self, x):
-            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-    After:
-        def forward(self, x):
-            if (
-                _is_npu(x)
-                and _is_silu(self.act_fn)
-                and (_npu_gate := self.gate_proj(x)).shape == (_npu_up := self.up_proj(x)).shape
-            ):
-                return self.down_proj(torch_npu.npu_swiglu(torch.cat((_npu_gate, _npu_up), dim=-1), dim=-1))
-            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
     """,
+    why="""
+    `torch_npu.npu_swiglu` computes the activation and the product in one kernel instead of two
+    operators, each a kernel launch and a trip through device memory.
+    """,
+    example=Example(
+        before="""
+            import torch
+            import torch.nn.functional as F
+            from torch import nn
+
+
+            class MLP(nn.Module):
+                def __init__(self, dim, hidden):
+                    super().__init__()
+                    self.gate_proj = nn.Linear(dim, hidden, bias=False)
+                    self.up_proj = nn.Linear(dim, hidden, bias=False)
+                    self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+                def forward(self, x):
+                    return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        """,
+        after='''
+            import torch
+            import torch.nn.functional as F
+            from torch import nn
+
+
+            try:
+                import torch_npu
+            except ImportError:
+                torch_npu = None
+                _HAS_TORCH_NPU = False
+            else:
+                _HAS_TORCH_NPU = True
+
+
+            def _is_npu(x):
+                """True when the fused torch_npu kernels can run on `x`: torch_npu imported and `x` on an NPU."""
+                return _HAS_TORCH_NPU and torch.npu.is_available() and x.device.type == "npu"
+
+
+            class MLP(nn.Module):
+                def __init__(self, dim, hidden):
+                    super().__init__()
+                    self.gate_proj = nn.Linear(dim, hidden, bias=False)
+                    self.up_proj = nn.Linear(dim, hidden, bias=False)
+                    self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+                def forward(self, x):
+                    if (
+                        _is_npu(x)
+                        and (_npu_gate := self.gate_proj(x)).shape == (_npu_up := self.up_proj(x)).shape
+                    ):
+                        return self.down_proj(torch_npu.npu_swiglu(torch.cat((_npu_gate, _npu_up), dim=-1), dim=-1))
+                    return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        ''',
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    The fused kernel computes the same function, not the same bits: it rounds differently from the
+    operators it replaces (within the dtype's precision). Off an NPU nothing changes, bit for bit.
+    Check the migrated model with `npu-migrate verify`, which compares one forward pass of the original
+    and the migrated tree.
+    """,
+    tags=frozenset({"fused"}),
+    fused_op="torch_npu.npu_swiglu",
     needs_torch_npu=False,
 )
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from npu_migrate import __version__
 from npu_migrate.analyze.core import Analysis, Table
-from npu_migrate.analyze.rules import category, documented_rules
 from npu_migrate.findings import Finding
+from npu_migrate.registry import all_rules as documented_rules
+from npu_migrate.registry import family_of as category
 from npu_migrate.report import format_finding, sarif_document
 
 JSON_SCHEMA_VERSION = 1
@@ -90,10 +91,8 @@ def json_document(analysis: Analysis) -> dict:
 
 
 def sarif(analysis: Analysis) -> dict:
-    """SARIF 2.1.0: the engine's document, with the analysis-only rules as extra rules."""
-    from npu_migrate.analyze.rules import RULES
-
-    document = sarif_document(analysis.findings, extra_rules=tuple(RULES))
+    """SARIF 2.1.0: the engine's document (its rules are the registry's, NPU9xx included), paths from the root."""
+    document = sarif_document(analysis.findings)
     run = document["runs"][0]
     base = analysis.root.as_uri() + "/"
     run["originalUriBaseIds"] = {"SRCROOT": {"uri": base}}
