@@ -48,12 +48,27 @@ class Rule:
         return inspect.cleandoc(self.doc)
 
 
-class Checker(cst.BatchableCSTVisitor):
-    """Base class of the visitors in `transforms/`."""
+class BaseChecker:
+    """What every kind of checker has: the rules it reports, the ids selected in this run (`enabled`), and
+    its family (its module's name)."""
 
     rules: ClassVar[tuple[Rule, ...]]
+
+    def __init__(self, enabled: frozenset[str]) -> None:
+        super().__init__()  # cooperative: libcst's visitor base follows this one in `Checker`
+        self.enabled = enabled
+
+    @classmethod
+    def family(cls) -> str:
+        return cls.__module__.rsplit(".", 1)[-1]
+
+
+class PythonChecker(BaseChecker):
+    """What the two kinds of checker of Python files add: the prefilters, which the engine asks in this
+    order before it parses a file for them."""
+
     #: Substrings of which a file must contain at least one for this checker to run: the cheap prefilter.
-    markers: ClassVar[tuple[str, ...]] = ("cuda",)
+    markers: ClassVar[tuple[str, ...]] = ()
     #: Runs on every file some other checker parses, never on its own (the `import torch_npu` rule).
     follows_others: ClassVar[bool] = False
 
@@ -69,10 +84,15 @@ class Checker(cst.BatchableCSTVisitor):
         the `ast` of files that passed `markers`, before the ten-times-dearer libcst parse."""
         return True
 
+
+class Checker(PythonChecker, cst.BatchableCSTVisitor):
+    """Base class of the libcst visitors in `transforms/`."""
+
+    markers = ("cuda",)
+
     def __init__(self, ctx: FileContext, enabled: frozenset[str]) -> None:
-        super().__init__()
+        super().__init__(enabled)
         self.ctx = ctx
-        self.enabled = enabled
 
     def report(self, rule: Rule, node: cst.CSTNode, message: str, **kwargs) -> None:
         """Report a finding of `rule` (dropped when the rule is not selected)."""
@@ -84,10 +104,6 @@ class Checker(cst.BatchableCSTVisitor):
 
     def finalize(self) -> None:
         """Called after fix decisions, for reports that depend on whether the file changes at all."""
-
-    @classmethod
-    def family(cls) -> str:
-        return cls.__module__.rsplit(".", 1)[-1]
 
 
 class NameUseChecker(Checker):
@@ -120,7 +136,7 @@ class NameUseChecker(Checker):
         self._skip.add(id(node))
 
 
-class TreeChecker:
+class TreeChecker(PythonChecker):
     """A checker that decides on the `ast` tree every file is vetted with, and never needs the whole file
     in libcst: its fixes are libcst fixes of the few statements it changes, which the engine parses
     alone (`npu_migrate.scoped`). For rules that must look at many files and change few (the fused-op
@@ -130,47 +146,23 @@ class TreeChecker:
     rewritten, as a second run would.
     """
 
-    rules: ClassVar[tuple[Rule, ...]]
-    markers: ClassVar[tuple[str, ...]] = ()
-    follows_others: ClassVar[bool] = False
-
-    @classmethod
-    def wants_words(cls, words: frozenset[str]) -> bool:
-        return True
-
-    @classmethod
-    def wants(cls, index: AstIndex) -> bool:
-        return True
-
     def __init__(self, enabled: frozenset[str], api: NpuApi) -> None:
-        self.enabled = enabled
+        super().__init__(enabled)
         self.api = api
 
     def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
         """The findings in `tree` (the file `source`, whose identifiers and strings are `index`)."""
         raise NotImplementedError
 
-    @classmethod
-    def family(cls) -> str:
-        return cls.__module__.rsplit(".", 1)[-1]
 
-
-class TextChecker:
+class TextChecker(BaseChecker):
     """Base class of the checkers for files without a Python syntax tree (see `npu_migrate.textfiles`).
 
     `kinds` names the file kinds it reads (`npu_migrate.kinds`); `check` returns reports, each with an
     optional span edit, for the whole text.
     """
 
-    rules: ClassVar[tuple[Rule, ...]]
     kinds: ClassVar[frozenset[str]]
-
-    def __init__(self, enabled: frozenset[str]) -> None:
-        self.enabled = enabled
 
     def check(self, text: str, kind: str) -> list:
         raise NotImplementedError
-
-    @classmethod
-    def family(cls) -> str:
-        return cls.__module__.rsplit(".", 1)[-1]
