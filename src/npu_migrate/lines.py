@@ -1,12 +1,14 @@
-"""Line-level features on top of the syntax tree: `# npu-migrate: ignore` comments and inline TODOs.
+"""Lines as `ast` and libcst count them, and the line-level features on top of the syntax tree:
+`# npu-migrate: ignore` comments and inline TODOs, the same for every kind of file.
 
-Both need to know which statement a line belongs to. Positions cost about two parses, so they are only
-computed for files that have findings, and the statement index only when a file has suppression
-comments or `--annotate` is on.
+Both features need to know which statement a line belongs to. Positions cost about two parses, so they
+are only computed for files that have findings, and the statement index only when a file has
+suppression comments or `--annotate` is on.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +30,39 @@ def source_lines(text: str, *, keepends: bool = False) -> list[str]:
         return _LINE_WITH_BREAK.findall(text)
     lines = LINE_BREAK.split(text)
     return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+class Source:
+    """The text of a file as `ast` sees it: lines split on the newlines the tokenizer knows (never on
+    form feeds or the other separators `str.splitlines` breaks at), columns in characters."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = source_lines(text, keepends=True)
+
+    def char_col(self, lineno: int, byte_col: int) -> int:
+        """`ast` columns count UTF-8 bytes; libcst's and the user's count characters."""
+        line = self.lines[lineno - 1] if lineno <= len(self.lines) else ""
+        return len(line.encode("utf-8")[:byte_col].decode("utf-8", errors="replace"))
+
+    def segment(self, node: ast.stmt) -> str:
+        """The whole lines of a statement, decorators included."""
+        return "".join(self.lines[first_line(node) - 1 : node.end_lineno])
+
+    def starts_line(self, node: ast.stmt) -> bool:
+        """Whether nothing but indentation precedes `node` on its first line (its block is indented)."""
+        return not self.lines[node.lineno - 1][: node.col_offset].strip()
+
+    def position(self, node: ast.AST) -> tuple[int, int]:
+        if not hasattr(node, "lineno"):
+            return 1, 1
+        return node.lineno, self.char_col(node.lineno, node.col_offset) + 1
+
+
+def first_line(node: ast.stmt) -> int:
+    """An `ast` statement's first line, its decorators included."""
+    decorators = getattr(node, "decorator_list", ())
+    return min([node.lineno, *(d.lineno for d in decorators)])
 
 
 SUPPRESSION = re.compile(

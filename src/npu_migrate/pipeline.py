@@ -20,7 +20,7 @@ from npu_migrate import kinds, notebooks, scoped
 from npu_migrate.api import NpuApi
 from npu_migrate.astindex import AstIndex, text_words
 from npu_migrate.context import FileContext
-from npu_migrate.findings import Finding, Severity
+from npu_migrate.findings import Finding
 from npu_migrate.fixes import apply_fixes, node_code, skip_statements_apart
 from npu_migrate.lines import (
     StatementIndex,
@@ -194,25 +194,22 @@ def _migrate_cst(
     fixes = [(r.node, r.fix) for r in ctx.reports if r.applied and r.fix is not None] + ctx.edits
     new_module, applier = apply_fixes(module, fixes, _skip_unfixed(module, fixes, positions))
     new_text = new_module.code
+    changed = new_text != text
     findings = []
     for report in ctx.reports:
         pos = positions.get(report.node)
         line, col = (pos.start.line, pos.start.column + 1) if pos else (1, 1)
         replacement = applier.results.get(id(report.node))
+        # A module-level edit (an added import) would quote the whole file: its message says it.
+        quoted = report.node is not module
         findings.append(
-            Finding(
-                rule_id=report.rule.id,
-                path=display,
-                line=line,
-                col=col,
-                message=report.message,
-                severity=report.severity,
-                fixed=report.applied and new_text != text,
-                # A module-level edit (an added import) would quote the whole file: its message says it.
-                original=ctx.code(report.node).strip() if report.applied and report.node is not module else "",
-                replacement=node_code(replacement).strip()
-                if replacement is not None and report.node is not module
-                else "",
+            report.finding(
+                display,
+                line,
+                col,
+                changed=changed,
+                original=ctx.code(report.node).strip() if report.applied and quoted else "",
+                replacement=node_code(replacement).strip() if replacement is not None and quoted else "",
             )
         )
     return new_text, findings
@@ -237,7 +234,7 @@ def _annotate(ctx: FileContext, positions, statements: StatementIndex, text: str
     comment lines right above it carry one for that rule already (from an earlier run)."""
     lines = source_lines(text)
     for report in ctx.reports:
-        if report.applied or report.severity is Severity.INFO:
+        if not report.actionable:
             continue
         statement = statements.innermost(line_of(positions, report.node))
         if statement is None:

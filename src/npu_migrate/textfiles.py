@@ -1,8 +1,8 @@
 """Migrating files that are not Python: launch scripts, Dockerfiles, .env and YAML files, CUDA sources.
 
 They have no syntax tree here, so their checkers (`rule.TextChecker`) look at one line at a time, outside
-comments and as whole tokens, and propose edits as character spans. The engine applies the spans,
-honours `# npu-migrate: ignore` on a line, and reports findings exactly as for Python files.
+comments and as whole tokens, and propose edits as character spans (`rule.TextReport`). The engine applies
+the spans, honours `# npu-migrate: ignore` on a line, and reports findings exactly as for Python files.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from npu_migrate.findings import Finding, Severity
+from npu_migrate.findings import Finding
 from npu_migrate.lines import SUPPRESSION
-from npu_migrate.rule import Rule
+from npu_migrate.rule import TextReport  # what text checkers import from here, with the line helpers
 
 
 @dataclass(frozen=True)
@@ -25,17 +25,6 @@ class Line:
     @property
     def code(self) -> str:
         return self.text[: self.code_end]
-
-
-@dataclass
-class TextReport:
-    rule: Rule
-    line: int
-    col: int  # 1-based
-    message: str
-    severity: Severity
-    span: tuple[int, int] | None = None  # file offsets to replace
-    replacement: str = ""
 
 
 def comment_start(text: str) -> int:
@@ -97,31 +86,26 @@ def apply_reports(text: str, reports: list[TextReport], display: str) -> tuple[s
     suppressed = _suppressed_lines(text)
     kept = [r for r in reports if not _covers(suppressed, r)]
     kept.sort(key=lambda r: (r.line, r.col, r.rule.id))
-    out, cursor, findings = [], 0, []
+    out, cursor = [], 0
     for report in kept:
-        fixed = False
-        original = replacement = ""
-        if report.span is not None and report.span[0] >= cursor:
-            start, end = report.span
-            out.append(text[cursor:start])
-            out.append(report.replacement)
-            cursor, fixed = end, True
-            original, replacement = text[start:end], report.replacement
+        edit = report.fix
+        if edit is not None and edit.start >= cursor:
+            out.append(text[cursor : edit.start])
+            out.append(edit.replacement)
+            cursor, report.applied = edit.end, True
+    out.append(text[cursor:])
+    new_text = "".join(out)
+    changed = new_text != text
+    findings = []
+    for report in kept:
+        edit = report.fix if report.applied else None
+        original, replacement = (text[edit.start : edit.end], edit.replacement) if edit else ("", "")
         findings.append(
-            Finding(
-                report.rule.id,
-                display,
-                report.line,
-                report.col,
-                report.message,
-                report.severity,
-                fixed=fixed,
-                original=original,
-                replacement=replacement,
+            report.finding(
+                display, report.line, report.col, changed=changed, original=original, replacement=replacement
             )
         )
-    out.append(text[cursor:])
-    return "".join(out), findings
+    return new_text, findings
 
 
 def _suppressed_lines(text: str) -> dict[int, frozenset[str] | None]:
