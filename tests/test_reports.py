@@ -1,5 +1,5 @@
 """One way from a checker's report to a finding, whatever the kind of checker (libcst `Checker`, `ast`
-`TreeChecker`, `TextChecker`), and the finding's `data`."""
+`TreeChecker`, `TextChecker`): one suppression parser, one `--annotate` path, and the finding's `data`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 from npu_migrate import registry, scoped
 from npu_migrate.api import NpuApi
 from npu_migrate.findings import Finding, FindingData, Severity
-from npu_migrate.pipeline import FileResult, Mode, Plan, Status, migrate_source
+from npu_migrate.lines import Suppressions, suppression_comments
+from npu_migrate.pipeline import FileResult, Mode, Plan, Status, migrate_source, migrate_text
 from npu_migrate.registry import all_checkers, select_rules
 from npu_migrate.report import Summary, write_json
 from npu_migrate.rule import Checker, Rule, TextReport, TreeChecker, TreeReport
@@ -50,12 +51,96 @@ class _NoteOnCalls(Checker):
             self.report(NOTE_ON_CALLS, node, "a call of f", data={"callee": "f"})
 
 
-def _migrate(text: str, monkeypatch) -> tuple[str, list[Finding]]:
+def _migrate(text: str, monkeypatch, *, annotate: bool = False) -> tuple[str, list[Finding]]:
     """`text` through the whole engine, with the two test checkers added to the real ones."""
     monkeypatch.setattr(registry, "all_checkers", lambda: [*all_checkers(), _WarnOnDefs, _NoteOnCalls])
-    plan = Plan(select_rules() | {"NPU799", "NPU798"}, None, Mode.DIFF)
+    plan = Plan(select_rules() | {"NPU799", "NPU798"}, None, Mode.DIFF, annotate=annotate)
     new_text, findings, _ = migrate_source(decode_source(Path("x.py"), text.encode()), "x.py", plan, NpuApi(None))
     return new_text, findings
+
+
+# -- one suppression parser ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("separator", "comment_line"),
+    [
+        ("\x0c", 2),  # a form feed is inside a line, to `ast`, libcst, git and editors
+        ("\x1c", 2),
+        ("\u2028", 2),
+        ("\r", 3),  # a lone CR ends a line, for `ast` and libcst as for `str.splitlines`
+    ],
+)
+def test_suppression_comments_are_on_the_lines_the_parsers_count(separator, comment_line):
+    text = f"# a{separator}b\nx = 1  # npu-migrate: ignore[npu1, NPU20]\ny = 2  # noqa: NPU3\n"
+    assert suppression_comments(text) == [
+        (comment_line, frozenset({"NPU1", "NPU20"})),
+        (comment_line + 1, frozenset({"NPU3"})),
+    ]
+    # Without a statement index (a text file) each comment covers its own line only.
+    suppressions = Suppressions.scan(text)
+    assert suppressions.covers(comment_line, "NPU101") and not suppressions.covers(comment_line, "NPU301")
+    assert not suppressions.covers(comment_line - 1, "NPU101")
+
+
+@pytest.mark.parametrize("separator", ["\x0c", "\r"])
+@pytest.mark.parametrize(
+    ("path", "prefix", "suppressed", "migrated", "rule"),
+    [
+        (
+            "train.py",
+            "import torch\n",
+            "x = torch.ones(1).cuda()  # npu-migrate: ignore\n",
+            ("y = torch.ones(1).cuda()\n", "y = torch.ones(1).npu()\n"),
+            "NPU101",
+        ),
+        (
+            "run.sh",
+            "",
+            "nvidia-smi  # npu-migrate: ignore\n",
+            ("nvidia-smi\n", "npu-smi info\n"),
+            "NPU605",
+        ),
+    ],
+)
+def test_python_and_text_files_honour_a_comment_after_a_line_separator_alike(
+    separator, path, prefix, suppressed, migrated, rule
+):
+    text = f"{prefix}# one{separator}two\n{suppressed}{migrated[0]}"
+    new_text, findings = migrate_text(text, path=path, select=[rule])
+    assert new_text == f"{prefix}# one{separator}two\n{suppressed}{migrated[1]}"
+    lines = 2 if separator == "\x0c" else 3  # the prefix's comment takes one line, or two after a lone CR
+    last = prefix.count("\n") + lines + 1
+    assert [(f.rule_id, f.line, f.fixed) for f in findings if f.rule_id == rule] == [(rule, last, True)]
+
+
+# -- one annotate path -------------------------------------------------------------------------------------
+
+TWO_KINDS = """\
+import torch
+
+
+@torch.no_grad()
+def pick():
+    if torch.cuda.get_device_capability()[0] >= 8:
+        return torch.bfloat16
+    return torch.float16
+"""
+
+
+def test_annotate_writes_the_todos_of_both_syntax_trees_once(monkeypatch):
+    annotated, findings = _migrate(TWO_KINDS, monkeypatch, annotate=True)
+    assert {f.rule_id for f in findings} == {"NPU204", "NPU799"}
+    lines = annotated.splitlines()
+    # The ast path's TODO goes above the decorator, the libcst path's above the `if` of its finding.
+    assert lines[3].startswith("# TODO(npu-migrate NPU799): look at this def (see `npu-migrate rules NPU799`)")
+    assert lines[4] == "@torch.no_grad()"
+    assert lines[6].startswith("    # TODO(npu-migrate NPU204): `torch.cuda.get_device_capability`")
+    assert lines[7] == "    if torch.cuda.get_device_capability()[0] >= 8:"
+    assert annotated.count("TODO(npu-migrate") == 2
+    again, again_findings = _migrate(annotated, monkeypatch, annotate=True)
+    assert again == annotated
+    assert [(f.rule_id, f.line) for f in again_findings] == [("NPU799", 6), ("NPU204", 8)]
 
 
 # -- the finding's data ------------------------------------------------------------------------------------

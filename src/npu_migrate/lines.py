@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,8 @@ import libcst as cst
 
 if TYPE_CHECKING:
     from libcst.metadata import CodeRange
+
+    from npu_migrate.fixes import Fix
 
 #: The line breaks `ast` and libcst count: `\r\n`, `\r` and `\n`, never the form feeds, `\x1c`, `\u2028` ...
 #: that `str.splitlines` also breaks at and that can sit inside a line of code.
@@ -102,6 +105,20 @@ class StatementIndex:
         return best[2] if best else None
 
 
+def suppression_comments(text: str) -> list[tuple[int, frozenset[str] | None]]:
+    """The suppression comments of `text`, Python or not: (line, rule codes or None for all) each."""
+    if not Suppressions.may_have(text):
+        return []
+    found = []
+    for number, line in enumerate(source_lines(text), start=1):
+        match = SUPPRESSION.search(line)
+        if match:
+            raw = match.group("codes") if match.group("noqa") is None else match.group("noqa")
+            codes = frozenset(c.strip().upper() for c in raw.split(",") if c.strip()) if raw else None
+            found.append((number, codes or None))
+    return found
+
+
 @dataclass
 class Suppressions:
     #: (first line, last line, codes or None for all) per suppression comment
@@ -112,19 +129,13 @@ class Suppressions:
         return "npu-migrate:" in text or "noqa" in text
 
     @classmethod
-    def scan(cls, text: str, index_factory) -> Suppressions:
-        if not cls.may_have(text):
-            return cls([])
-        found = []
-        for number, line in enumerate(source_lines(text), start=1):
-            match = SUPPRESSION.search(line)
-            if match:
-                raw = match.group("codes") if match.group("noqa") is None else match.group("noqa")
-                codes = frozenset(c.strip().upper() for c in raw.split(",") if c.strip()) if raw else None
-                found.append((number, codes or None))
-        if not found:
-            return cls([])
-        index: StatementIndex = index_factory()
+    def scan(cls, text: str, statements: Callable[[], StatementIndex] | None = None) -> Suppressions:
+        """The suppressions of `text`. A comment covers its line, and with `statements` (the statement index
+        of a Python file, asked for only when there is a comment) the whole block of a header it ends."""
+        found = suppression_comments(text)
+        if not found or statements is None:
+            return cls([(number, number, codes) for number, codes in found])
+        index = statements()
         ranges = []
         for number, codes in found:
             spans = index.starting_at(number)
@@ -169,6 +180,27 @@ def todo_above(lines: list[str], line: int, tag: str) -> bool:
             return True
         index -= 1
     return False
+
+
+def todo_edits(
+    open_findings: Iterable[tuple[str, str, int]],
+    lines: list[str],
+    statements: StatementIndex,
+    first_line_of: Callable[[object], int],
+) -> list[tuple[object, Fix]]:
+    """`--annotate`, for either syntax tree: a TODO comment above the statement of each open finding, given
+    as (rule id, message, line), unless the comment lines right above the statement (which starts at
+    `first_line_of(statement)`) carry one for that rule already, from an earlier run. Returns the
+    statements and their fixes."""
+    edits = []
+    for rule_id, message, line in open_findings:
+        statement = statements.innermost(line)
+        if statement is None:
+            continue
+        comment = todo_comment(rule_id, message)
+        if not todo_above(lines, first_line_of(statement), comment.split(")")[0]):
+            edits.append((statement, add_todo(statement, comment)))
+    return edits
 
 
 def line_of(positions, node: cst.CSTNode) -> int:

@@ -22,15 +22,7 @@ from npu_migrate.astindex import AstIndex, text_words
 from npu_migrate.context import FileContext
 from npu_migrate.findings import Finding
 from npu_migrate.fixes import apply_fixes, node_code, skip_statements_apart
-from npu_migrate.lines import (
-    StatementIndex,
-    Suppressions,
-    add_todo,
-    line_of,
-    source_lines,
-    todo_above,
-    todo_comment,
-)
+from npu_migrate.lines import StatementIndex, Suppressions, line_of, source_lines, todo_edits
 from npu_migrate.positions import positions_of
 from npu_migrate.rule import Checker, TreeChecker
 from npu_migrate.source import SourceError, SourceFile, atomic_write, parse_python, read_source
@@ -189,7 +181,8 @@ def _migrate_cst(
     if not ctx.reports:
         return text, []
     if plan.annotate:
-        _annotate(ctx, positions, statements(), text)
+        open_findings = ((r.rule.id, r.message, line_of(positions, r.node)) for r in ctx.reports if r.actionable)
+        ctx.edits += todo_edits(open_findings, source_lines(text), statements(), lambda s: line_of(positions, s))
 
     fixes = [(r.node, r.fix) for r in ctx.reports if r.applied and r.fix is not None] + ctx.edits
     new_module, applier = apply_fixes(module, fixes, _skip_unfixed(module, fixes, positions))
@@ -227,21 +220,6 @@ def _skip_unfixed(module: cst.Module, fixes, positions):
             return None  # somewhere unknown: walk everything
         spans.append((where.start.line, where.end.line))
     return skip_statements_apart(spans, positions)
-
-
-def _annotate(ctx: FileContext, positions, statements: StatementIndex, text: str) -> None:
-    """`--annotate`: a TODO comment above each statement with a finding a human must act on, unless the
-    comment lines right above it carry one for that rule already (from an earlier run)."""
-    lines = source_lines(text)
-    for report in ctx.reports:
-        if not report.actionable:
-            continue
-        statement = statements.innermost(line_of(positions, report.node))
-        if statement is None:
-            continue
-        comment = todo_comment(report.rule.id, report.message)
-        if not todo_above(lines, line_of(positions, statement), comment.split(")")[0]):
-            ctx.edits.append((statement, add_todo(statement, comment)))
 
 
 def migrate_file(

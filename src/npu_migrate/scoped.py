@@ -27,10 +27,9 @@ from npu_migrate.lines import (
     Source,
     StatementIndex,
     Suppressions,
-    add_todo,
     first_line,
-    todo_above,
-    todo_comment,
+    source_lines,
+    todo_edits,
 )
 from npu_migrate.positions import positions_of
 from npu_migrate.rule import TreeChecker, TreeReport  # with `Source`, what tree checkers import from here
@@ -98,7 +97,8 @@ def run(
         report.applied = report.fix is not None
     edits: list[tuple[ast.AST, Fix]] = [(r.target or r.node, r.fix) for r in reports if r.applied]
     if annotate:
-        edits += _todos(reports, source, statements())
+        open_findings = ((r.rule.id, r.message, source.position(r.node)[0]) for r in reports if r.actionable)
+        edits += todo_edits(open_findings, source_lines(source.text), statements(), first_line)
     new_text, twins = _splice(source, tree, edits)
     changed = new_text != source.text
     findings = []
@@ -110,22 +110,6 @@ def run(
         line, col = source.position(report.node)
         findings.append(report.finding(display, line, col, changed=changed, original=original, replacement=replacement))
     return new_text, findings
-
-
-def _todos(reports: list[TreeReport], source: Source, statements: StatementIndex) -> list[tuple[ast.AST, Fix]]:
-    """`--annotate`: a TODO comment above the statement of each finding a human must act on."""
-    lines = [line.rstrip("\r\n") for line in source.lines]
-    edits = []
-    for report in reports:
-        if not report.actionable:
-            continue
-        statement = statements.innermost(source.position(report.node)[0])
-        if statement is None:
-            continue
-        comment = todo_comment(report.rule.id, report.message)
-        if not todo_above(lines, first_line(statement), comment.split(")")[0]):
-            edits.append((statement, add_todo(statement, comment)))
-    return edits
 
 
 # -- splicing -----------------------------------------------------------------------------------------

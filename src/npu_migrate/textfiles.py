@@ -3,6 +3,7 @@
 They have no syntax tree here, so their checkers (`rule.TextChecker`) look at one line at a time, outside
 comments and as whole tokens, and propose edits as character spans (`rule.TextReport`). The engine applies
 the spans, honours `# npu-migrate: ignore` on a line, and reports findings exactly as for Python files.
+Lines are counted as in Python files (`lines.source_lines`): a form feed is inside a line.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from npu_migrate.findings import Finding
-from npu_migrate.lines import SUPPRESSION
+from npu_migrate.lines import Suppressions, source_lines
 from npu_migrate.rule import TextReport  # what text checkers import from here, with the line helpers
 
 
@@ -46,7 +47,7 @@ def comment_start(text: str) -> int:
 
 def split_lines(text: str, comments: bool = True) -> list[Line]:
     lines, offset = [], 0
-    for number, raw in enumerate(text.splitlines(keepends=True), start=1):
+    for number, raw in enumerate(source_lines(text, keepends=True), start=1):
         body = raw.rstrip("\r\n")
         lines.append(Line(number, offset, body, comment_start(body) if comments else len(body)))
         offset += len(raw)
@@ -83,8 +84,8 @@ def is_prose(code: str, start: int, end: int) -> bool:
 
 def apply_reports(text: str, reports: list[TextReport], display: str) -> tuple[str, list[Finding]]:
     """Apply the edits of `reports` (overlapping ones after the first are dropped) and return findings."""
-    suppressed = _suppressed_lines(text)
-    kept = [r for r in reports if not _covers(suppressed, r)]
+    suppressions = Suppressions.scan(text)
+    kept = [r for r in reports if not suppressions.covers(r.line, r.rule.id)]
     kept.sort(key=lambda r: (r.line, r.col, r.rule.id))
     out, cursor = [], 0
     for report in kept:
@@ -106,23 +107,3 @@ def apply_reports(text: str, reports: list[TextReport], display: str) -> tuple[s
             )
         )
     return new_text, findings
-
-
-def _suppressed_lines(text: str) -> dict[int, frozenset[str] | None]:
-    found = {}
-    if "npu-migrate:" not in text and "noqa" not in text:
-        return found
-    for number, line in enumerate(text.splitlines(), start=1):
-        match = SUPPRESSION.search(line)
-        if match:
-            raw = match.group("codes") if match.group("noqa") is None else match.group("noqa")
-            codes = frozenset(c.strip().upper() for c in raw.split(",") if c.strip()) if raw else None
-            found[number] = codes or None
-    return found
-
-
-def _covers(suppressed, report: TextReport) -> bool:
-    if report.line not in suppressed:
-        return False
-    codes = suppressed[report.line]
-    return codes is None or any(report.rule.id.startswith(c) for c in codes)
