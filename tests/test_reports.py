@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_migrate import registry, scoped
+from npu_migrate import pipeline, scoped
 from npu_migrate.api import NpuApi
 from npu_migrate.findings import Finding, FindingData, Severity
 from npu_migrate.lines import Suppressions, suppression_comments
@@ -53,7 +53,7 @@ class _NoteOnCalls(Checker):
 
 def _migrate(text: str, monkeypatch, *, annotate: bool = False) -> tuple[str, list[Finding]]:
     """`text` through the whole engine, with the two test checkers added to the real ones."""
-    monkeypatch.setattr(registry, "all_checkers", lambda: [*all_checkers(), _WarnOnDefs, _NoteOnCalls])
+    monkeypatch.setattr(pipeline, "all_checkers", lambda: [*all_checkers(), _WarnOnDefs, _NoteOnCalls])
     plan = Plan(select_rules() | {"NPU799", "NPU798"}, None, Mode.DIFF, annotate=annotate)
     new_text, findings, _ = migrate_source(decode_source(Path("x.py"), text.encode()), "x.py", plan, NpuApi(None))
     return new_text, findings

@@ -16,7 +16,7 @@ import libcst as cst
 
 from npu_migrate.findings import Severity
 from npu_migrate.fixes import Fix
-from npu_migrate.imports import Binding, ImportTable
+from npu_migrate.imports import Binding, ImportTable, rebind_import
 from npu_migrate.rule import Report, Rule
 
 if TYPE_CHECKING:
@@ -176,8 +176,6 @@ class FileContext:
         for plan in accepted.values():
             b = plan.binding
             by_statement.setdefault((id(b.line), b.line.body.index(b.stmt)), []).append(plan)
-        from npu_migrate.imports import rebind_import
-
         for (_, stmt_index), plans in by_statement.items():
             line = plans[0].binding.line
             targets = {p.binding.index: p.target for p in plans}

@@ -24,8 +24,10 @@ from npu_migrate.findings import Finding
 from npu_migrate.fixes import apply_fixes, node_code, skip_statements_apart
 from npu_migrate.lines import StatementIndex, Suppressions, line_of, source_lines, todo_edits
 from npu_migrate.positions import positions_of
+from npu_migrate.registry import all_checkers, select_rules, text_checkers
 from npu_migrate.rule import Checker, TreeChecker
-from npu_migrate.source import SourceError, SourceFile, atomic_write, parse_python, read_source
+from npu_migrate.source import SourceError, SourceFile, atomic_write, decode_source, parse_python, read_source
+from npu_migrate.textfiles import apply_reports
 
 
 class Status(str, enum.Enum):
@@ -77,8 +79,6 @@ class Plan:
 
 
 def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
-    from npu_migrate.registry import all_checkers
-
     return [c for c in all_checkers() if any(r.id in enabled for r in c.rules)]
 
 
@@ -229,9 +229,6 @@ def migrate_file(
     if kind == kinds.NOTEBOOK:
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
-        from npu_migrate.registry import text_checkers
-        from npu_migrate.textfiles import apply_reports
-
         enabled = plan.enabled_for(job_ignore)
         reports = [r for c in text_checkers() if kind in c.kinds for r in c(enabled).check(source.text, kind)]
         new_text, findings = apply_reports(source.text, reports, display)
@@ -374,9 +371,6 @@ def migrate_text(
 ) -> tuple[str, list[Finding]]:
     """Migrate text in memory: the Python API used by tests, `analyze` and editors. `path` (its name)
     decides the file kind: Python unless it names a notebook, a launch script or another known kind."""
-    from npu_migrate.registry import select_rules
-    from npu_migrate.source import decode_source
-
     plan = Plan(select_rules(select, ignore), torch_npu_version, Mode.DIFF, annotate=annotate)
     source = decode_source(Path(path), text.encode("utf-8"))
     kind = kinds.kind_of(Path(path)) or kinds.PYTHON  # "<string>" and other unknown names are Python
