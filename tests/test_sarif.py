@@ -14,6 +14,9 @@ import jsonschema
 import pytest
 from conftest import ROOT
 
+from npu_migrate.findings import Finding, Severity
+from npu_migrate.report import sarif_document
+
 SCHEMA_PATH = ROOT / "tests" / "data" / "sarif-schema-2.1.0.json"
 FIXABLE_SOURCE = "import torch\nx = torch.ones(1).cuda()\n"
 # NPU204 is report-only: the capability tuple does not exist on NPU, a human has to rework this.
@@ -97,6 +100,16 @@ def test_sarif_output_content(sarif):
     assert loc["region"]["startLine"] == 3
     assert capability["level"] == "error"  # report-only: a human must act
     assert "get_device_capability" in capability["message"]["text"]
+
+
+def test_a_findings_data_is_its_results_property_bag(validator):
+    with_data = Finding("NPU204", "a.py", 3, 1, "m", Severity.WARNING, data={"kernel": "npu_rms_norm", "inputs": 2})
+    without = Finding("NPU101", "a.py", 4, 1, "n", Severity.INFO, fixed=True)
+    document = sarif_document([with_data, without])
+    assert validator.is_valid(document)
+    results = document["runs"][0]["results"]
+    assert results[0]["properties"] == {"kernel": "npu_rms_norm", "inputs": 2}
+    assert "properties" not in results[1]  # no empty bags
 
 
 @pytest.mark.parametrize(

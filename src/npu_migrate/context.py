@@ -8,31 +8,44 @@ unmappable use vetoes the binding, and all fixes that required it fall back to f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import libcst as cst
 
 from npu_migrate.findings import Severity
-from npu_migrate.imports import Binding, ImportTable
+from npu_migrate.fixes import Fix
+from npu_migrate.imports import Binding, ImportTable, rebind_import
+from npu_migrate.rule import Report, Rule
 
 if TYPE_CHECKING:
     from npu_migrate.api import NpuApi
-    from npu_migrate.rule import Rule
-
-Fix = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel]
 
 
-@dataclass(eq=False)
-class Report:
-    rule: Rule
+class CstReport(Report):
+    """A libcst checker's report: the site is a node of the module; `fix` rewrites it. A fix that
+    `requires` an import binding stands only if that import can be rewritten (`FileContext.resolve_plans`)."""
+
     node: cst.CSTNode
-    message: str
-    severity: Severity
-    fix: Fix | None = None
-    requires: Binding | None = None
-    applied: bool = False  # decided by `FileContext.resolve`
+    fix: Fix | None
+    requires: Binding | None
+
+    def __init__(
+        self,
+        rule: Rule,
+        node: cst.CSTNode,
+        message: str,
+        severity: Severity | None = None,
+        fix: Fix | None = None,
+        *,
+        requires: Binding | None = None,
+        applied: bool = False,
+        data: Mapping[str, str | int] | None = None,
+    ) -> None:
+        super().__init__(rule, message, severity, fix, applied=applied, data=data)
+        self.node = node
+        self.requires = requires
 
 
 @dataclass(eq=False)
@@ -49,7 +62,7 @@ class FileContext:
         self.path = path
         self.api = api
         self.imports = ImportTable.of(module)
-        self.reports: list[Report] = []
+        self.reports: list[CstReport] = []
         self._plans: dict[int, BindingPlan] = {}
         self._vetoes: dict[int, list[str]] = {}
         self._reported: set[tuple[str, int]] = set()
@@ -84,20 +97,22 @@ class FileContext:
         fix: Fix | None = None,
         severity: Severity | None = None,
         requires: Binding | None = None,
+        data: Mapping[str, str | int] | None = None,
     ) -> None:
         key = (rule.id, id(node))
         if key in self._reported:  # two contexts matched the same literal: one finding
             return
         self._reported.add(key)
         self.reports.append(
-            Report(
+            CstReport(
                 rule,
                 node,
                 message,
-                severity or rule.severity,
-                fix=fix,
+                severity,
+                fix,
                 requires=requires,
                 applied=fix is not None and requires is None,
+                data=data,
             )
         )
 
@@ -161,25 +176,24 @@ class FileContext:
         for plan in accepted.values():
             b = plan.binding
             by_statement.setdefault((id(b.line), b.line.body.index(b.stmt)), []).append(plan)
-        from npu_migrate.imports import rebind_import
-
         for (_, stmt_index), plans in by_statement.items():
             line = plans[0].binding.line
             targets = {p.binding.index: p.target for p in plans}
             names = ", ".join(f"`{p.binding.local}`" for p in plans)
-            report = Report(
-                plans[0].rule,
-                line,
-                f"import of {names} rewritten for torch_npu",
-                Severity.INFO,
-                fix=lambda updated, i=stmt_index, t=targets: rebind_import(updated, i, t),
+            self.reports.append(
+                CstReport(
+                    plans[0].rule,
+                    line,
+                    f"import of {names} rewritten for torch_npu",
+                    Severity.INFO,
+                    fix=lambda updated, i=stmt_index, t=targets: rebind_import(updated, i, t),
+                    applied=True,
+                )
             )
-            report.applied = True
-            self.reports.append(report)
         for plan in self._plans.values():
             if plan.vetoes:
                 self.reports.append(
-                    Report(
+                    CstReport(
                         plan.rule,
                         plan.binding.line,
                         f"import of `{plan.binding.local}` left as is: it is used where " + "; ".join(plan.vetoes),

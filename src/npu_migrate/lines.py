@@ -1,13 +1,16 @@
-"""Line-level features on top of the syntax tree: `# npu-migrate: ignore` comments and inline TODOs.
+"""Lines as `ast` and libcst count them, and the line-level features on top of the syntax tree:
+`# npu-migrate: ignore` comments and inline TODOs, the same for every kind of file.
 
-Both need to know which statement a line belongs to. Positions cost about two parses, so they are only
-computed for files that have findings, and the statement index only when a file has suppression
-comments or `--annotate` is on.
+Both features need to know which statement a line belongs to. Positions cost about two parses, so they
+are only computed for files that have findings, and the statement index only when a file has
+suppression comments or `--annotate` is on.
 """
 
 from __future__ import annotations
 
+import ast
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +18,8 @@ import libcst as cst
 
 if TYPE_CHECKING:
     from libcst.metadata import CodeRange
+
+    from npu_migrate.fixes import Fix
 
 #: The line breaks `ast` and libcst count: `\r\n`, `\r` and `\n`, never the form feeds, `\x1c`, `\u2028` ...
 #: that `str.splitlines` also breaks at and that can sit inside a line of code.
@@ -28,6 +33,39 @@ def source_lines(text: str, *, keepends: bool = False) -> list[str]:
         return _LINE_WITH_BREAK.findall(text)
     lines = LINE_BREAK.split(text)
     return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+class Source:
+    """The text of a file as `ast` sees it: lines split on the newlines the tokenizer knows (never on
+    form feeds or the other separators `str.splitlines` breaks at), columns in characters."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = source_lines(text, keepends=True)
+
+    def char_col(self, lineno: int, byte_col: int) -> int:
+        """`ast` columns count UTF-8 bytes; libcst's and the user's count characters."""
+        line = self.lines[lineno - 1] if lineno <= len(self.lines) else ""
+        return len(line.encode("utf-8")[:byte_col].decode("utf-8", errors="replace"))
+
+    def segment(self, node: ast.stmt) -> str:
+        """The whole lines of a statement, decorators included."""
+        return "".join(self.lines[first_line(node) - 1 : node.end_lineno])
+
+    def starts_line(self, node: ast.stmt) -> bool:
+        """Whether nothing but indentation precedes `node` on its first line (its block is indented)."""
+        return not self.lines[node.lineno - 1][: node.col_offset].strip()
+
+    def position(self, node: ast.AST) -> tuple[int, int]:
+        if not hasattr(node, "lineno"):
+            return 1, 1
+        return node.lineno, self.char_col(node.lineno, node.col_offset) + 1
+
+
+def first_line(node: ast.stmt) -> int:
+    """An `ast` statement's first line, its decorators included."""
+    decorators = getattr(node, "decorator_list", ())
+    return min([node.lineno, *(d.lineno for d in decorators)])
 
 
 SUPPRESSION = re.compile(
@@ -67,6 +105,20 @@ class StatementIndex:
         return best[2] if best else None
 
 
+def suppression_comments(text: str) -> list[tuple[int, frozenset[str] | None]]:
+    """The suppression comments of `text`, Python or not: (line, rule codes or None for all) each."""
+    if not Suppressions.may_have(text):
+        return []
+    found = []
+    for number, line in enumerate(source_lines(text), start=1):
+        match = SUPPRESSION.search(line)
+        if match:
+            raw = match.group("codes") if match.group("noqa") is None else match.group("noqa")
+            codes = frozenset(c.strip().upper() for c in raw.split(",") if c.strip()) if raw else None
+            found.append((number, codes or None))
+    return found
+
+
 @dataclass
 class Suppressions:
     #: (first line, last line, codes or None for all) per suppression comment
@@ -77,19 +129,13 @@ class Suppressions:
         return "npu-migrate:" in text or "noqa" in text
 
     @classmethod
-    def scan(cls, text: str, index_factory) -> Suppressions:
-        if not cls.may_have(text):
-            return cls([])
-        found = []
-        for number, line in enumerate(source_lines(text), start=1):
-            match = SUPPRESSION.search(line)
-            if match:
-                raw = match.group("codes") if match.group("noqa") is None else match.group("noqa")
-                codes = frozenset(c.strip().upper() for c in raw.split(",") if c.strip()) if raw else None
-                found.append((number, codes or None))
-        if not found:
-            return cls([])
-        index: StatementIndex = index_factory()
+    def scan(cls, text: str, statements: Callable[[], StatementIndex] | None = None) -> Suppressions:
+        """The suppressions of `text`. A comment covers its line, and with `statements` (the statement index
+        of a Python file, asked for only when there is a comment) the whole block of a header it ends."""
+        found = suppression_comments(text)
+        if not found or statements is None:
+            return cls([(number, number, codes) for number, codes in found])
+        index = statements()
         ranges = []
         for number, codes in found:
             spans = index.starting_at(number)
@@ -134,6 +180,27 @@ def todo_above(lines: list[str], line: int, tag: str) -> bool:
             return True
         index -= 1
     return False
+
+
+def todo_edits(
+    open_findings: Iterable[tuple[str, str, int]],
+    lines: list[str],
+    statements: StatementIndex,
+    first_line_of: Callable[[object], int],
+) -> list[tuple[object, Fix]]:
+    """`--annotate`, for either syntax tree: a TODO comment above the statement of each open finding, given
+    as (rule id, message, line), unless the comment lines right above the statement (which starts at
+    `first_line_of(statement)`) carry one for that rule already, from an earlier run. Returns the
+    statements and their fixes."""
+    edits = []
+    for rule_id, message, line in open_findings:
+        statement = statements.innermost(line)
+        if statement is None:
+            continue
+        comment = todo_comment(rule_id, message)
+        if not todo_above(lines, first_line_of(statement), comment.split(")")[0]):
+            edits.append((statement, add_todo(statement, comment)))
+    return edits
 
 
 def line_of(positions, node: cst.CSTNode) -> int:

@@ -20,20 +20,14 @@ from npu_migrate import kinds, notebooks, scoped
 from npu_migrate.api import NpuApi
 from npu_migrate.astindex import AstIndex, text_words
 from npu_migrate.context import FileContext
-from npu_migrate.findings import Finding, Severity
+from npu_migrate.findings import Finding
 from npu_migrate.fixes import apply_fixes, node_code, skip_statements_apart
-from npu_migrate.lines import (
-    StatementIndex,
-    Suppressions,
-    add_todo,
-    line_of,
-    source_lines,
-    todo_above,
-    todo_comment,
-)
+from npu_migrate.lines import StatementIndex, Suppressions, line_of, source_lines, todo_edits
 from npu_migrate.positions import positions_of
+from npu_migrate.registry import all_checkers, select_rules, text_checkers
 from npu_migrate.rule import Checker, TreeChecker
-from npu_migrate.source import SourceError, SourceFile, atomic_write, parse_python, read_source
+from npu_migrate.source import SourceError, SourceFile, atomic_write, decode_source, parse_python, read_source
+from npu_migrate.textfiles import apply_reports
 
 
 class Status(str, enum.Enum):
@@ -85,8 +79,6 @@ class Plan:
 
 
 def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
-    from npu_migrate.registry import all_checkers
-
     return [c for c in all_checkers() if any(r.id in enabled for r in c.rules)]
 
 
@@ -189,30 +181,28 @@ def _migrate_cst(
     if not ctx.reports:
         return text, []
     if plan.annotate:
-        _annotate(ctx, positions, statements(), text)
+        open_findings = ((r.rule.id, r.message, line_of(positions, r.node)) for r in ctx.reports if r.actionable)
+        ctx.edits += todo_edits(open_findings, source_lines(text), statements(), lambda s: line_of(positions, s))
 
     fixes = [(r.node, r.fix) for r in ctx.reports if r.applied and r.fix is not None] + ctx.edits
     new_module, applier = apply_fixes(module, fixes, _skip_unfixed(module, fixes, positions))
     new_text = new_module.code
+    changed = new_text != text
     findings = []
     for report in ctx.reports:
         pos = positions.get(report.node)
         line, col = (pos.start.line, pos.start.column + 1) if pos else (1, 1)
         replacement = applier.results.get(id(report.node))
+        # A module-level edit (an added import) would quote the whole file: its message says it.
+        quoted = report.node is not module
         findings.append(
-            Finding(
-                rule_id=report.rule.id,
-                path=display,
-                line=line,
-                col=col,
-                message=report.message,
-                severity=report.severity,
-                fixed=report.applied and new_text != text,
-                # A module-level edit (an added import) would quote the whole file: its message says it.
-                original=ctx.code(report.node).strip() if report.applied and report.node is not module else "",
-                replacement=node_code(replacement).strip()
-                if replacement is not None and report.node is not module
-                else "",
+            report.finding(
+                display,
+                line,
+                col,
+                changed=changed,
+                original=ctx.code(report.node).strip() if report.applied and quoted else "",
+                replacement=node_code(replacement).strip() if replacement is not None and quoted else "",
             )
         )
     return new_text, findings
@@ -232,21 +222,6 @@ def _skip_unfixed(module: cst.Module, fixes, positions):
     return skip_statements_apart(spans, positions)
 
 
-def _annotate(ctx: FileContext, positions, statements: StatementIndex, text: str) -> None:
-    """`--annotate`: a TODO comment above each statement with a finding a human must act on, unless the
-    comment lines right above it carry one for that rule already (from an earlier run)."""
-    lines = source_lines(text)
-    for report in ctx.reports:
-        if report.applied or report.severity is Severity.INFO:
-            continue
-        statement = statements.innermost(line_of(positions, report.node))
-        if statement is None:
-            continue
-        comment = todo_comment(report.rule.id, report.message)
-        if not todo_above(lines, line_of(positions, statement), comment.split(")")[0]):
-            ctx.edits.append((statement, add_todo(statement, comment)))
-
-
 def migrate_file(
     source: SourceFile, display: str, plan: Plan, api: NpuApi, kind: str, job_ignore: tuple[str, ...] = ()
 ) -> tuple[str, list[Finding], bool]:
@@ -254,9 +229,6 @@ def migrate_file(
     if kind == kinds.NOTEBOOK:
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
-        from npu_migrate.registry import text_checkers
-        from npu_migrate.textfiles import apply_reports
-
         enabled = plan.enabled_for(job_ignore)
         reports = [r for c in text_checkers() if kind in c.kinds for r in c(enabled).check(source.text, kind)]
         new_text, findings = apply_reports(source.text, reports, display)
@@ -399,9 +371,6 @@ def migrate_text(
 ) -> tuple[str, list[Finding]]:
     """Migrate text in memory: the Python API used by tests, `analyze` and editors. `path` (its name)
     decides the file kind: Python unless it names a notebook, a launch script or another known kind."""
-    from npu_migrate.registry import select_rules
-    from npu_migrate.source import decode_source
-
     plan = Plan(select_rules(select, ignore), torch_npu_version, Mode.DIFF, annotate=annotate)
     source = decode_source(Path(path), text.encode("utf-8"))
     kind = kinds.kind_of(Path(path)) or kinds.PYTHON  # "<string>" and other unknown names are Python

@@ -150,6 +150,8 @@ def sarif_document(findings: list[Finding]) -> dict:
                                 }
                             }
                         ],
+                        # SARIF's property bag: the finding's data (`Finding.data`), when it has any.
+                        **({"properties": dict(f.data)} if f.data else {}),
                     }
                     for f in findings
                     if f.rule_id in index

@@ -10,6 +10,10 @@ A checker never edits the tree. It calls `self.report(rule, node, message, fix=.
 function from the node (with its children already rewritten) to its replacement, given only when the
 rewrite is provably equivalent. The engine applies all fixes in one pass after every checker has seen
 the file, so fixes compose, and `analyze` reports the same findings without applying anything.
+
+Every kind of checker (`BaseChecker`: the libcst `Checker`, the `ast` `TreeChecker`, the `TextChecker` of
+files without a Python syntax tree) reports a `Report`; the engine of its kind locates the site, decides
+whether the fix is applied, and makes the `Finding` (`Report.finding`).
 """
 
 from __future__ import annotations
@@ -17,20 +21,25 @@ from __future__ import annotations
 import enum
 import inspect
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import libcst as cst
 
-from npu_migrate.findings import Severity
+from npu_migrate.findings import Finding, FindingData, Severity
 
 if TYPE_CHECKING:
     import ast
 
     from npu_migrate.api import NpuApi
     from npu_migrate.astindex import AstIndex
+
+    # The one reference back: a libcst checker works on the file's `FileContext`, whose reports name
+    # their `Rule`. It goes once `Rule` is declared in a module of its own, below both.
     from npu_migrate.context import FileContext
-    from npu_migrate.scoped import Source, TreeReport
+    from npu_migrate.fixes import Fix
+    from npu_migrate.lines import Source
 
 
 class FixSafety(str, enum.Enum):
@@ -145,12 +154,149 @@ def _indent(text: str, by: int = 2) -> str:
     return textwrap.indent(text.rstrip("\n"), " " * by, lambda line: bool(line.strip()))
 
 
-class Checker(cst.BatchableCSTVisitor):
-    """Base class of the visitors in `transforms/`."""
+class Report:
+    """What a checker of any kind reports at one site: the rule, the message, how to fix it if a fix is
+    provably equivalent, and `data`, the facts code reads about it (never its message). Each kind adds where
+    the site is: a libcst node (`context.CstReport`), an `ast` node (`TreeReport`), a line and column of a
+    text file (`TextReport`); its engine decides `applied` and makes the `Finding`."""
+
+    rule: Rule
+    message: str
+    severity: Severity
+    #: The kind's fix: a libcst `Fix` of the site (or of its twin) for Python files, a `TextEdit` for text.
+    fix: object | None
+    applied: bool
+    data: FindingData
+
+    def __init__(
+        self,
+        rule: Rule,
+        message: str,
+        severity: Severity | None = None,
+        fix: object | None = None,
+        *,
+        applied: bool = False,
+        data: Mapping[str, str | int] | None = None,
+    ) -> None:
+        self.rule = rule
+        self.message = message
+        self.severity = severity or rule.severity
+        self.fix = fix
+        self.applied = applied
+        self.data = FindingData.of(data)
+
+    @property
+    def actionable(self) -> bool:
+        """Left open, and more than information: a human must act (what `--annotate` marks with a TODO)."""
+        return not self.applied and self.severity is not Severity.INFO
+
+    def finding(
+        self, path: str, line: int, col: int, *, changed: bool, original: str = "", replacement: str = ""
+    ) -> Finding:
+        """The finding at `path:line:col`. It is fixed when its fix was applied and the text `changed` (a
+        rewrite that changes nothing fixed nothing); `original` and `replacement` quote the rewritten code."""
+        return Finding(
+            rule_id=self.rule.id,
+            path=path,
+            line=line,
+            col=col,
+            message=self.message,
+            severity=self.severity,
+            fixed=self.applied and changed,
+            original=original,
+            replacement=replacement,
+            data=self.data,
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.rule.id}, {self.message!r}, applied={self.applied})"
+
+
+class TreeReport(Report):
+    """A `TreeChecker`'s report: the site is an `ast` node (an `ast.Module` reports at line 1); `fix` is a
+    libcst fix of the twin of `target`, or of `node` (`npu_migrate.scoped`)."""
+
+    node: ast.AST
+    #: What `fix` rewrites when it is not `node`: a def or class (found by name and line), a call (by
+    #: the position of its function), or another statement (by its first line).
+    target: ast.AST | None
+    #: Reports whose fixes this one exists for (the helpers their branches call): when a comment
+    #: suppresses all of them, this one goes too.
+    serves: tuple[TreeReport, ...]
+
+    def __init__(
+        self,
+        rule: Rule,
+        node: ast.AST,
+        message: str,
+        severity: Severity | None = None,
+        fix: Fix | None = None,
+        target: ast.AST | None = None,
+        serves: tuple[TreeReport, ...] = (),
+        applied: bool = False,
+        *,
+        data: Mapping[str, str | int] | None = None,
+    ) -> None:
+        super().__init__(rule, message, severity, fix, applied=applied, data=data)
+        self.node = node
+        self.target = target
+        self.serves = serves
+
+
+class TextEdit(NamedTuple):
+    """A text file's fix: the characters `start:end` of the file become `replacement`."""
+
+    start: int
+    end: int
+    replacement: str
+
+
+class TextReport(Report):
+    """A `TextChecker`'s report: the site is a line and a (1-based) column; the fix, if any, replaces the
+    file offsets `span` with `replacement`."""
+
+    line: int
+    col: int
+    fix: TextEdit | None
+
+    def __init__(
+        self,
+        rule: Rule,
+        line: int,
+        col: int,
+        message: str,
+        severity: Severity | None = None,
+        span: tuple[int, int] | None = None,
+        replacement: str = "",
+        *,
+        data: Mapping[str, str | int] | None = None,
+    ) -> None:
+        super().__init__(rule, message, severity, TextEdit(*span, replacement) if span is not None else None, data=data)
+        self.line = line
+        self.col = col
+
+
+class BaseChecker:
+    """What every kind of checker has: the rules it reports, the ids selected in this run (`enabled`), and
+    its family (its module's name)."""
 
     rules: ClassVar[tuple[Rule, ...]]
+
+    def __init__(self, enabled: frozenset[str]) -> None:
+        super().__init__()  # cooperative: libcst's visitor base follows this one in `Checker`
+        self.enabled = enabled
+
+    @classmethod
+    def family(cls) -> str:
+        return cls.__module__.rsplit(".", 1)[-1]
+
+
+class PythonChecker(BaseChecker):
+    """What the two kinds of checker of Python files add: the prefilters, which the engine asks in this
+    order before it parses a file for them."""
+
     #: Substrings of which a file must contain at least one for this checker to run: the cheap prefilter.
-    markers: ClassVar[tuple[str, ...]] = ("cuda",)
+    markers: ClassVar[tuple[str, ...]] = ()
     #: Runs on every file some other checker parses, never on its own (the `import torch_npu` rule).
     follows_others: ClassVar[bool] = False
 
@@ -166,10 +312,15 @@ class Checker(cst.BatchableCSTVisitor):
         the `ast` of files that passed `markers`, before the ten-times-dearer libcst parse."""
         return True
 
+
+class Checker(PythonChecker, cst.BatchableCSTVisitor):
+    """Base class of the libcst visitors in `transforms/`."""
+
+    markers = ("cuda",)
+
     def __init__(self, ctx: FileContext, enabled: frozenset[str]) -> None:
-        super().__init__()
+        super().__init__(enabled)
         self.ctx = ctx
-        self.enabled = enabled
 
     def report(self, rule: Rule, node: cst.CSTNode, message: str, **kwargs) -> None:
         """Report a finding of `rule` (dropped when the rule is not selected)."""
@@ -181,10 +332,6 @@ class Checker(cst.BatchableCSTVisitor):
 
     def finalize(self) -> None:
         """Called after fix decisions, for reports that depend on whether the file changes at all."""
-
-    @classmethod
-    def family(cls) -> str:
-        return cls.__module__.rsplit(".", 1)[-1]
 
 
 class NameUseChecker(Checker):
@@ -217,7 +364,7 @@ class NameUseChecker(Checker):
         self._skip.add(id(node))
 
 
-class TreeChecker:
+class TreeChecker(PythonChecker):
     """A checker that decides on the `ast` tree every file is vetted with, and never needs the whole file
     in libcst: its fixes are libcst fixes of the few statements it changes, which the engine parses
     alone (`npu_migrate.scoped`). For rules that must look at many files and change few (the fused-op
@@ -227,47 +374,23 @@ class TreeChecker:
     rewritten, as a second run would.
     """
 
-    rules: ClassVar[tuple[Rule, ...]]
-    markers: ClassVar[tuple[str, ...]] = ()
-    follows_others: ClassVar[bool] = False
-
-    @classmethod
-    def wants_words(cls, words: frozenset[str]) -> bool:
-        return True
-
-    @classmethod
-    def wants(cls, index: AstIndex) -> bool:
-        return True
-
     def __init__(self, enabled: frozenset[str], api: NpuApi) -> None:
-        self.enabled = enabled
+        super().__init__(enabled)
         self.api = api
 
     def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
         """The findings in `tree` (the file `source`, whose identifiers and strings are `index`)."""
         raise NotImplementedError
 
-    @classmethod
-    def family(cls) -> str:
-        return cls.__module__.rsplit(".", 1)[-1]
 
-
-class TextChecker:
+class TextChecker(BaseChecker):
     """Base class of the checkers for files without a Python syntax tree (see `npu_migrate.textfiles`).
 
     `kinds` names the file kinds it reads (`npu_migrate.kinds`); `check` returns reports, each with an
     optional span edit, for the whole text.
     """
 
-    rules: ClassVar[tuple[Rule, ...]]
     kinds: ClassVar[frozenset[str]]
 
-    def __init__(self, enabled: frozenset[str]) -> None:
-        self.enabled = enabled
-
-    def check(self, text: str, kind: str) -> list:
+    def check(self, text: str, kind: str) -> list[TextReport]:
         raise NotImplementedError
-
-    @classmethod
-    def family(cls) -> str:
-        return cls.__module__.rsplit(".", 1)[-1]

@@ -20,22 +20,22 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from npu_migrate.astindex import AstIndex
-from npu_migrate.findings import Finding, Severity
+from npu_migrate.findings import Finding
 from npu_migrate.fixes import Fix, apply_fixes, node_code, skip_statements_apart
 from npu_migrate.lines import (
     LINE_BREAK,
+    Source,
     StatementIndex,
     Suppressions,
-    add_todo,
+    first_line,
     source_lines,
-    todo_above,
-    todo_comment,
+    todo_edits,
 )
 from npu_migrate.positions import positions_of
+from npu_migrate.rule import TreeChecker, TreeReport  # with `Source`, what tree checkers import from here
 
 if TYPE_CHECKING:
     from npu_migrate.api import NpuApi
-    from npu_migrate.rule import Rule, TreeChecker
 
 _COMPOUND = (
     ast.FunctionDef,
@@ -51,56 +51,6 @@ _COMPOUND = (
     ast.TryStar,
     ast.Match,
 )
-
-
-@dataclass(eq=False)
-class TreeReport:
-    """A finding of a `TreeChecker`: where (an `ast` node), what, and optionally how to fix it."""
-
-    rule: Rule
-    node: ast.AST  # the site; an `ast.Module` reports at line 1
-    message: str
-    severity: Severity | None = None  # the rule's when None
-    fix: Fix | None = None  # applied to the libcst twin of `target`
-    #: What `fix` rewrites when it is not `node`: a def or class (found by name and line), a call (by
-    #: the position of its function), or another statement (by its first line).
-    target: ast.AST | None = None
-    #: Reports whose fixes this one exists for (the helpers their branches call): when a comment
-    #: suppresses all of them, this one goes too.
-    serves: tuple[TreeReport, ...] = ()
-    applied: bool = False
-
-
-class Source:
-    """The text of a file as `ast` sees it: lines split on the newlines the tokenizer knows (never on
-    form feeds or the other separators `str.splitlines` breaks at), columns in characters."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.lines = source_lines(text, keepends=True)
-
-    def char_col(self, lineno: int, byte_col: int) -> int:
-        """`ast` columns count UTF-8 bytes; libcst's and the user's count characters."""
-        line = self.lines[lineno - 1] if lineno <= len(self.lines) else ""
-        return len(line.encode("utf-8")[:byte_col].decode("utf-8", errors="replace"))
-
-    def segment(self, node: ast.stmt) -> str:
-        """The whole lines of a statement, decorators included."""
-        return "".join(self.lines[first_line(node) - 1 : node.end_lineno])
-
-    def starts_line(self, node: ast.stmt) -> bool:
-        """Whether nothing but indentation precedes `node` on its first line (its block is indented)."""
-        return not self.lines[node.lineno - 1][: node.col_offset].strip()
-
-    def position(self, node: ast.AST) -> tuple[int, int]:
-        if not hasattr(node, "lineno"):
-            return 1, 1
-        return node.lineno, self.char_col(node.lineno, node.col_offset) + 1
-
-
-def first_line(node: ast.stmt) -> int:
-    decorators = getattr(node, "decorator_list", ())
-    return min([node.lineno, *(d.lineno for d in decorators)])
 
 
 def statement_index(tree: ast.Module) -> StatementIndex:
@@ -124,7 +74,9 @@ def run(
 ) -> tuple[str, list[Finding]]:
     """Run tree checkers on one file: its migrated text and the findings (positions in `source`)."""
     index = index or AstIndex.of(tree)
-    reports = [report for checker in checkers for report in checker(enabled, api).check(tree, source, index)]
+    reports: list[TreeReport] = [
+        report for checker in checkers for report in checker(enabled, api).check(tree, source, index)
+    ]
     if not reports:
         return source.text, []
     built: list[StatementIndex] = []  # only when comments or --annotate need it
@@ -142,49 +94,22 @@ def run(
         kept = {id(r) for r in reports}
         reports = [r for r in reports if not r.serves or any(id(s) in kept for s in r.serves)]
     for report in reports:
-        report.severity = report.severity or report.rule.severity
         report.applied = report.fix is not None
     edits: list[tuple[ast.AST, Fix]] = [(r.target or r.node, r.fix) for r in reports if r.applied]
     if annotate:
-        edits += _todos(reports, source, statements())
+        open_findings = ((r.rule.id, r.message, source.position(r.node)[0]) for r in reports if r.actionable)
+        edits += todo_edits(open_findings, source_lines(source.text), statements(), first_line)
     new_text, twins = _splice(source, tree, edits)
+    changed = new_text != source.text
     findings = []
     for report in reports:
-        line, col = source.position(report.node)
         original, replacement = twins.get(id(report.fix), ("", "")) if report.applied else ("", "")
         if report.applied and id(report.fix) not in twins:
             report.message += " (not rewritten: libcst could not parse or locate this code)"
             report.applied = False
-        findings.append(
-            Finding(
-                rule_id=report.rule.id,
-                path=display,
-                line=line,
-                col=col,
-                message=report.message,
-                severity=report.severity,
-                fixed=report.applied and new_text != source.text,
-                original=original,
-                replacement=replacement,
-            )
-        )
+        line, col = source.position(report.node)
+        findings.append(report.finding(display, line, col, changed=changed, original=original, replacement=replacement))
     return new_text, findings
-
-
-def _todos(reports: list[TreeReport], source: Source, statements: StatementIndex) -> list[tuple[ast.AST, Fix]]:
-    """`--annotate`: a TODO comment above the statement of each finding a human must act on."""
-    lines = [line.rstrip("\r\n") for line in source.lines]
-    edits = []
-    for report in reports:
-        if report.applied or report.severity is Severity.INFO:
-            continue
-        statement = statements.innermost(source.position(report.node)[0])
-        if statement is None:
-            continue
-        comment = todo_comment(report.rule.id, report.message)
-        if not todo_above(lines, first_line(statement), comment.split(")")[0]):
-            edits.append((statement, add_todo(statement, comment)))
-    return edits
 
 
 # -- splicing -----------------------------------------------------------------------------------------

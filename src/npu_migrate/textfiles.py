@@ -1,8 +1,9 @@
 """Migrating files that are not Python: launch scripts, Dockerfiles, .env and YAML files, CUDA sources.
 
 They have no syntax tree here, so their checkers (`rule.TextChecker`) look at one line at a time, outside
-comments and as whole tokens, and propose edits as character spans. The engine applies the spans,
-honours `# npu-migrate: ignore` on a line, and reports findings exactly as for Python files.
+comments and as whole tokens, and propose edits as character spans (`rule.TextReport`). The engine applies
+the spans, honours `# npu-migrate: ignore` on a line, and reports findings exactly as for Python files.
+Lines are counted as in Python files (`lines.source_lines`): a form feed is inside a line.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from npu_migrate.findings import Finding, Severity
-from npu_migrate.lines import SUPPRESSION
-from npu_migrate.rule import Rule
+from npu_migrate.findings import Finding
+from npu_migrate.lines import Suppressions, source_lines
+from npu_migrate.rule import TextReport  # what text checkers import from here, with the line helpers
 
 
 @dataclass(frozen=True)
@@ -25,17 +26,6 @@ class Line:
     @property
     def code(self) -> str:
         return self.text[: self.code_end]
-
-
-@dataclass
-class TextReport:
-    rule: Rule
-    line: int
-    col: int  # 1-based
-    message: str
-    severity: Severity
-    span: tuple[int, int] | None = None  # file offsets to replace
-    replacement: str = ""
 
 
 def comment_start(text: str) -> int:
@@ -57,7 +47,7 @@ def comment_start(text: str) -> int:
 
 def split_lines(text: str, comments: bool = True) -> list[Line]:
     lines, offset = [], 0
-    for number, raw in enumerate(text.splitlines(keepends=True), start=1):
+    for number, raw in enumerate(source_lines(text, keepends=True), start=1):
         body = raw.rstrip("\r\n")
         lines.append(Line(number, offset, body, comment_start(body) if comments else len(body)))
         offset += len(raw)
@@ -94,51 +84,26 @@ def is_prose(code: str, start: int, end: int) -> bool:
 
 def apply_reports(text: str, reports: list[TextReport], display: str) -> tuple[str, list[Finding]]:
     """Apply the edits of `reports` (overlapping ones after the first are dropped) and return findings."""
-    suppressed = _suppressed_lines(text)
-    kept = [r for r in reports if not _covers(suppressed, r)]
+    suppressions = Suppressions.scan(text)
+    kept = [r for r in reports if not suppressions.covers(r.line, r.rule.id)]
     kept.sort(key=lambda r: (r.line, r.col, r.rule.id))
-    out, cursor, findings = [], 0, []
+    out, cursor = [], 0
     for report in kept:
-        fixed = False
-        original = replacement = ""
-        if report.span is not None and report.span[0] >= cursor:
-            start, end = report.span
-            out.append(text[cursor:start])
-            out.append(report.replacement)
-            cursor, fixed = end, True
-            original, replacement = text[start:end], report.replacement
+        edit = report.fix
+        if edit is not None and edit.start >= cursor:
+            out.append(text[cursor : edit.start])
+            out.append(edit.replacement)
+            cursor, report.applied = edit.end, True
+    out.append(text[cursor:])
+    new_text = "".join(out)
+    changed = new_text != text
+    findings = []
+    for report in kept:
+        edit = report.fix if report.applied else None
+        original, replacement = (text[edit.start : edit.end], edit.replacement) if edit else ("", "")
         findings.append(
-            Finding(
-                report.rule.id,
-                display,
-                report.line,
-                report.col,
-                report.message,
-                report.severity,
-                fixed=fixed,
-                original=original,
-                replacement=replacement,
+            report.finding(
+                display, report.line, report.col, changed=changed, original=original, replacement=replacement
             )
         )
-    out.append(text[cursor:])
-    return "".join(out), findings
-
-
-def _suppressed_lines(text: str) -> dict[int, frozenset[str] | None]:
-    found = {}
-    if "npu-migrate:" not in text and "noqa" not in text:
-        return found
-    for number, line in enumerate(text.splitlines(), start=1):
-        match = SUPPRESSION.search(line)
-        if match:
-            raw = match.group("codes") if match.group("noqa") is None else match.group("noqa")
-            codes = frozenset(c.strip().upper() for c in raw.split(",") if c.strip()) if raw else None
-            found[number] = codes or None
-    return found
-
-
-def _covers(suppressed, report: TextReport) -> bool:
-    if report.line not in suppressed:
-        return False
-    codes = suppressed[report.line]
-    return codes is None or any(report.rule.id.startswith(c) for c in codes)
+    return new_text, findings
