@@ -18,12 +18,19 @@ from npu_migrate.lines import Suppressions, suppression_comments
 from npu_migrate.pipeline import FileResult, Mode, Plan, Status, migrate_source, migrate_text
 from npu_migrate.registry import all_checkers, select_rules
 from npu_migrate.report import Summary, write_json
-from npu_migrate.rule import Checker, Rule, TextReport, TreeChecker, TreeReport
+from npu_migrate.rule import Checker, Example, FixSafety, Rule, TextReport, TreeChecker, TreeReport
 from npu_migrate.source import decode_source
 from npu_migrate.textfiles import apply_reports
 
-WARN_ON_DEFS = Rule(id="NPU799", name="test-warning", summary="test", doc="test", severity=Severity.WARNING)
-NOTE_ON_CALLS = Rule(id="NPU798", name="test-note", summary="test", doc="test")
+def _test_rule(id: str, name: str, **kwargs) -> Rule:
+    return Rule(
+        id=id, name=name, family="test", summary="test", what="test", why="test",
+        example=Example("def f(): pass"), fix_safety=FixSafety.SAFE, **kwargs,
+    )
+
+
+WARN_ON_DEFS = _test_rule("NPU799", "test-warning", severity=Severity.WARNING)
+NOTE_ON_CALLS = _test_rule("NPU798", "test-note")
 
 
 class _WarnOnDefs(TreeChecker):
