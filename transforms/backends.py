@@ -22,7 +22,7 @@ from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, dotted_node
 from npu_migrate.rule import NameUseChecker, Rule
-from npu_migrate.transforms.literals import with_tail
+from npu_migrate.transforms.common.qualnames import with_tail
 
 TF32_TO_HF32 = Rule(
     id="NPU501",

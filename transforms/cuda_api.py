@@ -16,7 +16,7 @@ from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
 from npu_migrate.rule import Checker, Rule
-from npu_migrate.transforms.literals import is_under, with_tail
+from npu_migrate.transforms.common.qualnames import is_under, with_tail
 
 SAME_NAME = Rule(
     id="NPU201",
