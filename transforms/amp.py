@@ -227,7 +227,7 @@ class AmpChecker(NameUseChecker):
     def visit_Name(self, node: cst.Name) -> None:
         if id(node) in self._skip:
             return
-        binding = self.ctx.imports.bindings.get(node.value)
+        binding = self.ctx.imports.binding(node.value)
         if binding is not None and is_under(binding.qualname, PREFIX):
             self._uses.append(Use(node, binding.qualname, binding, self._parents.get(id(node))))
 

@@ -377,7 +377,7 @@ class BackendsChecker(NameUseChecker):
     def visit_Name(self, node: cst.Name) -> None:
         if id(node) in self._skip:
             return
-        binding = self.ctx.imports.bindings.get(node.value)
+        binding = self.ctx.imports.binding(node.value)
         if binding is None:
             return
         found = _lookup(binding.qualname)

@@ -167,7 +167,7 @@ class CudaApiChecker(Checker):
 
     def visit_Name(self, node: cst.Name) -> None:
         # A name imported from torch.cuda used on its own (`sync()` after `from torch.cuda import synchronize as sync`).
-        binding = self.ctx.imports.bindings.get(node.value)
+        binding = self.ctx.imports.binding(node.value)
         if binding is None or not is_under(binding.qualname, "torch.cuda") or self.ctx.claimed(node):
             return
         self._use(node, binding.qualname, binding)
