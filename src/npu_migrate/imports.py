@@ -77,7 +77,11 @@ class ImportTable:
 
     def binding(self, name: str) -> Binding | None:
         """The trusted import that binds the name spelled `name`, if any."""
-        return self.bindings.get(identifier(name))
+        # Keys are normalized; a name spelled in ASCII (nearly every one) is already, and costs no call.
+        found = self.bindings.get(name)
+        if found is None and not name.isascii():
+            found = self.bindings.get(identifier(name))
+        return found
 
     def resolve(self, expr: cst.BaseExpression) -> tuple[str | None, Binding | None]:
         """Qualified name of a Name/Attribute chain and the import binding at its root, if resolvable."""
@@ -87,7 +91,8 @@ class ImportTable:
         if isinstance(expr, cst.Attribute):
             base, binding = self.resolve(expr.value)
             if base is not None:
-                return f"{base}.{identifier(expr.attr.value)}", binding
+                attr = expr.attr.value
+                return f"{base}.{attr if attr.isascii() else identifier(attr)}", binding
         return None, None
 
     def shadowed_root(self, expr: cst.BaseExpression) -> str | None:
