@@ -12,13 +12,15 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from npu_migrate.api import load_table
 from npu_migrate.astindex import name_sets, words_may_name
+from npu_migrate.context import FileContext
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, rebind_import
 from npu_migrate.rule import Example, FixSafety, NameUseChecker, Rule
-from npu_migrate.transforms.device import device_literal, has_device_literal, rewrite_device_literal
-from npu_migrate.transforms.distributed import argument
-from npu_migrate.transforms.literals import is_under, load_table, torch_version, with_tail
+from npu_migrate.transforms.common.arguments import argument
+from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
+from npu_migrate.transforms.common.qualnames import is_under, with_tail
 
 CUDA_AMP = Rule(
     id="NPU401",
@@ -167,6 +169,12 @@ _NAMES = name_sets([PREFIX, *_RENAMED])
 _DEVICE_CALLS = name_sets(_DEVICE_TYPE_ARGS)
 
 
+def _torch_version(ctx: FileContext) -> tuple[int, int]:
+    """The torch release the chosen torch_npu version is built for (torch_npu 2.5.1.post1 -> torch 2.5)."""
+    major, minor = ctx.api.version.split(".")[:2]
+    return int(major), int(minor)
+
+
 def _npu_string() -> cst.SimpleString:
     return cst.SimpleString('"npu"')
 
@@ -246,7 +254,7 @@ class AmpChecker(NameUseChecker):
         super().__init__(ctx, enabled)
         self._parents: dict[int, cst.Call | cst.Decorator] = {}
         self._uses: list[Use] = []
-        self._new_torch = torch_version(ctx)
+        self._new_torch = _torch_version(ctx)
 
     # -- the walk -----------------------------------------------------------------------------------
 
@@ -280,7 +288,7 @@ class AmpChecker(NameUseChecker):
     def visit_Name(self, node: cst.Name) -> None:
         if id(node) in self._skip:
             return
-        binding = self.ctx.imports.bindings.get(node.value)
+        binding = self.ctx.imports.binding(node.value)
         if binding is not None and is_under(binding.qualname, PREFIX):
             self._uses.append(Use(node, binding.qualname, binding, self._parents.get(id(node))))
 

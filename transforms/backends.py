@@ -22,7 +22,7 @@ from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, dotted_node
 from npu_migrate.rule import Example, FixSafety, NameUseChecker, Rule
-from npu_migrate.transforms.literals import with_tail
+from npu_migrate.transforms.common.qualnames import with_tail
 
 TF32_TO_HF32 = Rule(
     id="NPU501",
@@ -435,7 +435,7 @@ class BackendsChecker(NameUseChecker):
     def visit_Name(self, node: cst.Name) -> None:
         if id(node) in self._skip:
             return
-        binding = self.ctx.imports.bindings.get(node.value)
+        binding = self.ctx.imports.binding(node.value)
         if binding is None:
             return
         found = _lookup(binding.qualname)

@@ -16,7 +16,7 @@ from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
 from npu_migrate.rule import Checker, Example, FixSafety, Rule
-from npu_migrate.transforms.literals import is_under, with_tail
+from npu_migrate.transforms.common.qualnames import is_under, with_tail
 
 SAME_NAME = Rule(
     id="NPU201",
@@ -227,7 +227,7 @@ class CudaApiChecker(Checker):
 
     def visit_Name(self, node: cst.Name) -> None:
         # A name imported from torch.cuda used on its own (`sync()` after `from torch.cuda import synchronize as sync`).
-        binding = self.ctx.imports.bindings.get(node.value)
+        binding = self.ctx.imports.binding(node.value)
         if binding is None or not is_under(binding.qualname, "torch.cuda") or self.ctx.claimed(node):
             return
         self._use(node, binding.qualname, binding)

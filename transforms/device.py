@@ -6,13 +6,13 @@ CUDA (docstrings, comments, log messages, argparse help, dictionary keys) is nev
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from npu_migrate.findings import Severity
 from npu_migrate.rule import Checker, Example, FixSafety, Rule
-from npu_migrate.transforms.literals import string_value
+from npu_migrate.transforms.common.comparisons import LiteralComparisons
+from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
+from npu_migrate.transforms.common.strings import string_value
 
 CUDA_METHOD = Rule(
     id="NPU101",
@@ -181,62 +181,8 @@ DEVICE_COMPARISON = Rule(
     fix_safety=FixSafety.SAFE,
 )
 
-DEVICE_LITERAL = re.compile(r"cuda(:\d+)?")
-DEVICE_TEMPLATE = re.compile(r"cuda:(\{\d*\}|%[dis])")
 DEVICE_KEYWORDS = frozenset({"device", "map_location", "pin_memory_device", "output_device"})
 OTHER_DEVICES = frozenset({"cpu", "mps", "meta", "xpu"})
-
-
-def _swap_quoted(node: cst.SimpleString) -> cst.SimpleString:
-    prefix_len = len(node.prefix) + len(node.quote)
-    body = node.value[prefix_len:]
-    return node.with_changes(value=node.value[:prefix_len] + body.replace("cuda", "npu", 1))
-
-
-def device_literal(node: cst.CSTNode) -> cst.CSTNode | None:
-    """The string node to rewrite if `node` is a CUDA device spelled as a literal, else None.
-
-    Accepts "cuda", "cuda:0", f"cuda:{i}", "cuda:{}".format(i) and "cuda:%d" % i.
-    """
-    value = string_value(node)
-    if value is not None:
-        return node if DEVICE_LITERAL.fullmatch(value) else None
-    if isinstance(node, cst.FormattedString):
-        parts = node.parts
-        if (
-            len(parts) >= 2
-            and isinstance(parts[0], cst.FormattedStringText)
-            and parts[0].value == "cuda:"
-            and all(isinstance(p, cst.FormattedStringExpression) for p in parts[1:])
-        ):
-            return node
-        return None
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
-        template = string_value(node.func.value)
-        return node.func.value if template is not None and DEVICE_TEMPLATE.fullmatch(template) else None
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
-        template = string_value(node.left)
-        return node.left if template is not None and DEVICE_TEMPLATE.fullmatch(template) else None
-    return None
-
-
-def has_device_literal(index) -> bool:
-    """Whether some string of the file (an `AstIndex`) can be what `device_literal` matches: "cuda",
-    "cuda:N", a "cuda:{}" / "cuda:%d" template, or "cuda:", which an f"cuda:{i}" begins with."""
-    return any(
-        value.startswith("cuda")
-        and (value == "cuda:" or DEVICE_LITERAL.fullmatch(value) or DEVICE_TEMPLATE.fullmatch(value))
-        for value in index.strings
-    )
-
-
-def rewrite_device_literal(node: cst.CSTNode) -> cst.CSTNode:
-    """The fix for a node returned by `device_literal`."""
-    if isinstance(node, cst.SimpleString):
-        return _swap_quoted(node)
-    assert isinstance(node, cst.FormattedString)
-    first = node.parts[0]
-    return node.with_changes(parts=[first.with_changes(value="npu:"), *node.parts[1:]])
 
 
 def _mentions_device(name: str) -> bool:
@@ -405,38 +351,22 @@ class DeviceChecker(Checker):
     # -- comparisons -----------------------------------------------------------------------------------
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
-        operands = [node.left, *(t.comparator for t in node.comparisons)]
-        for index, target in enumerate(node.comparisons):
-            if not isinstance(target.operator, (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)):
-                continue
-            left, right = operands[index], operands[index + 1]
-            for literal_side, other in ((left, right), (right, left)):
-                literals = self._literals(literal_side)
-                if not literals:
-                    continue
-                other_code = self.ctx.code(other)
-                if _mentions_device(other_code) or other_code.endswith(".type"):
-                    for literal in literals:
-                        self.report(
-                            DEVICE_COMPARISON,
-                            literal,
-                            "comparison with the device type now tests for the NPU",
-                            fix=rewrite_device_literal,
-                        )
-                else:
-                    for literal in literals:
-                        self.report(
-                            DEVICE_COMPARISON,
-                            literal,
-                            f"comparison of `{other_code}` with a CUDA device string: if it is a device, "
-                            'compare with "npu" instead',
-                            severity=Severity.WARNING,
-                        )
+        _COMPARISONS.check(self, node)
 
-    @staticmethod
-    def _literals(node: cst.BaseExpression) -> list[cst.CSTNode]:
-        if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
-            found = [device_literal(e.value) for e in node.elements]
-            return [f for f in found if f is not None]
-        found = device_literal(node)
-        return [found] if found is not None else []
+
+def _device_literals(node: cst.BaseExpression) -> list[cst.CSTNode]:
+    if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        found = [device_literal(e.value) for e in node.elements]
+        return [f for f in found if f is not None]
+    found = device_literal(node)
+    return [found] if found is not None else []
+
+
+_COMPARISONS = LiteralComparisons(
+    DEVICE_COMPARISON,
+    literals=_device_literals,
+    visibly=lambda code: _mentions_device(code) or code.endswith(".type"),
+    fix=rewrite_device_literal,
+    rewritten="comparison with the device type now tests for the NPU",
+    unsure='comparison of `{other}` with a CUDA device string: if it is a device, compare with "npu" instead',
+)

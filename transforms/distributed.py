@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import libcst as cst
 
+from npu_migrate.api import load_table
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.findings import Severity
 from npu_migrate.imports import dotted_node
 from npu_migrate.rule import Checker, Example, FixSafety, Rule
-from npu_migrate.transforms.device import device_literal, has_device_literal, rewrite_device_literal
-from npu_migrate.transforms.literals import load_table, replaceable, string_value, torch_npu_root, with_value
+from npu_migrate.transforms.common.arguments import argument, keyword
+from npu_migrate.transforms.common.comparisons import LiteralComparisons
+from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
+from npu_migrate.transforms.common.qualnames import torch_npu_root
+from npu_migrate.transforms.common.strings import replaceable, string_value, with_value
 
 BACKEND = Rule(
     id="NPU301",
@@ -296,25 +300,6 @@ def _mentions_backend(name: str) -> bool:
     return "backend" in name.lower()
 
 
-def keyword(call: cst.Call, name: str) -> cst.Arg | None:
-    return next((arg for arg in call.args if arg.keyword is not None and arg.keyword.value == name), None)
-
-
-def argument(call: cst.Call, position: int, name: str) -> cst.Arg | None:
-    """The argument of `call` bound to parameter `name`, which sits at `position` when positional."""
-    found = keyword(call, name)
-    if found is not None:
-        return found
-    positional = []
-    for arg in call.args:
-        if arg.keyword is not None or arg.star == "**":
-            break
-        if arg.star == "*":  # where the later arguments land is unknown
-            return None
-        positional.append(arg)
-    return positional[position] if position < len(positional) else None
-
-
 def _option_dest(call: cst.Call) -> str | None:
     """The attribute an argparse option stores into, if the call is `add_argument` of a "--..." flag."""
     for arg in call.args:
@@ -548,34 +533,7 @@ class DistributedChecker(Checker):
         self.report(NCCL_API, node, f"`{qualname}` -> `{target}`", fix=lambda updated: new)
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
-        operands = [node.left, *(t.comparator for t in node.comparisons)]
-        for index, target in enumerate(node.comparisons):
-            if not isinstance(target.operator, (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)):
-                continue
-            left, right = operands[index], operands[index + 1]
-            for literal_side, other in ((left, right), (right, left)):
-                literals = self._nccl_literals(literal_side)
-                other_code = self.ctx.code(other)
-                for literal in literals:
-                    if _mentions_backend(other_code):
-                        self.report(
-                            BACKEND_COMPARISON, literal, "comparison with the backend now tests for HCCL", fix=_to_hccl
-                        )
-                    else:
-                        self.report(
-                            BACKEND_COMPARISON,
-                            literal,
-                            f'comparison of `{other_code}` with "nccl": if it is a process-group backend, compare '
-                            'with "hccl" instead',
-                            severity=Severity.WARNING,
-                        )
-
-    @staticmethod
-    def _nccl_literals(node: cst.BaseExpression) -> list[cst.SimpleString]:
-        elements = [e.value for e in node.elements] if isinstance(node, (cst.Tuple, cst.List, cst.Set)) else [node]
-        if any(string_value(e) == "hccl" for e in elements):
-            return []
-        return [e for e in elements if replaceable(e) == "nccl"]
+        _COMPARISONS.check(self, node)
 
     # -- after the walk -----------------------------------------------------------------------------
 
@@ -635,3 +593,20 @@ class DistributedChecker(Checker):
             default = keyword(node, "default")
             return default is not None and self._known(default.value)
         return self._is_none(node) or string_value(node) is not None
+
+
+def _nccl_literals(node: cst.BaseExpression) -> list[cst.CSTNode]:
+    elements = [e.value for e in node.elements] if isinstance(node, (cst.Tuple, cst.List, cst.Set)) else [node]
+    if any(string_value(e) == "hccl" for e in elements):  # `backend in ("nccl", "hccl")` must not name hccl twice
+        return []
+    return [e for e in elements if replaceable(e) == "nccl"]
+
+
+_COMPARISONS = LiteralComparisons(
+    BACKEND_COMPARISON,
+    literals=_nccl_literals,
+    visibly=_mentions_backend,
+    fix=_to_hccl,
+    rewritten="comparison with the backend now tests for HCCL",
+    unsure='comparison of `{other}` with "nccl": if it is a process-group backend, compare with "hccl" instead',
+)

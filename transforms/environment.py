@@ -9,13 +9,12 @@ that only mentions a variable (a log message, `"MY_CUDA_VISIBLE_DEVICES_NOTE"`) 
 
 from __future__ import annotations
 
-import re
-
 import libcst as cst
 
 from npu_migrate.findings import Severity
 from npu_migrate.rule import Checker, Example, FixSafety, Rule
-from npu_migrate.transforms.literals import load_table, replaceable, string_value, with_value
+from npu_migrate.transforms.common.env_vars import Need, known_variable, verdict, visible_devices_problem
+from npu_migrate.transforms.common.strings import replaceable, string_value, with_value
 
 RENAMED = Rule(
     id="NPU601",
@@ -136,62 +135,12 @@ VISIBLE_DEVICES_ORDER = Rule(
     severity=Severity.ERROR,
 )
 
-_TABLE = load_table("env_vars.toml")
-_RENAME: dict[str, str] = _TABLE["rename"]
-_CONVERT: dict[str, str] = _TABLE["convert"]
-_NO_EQUIVALENT: dict[str, str] = _TABLE["no_equivalent"]
-_PREFIXES: dict[str, str] = _TABLE["prefixes"]
-_CHECKS: dict[str, str] = _TABLE["checks"]
-_ASCENDING_IDS = re.compile(r"\d+(,\d+)*")
+#: The rule that reports each need of the table, in Python code and launch scripts alike.
+RULE_FOR_NEED = {Need.CONVERSION: NEEDS_CONVERSION, Need.NO_EQUIVALENT: NO_EQUIVALENT}
 
 #: Mapping methods whose first argument names a variable (`setdefault`'s second one is its value).
 _KEY_METHODS = frozenset({"get", "pop", "setdefault"})
-
-
-def verdict(name: str) -> tuple[str | None, Rule | None, str]:
-    """What variable `name` needs on Ascend, for every file kind: (new name, rule to report, advice).
-
-    A plain rename gives (new, None, ""); a value to convert or a variable without counterpart gives
-    (None, rule, advice); a name npu-migrate has nothing to say about gives (None, None, "").
-    """
-    if name in _RENAME:
-        return _RENAME[name], None, ""
-    if name in _CONVERT:
-        return None, NEEDS_CONVERSION, _CONVERT[name]
-    if name in _NO_EQUIVALENT:
-        return None, NO_EQUIVALENT, _NO_EQUIVALENT[name]
-    prefix = next((p for p in sorted(_PREFIXES, key=len, reverse=True) if name.startswith(p)), None)
-    if prefix is not None:
-        return None, NO_EQUIVALENT, _PREFIXES[prefix]
-    return None, None, ""
-
-
-_VARIABLES = frozenset({*_RENAME, *_CONVERT, *_NO_EQUIVALENT, *_CHECKS})
 _SITE_WORDS = frozenset({"environ", "getenv", "putenv", "unsetenv", "env"})
-_VARIABLE_PREFIXES = tuple(_PREFIXES)
-
-
-def _known_variable(name: str) -> bool:
-    """Whether `verdict` or `visible_devices_problem` can have something to say about variable `name`."""
-    return name in _VARIABLES or name.startswith(_VARIABLE_PREFIXES)
-
-
-def visible_devices_problem(name: str, value: str) -> str | None:
-    """Why `value` for variable `name` (after renaming) would select other devices on Ascend, if it would."""
-    if _CHECKS.get(_RENAME.get(name, name)) == "ascending-ids" and not _ascending_ids(value):
-        return (
-            f"{_RENAME.get(name, name)} needs comma-separated device ids in ascending order without spaces, and "
-            f"stops reading at the first one that breaks this: {value!r} would select other devices than on "
-            "CUDA. Sort the ids (and remap code that relies on their order)"
-        )
-    return None
-
-
-def _ascending_ids(value: str) -> bool:
-    if not _ASCENDING_IDS.fullmatch(value):
-        return False
-    ids = [int(part) for part in value.split(",")]
-    return ids == sorted(set(ids))
 
 
 class EnvironmentChecker(Checker):
@@ -203,7 +152,7 @@ class EnvironmentChecker(Checker):
     def wants(cls, index) -> bool:
         # A variable the tables know, as a string (`os.environ["X"]`) or as a keyword
         # (`os.environ.update(X=...)`); ASCEND_RT_VISIBLE_DEVICES too, whose value is checked.
-        return any(map(_known_variable, index.strings)) or any(map(_known_variable, index.names))
+        return any(map(known_variable, index.strings)) or any(map(known_variable, index.names))
 
     @classmethod
     def wants_words(cls, words) -> bool:
@@ -361,11 +310,11 @@ class EnvironmentChecker(Checker):
         if problem is not None:
             self.report(VISIBLE_DEVICES_ORDER, value, problem)
             return None
-        new, rule, advice = verdict(name)
+        new, need, advice = verdict(name)
         if new is not None:
             return None if new in present else new
-        if rule is not None:
-            self.report(rule, node, f"`{name}`: {advice}")
+        if need is not None:
+            self.report(RULE_FOR_NEED[need], node, f"`{name}`: {advice}")
         return None
 
     def finish(self) -> None:

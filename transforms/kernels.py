@@ -15,7 +15,7 @@ from npu_migrate import kinds
 from npu_migrate.findings import Severity
 from npu_migrate.rule import Checker, Example, FixSafety, Rule, TextChecker
 from npu_migrate.textfiles import TextReport
-from npu_migrate.transforms.literals import string_value
+from npu_migrate.transforms.common.strings import string_value
 
 CUDA_KERNEL = Rule(
     id="NPU801",

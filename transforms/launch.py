@@ -14,10 +14,12 @@ from npu_migrate import kinds
 from npu_migrate.findings import Severity
 from npu_migrate.rule import Example, FixSafety, Rule, TextChecker
 from npu_migrate.textfiles import TextReport, is_prose, split_lines, token
+from npu_migrate.transforms.common.env_vars import NAMED, PREFIXES, verdict, visible_devices_problem
+
+# The rules of other families whose ids findings in launch scripts carry (declarations, not helpers).
 from npu_migrate.transforms.device import DEVICE_STRING
 from npu_migrate.transforms.distributed import BACKEND
-from npu_migrate.transforms.environment import RENAMED, VISIBLE_DEVICES_ORDER, verdict, visible_devices_problem
-from npu_migrate.transforms.literals import load_table
+from npu_migrate.transforms.environment import RENAMED, RULE_FOR_NEED, VISIBLE_DEVICES_ORDER
 
 NVIDIA_SMI = Rule(
     id="NPU605",
@@ -52,12 +54,12 @@ NVIDIA_SMI = Rule(
     severity=Severity.WARNING,
 )
 
-_TABLE = load_table("env_vars.toml")
-_KNOWN = sorted({*_TABLE["rename"], *_TABLE["convert"], *_TABLE["no_equivalent"]}, key=len, reverse=True)
 _NAMES = re.compile(
     r"(?<![A-Za-z0-9_])(?:"
-    + "|".join(re.escape(n) for n in _KNOWN)
-    + "|(?:TORCH_NCCL_|NCCL_|TORCH_CUDNN_|CUDNN_)[A-Z0-9_]+"
+    + "|".join(re.escape(n) for n in sorted(NAMED, key=len, reverse=True))
+    + "|(?:"
+    + "|".join(re.escape(p) for p in PREFIXES)
+    + ")[A-Z0-9_]+"
     + r")(?![A-Za-z0-9_])"
 )
 # The value right after a variable: `NAME=v`, `NAME: v`, Dockerfile `ENV NAME v`; quotes optional.
@@ -106,13 +108,14 @@ class LaunchChecker(TextChecker):
             problem = visible_devices_problem(name, value.group(1))
             if problem is not None:
                 return [TextReport(VISIBLE_DEVICES_ORDER, line.number, col, problem, VISIBLE_DEVICES_ORDER.severity)]
-        new, rule, advice = verdict(name)
+        new, need, advice = verdict(name)
         if new is not None:
             span = (line.start + match.start(), line.start + match.end())
             return [
                 TextReport(RENAMED, line.number, col, f"`{name}` is `{new}` on Ascend", RENAMED.severity, span, new)
             ]
-        if rule is not None:
+        if need is not None:
+            rule = RULE_FOR_NEED[need]
             return [TextReport(rule, line.number, col, f"`{name}`: {advice}", rule.severity)]
         return []
 

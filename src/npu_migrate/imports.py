@@ -3,15 +3,26 @@
 libcst's QualifiedNameProvider costs about six parses per file; the rules only need to know what the
 imported names of a file refer to. `ImportTable` walks the statements once (never expressions), records
 every import binding (`import torch as th`, `from torch import cuda`, `from torch.cuda import
-synchronize as sync`) and every other way the file binds a name (assignments, parameters, loops, defs).
-A name that is both imported and rebound is not trusted: the rules leave code through it alone.
+synchronize as sync`) and every other way the file binds a name (assignments, parameters, loops, defs,
+`with ... as`, `except ... as`, match captures). A name that is both imported and rebound is not
+trusted: the rules leave code through it alone. `npu_migrate.names.Names` does the same on the `ast`
+and agrees with this table on every file (tests/test_name_resolvers.py).
 """
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 
 import libcst as cst
+
+from npu_migrate.names import split_trusted
+
+
+def identifier(name: str) -> str:
+    """`name` as Python reads it: identifiers are NFKC-normalized (PEP 3131), so `ｔorch` is `torch`, and
+    the `ast`, which `Names` reads, holds them so."""
+    return name if name.isascii() else unicodedata.normalize("NFKC", name)
 
 
 def dotted_name(node: cst.BaseExpression) -> str | None:
@@ -37,7 +48,7 @@ class Binding:
 
     local: str
     qualname: str
-    line: cst.SimpleStatementLine
+    line: cst.SimpleStatementLine | cst.SimpleStatementSuite  # the suite of a one-line block (`if x: import y`)
     stmt: cst.Import | cst.ImportFrom
     index: int  # position of the alias in the statement
 
@@ -61,32 +72,36 @@ class ImportTable:
         rebound: set[str] = set()
         imported: dict[str, list[Binding]] = {}
         _walk(module.body, table, rebound, imported, top=True)
-        for local, found in imported.items():
-            targets = {b.qualname for b in found}
-            if local in rebound or len(targets) > 1:
-                table.shadowed[local] = sorted(targets)[0]
-            else:
-                table.bindings[local] = found[0]
+        table.bindings, table.shadowed = split_trusted(imported, rebound, lambda binding: binding.qualname)
         return table
+
+    def binding(self, name: str) -> Binding | None:
+        """The trusted import that binds the name spelled `name`, if any."""
+        # Keys are normalized; a name spelled in ASCII (nearly every one) is already, and costs no call.
+        found = self.bindings.get(name)
+        if found is None and not name.isascii():
+            found = self.bindings.get(identifier(name))
+        return found
 
     def resolve(self, expr: cst.BaseExpression) -> tuple[str | None, Binding | None]:
         """Qualified name of a Name/Attribute chain and the import binding at its root, if resolvable."""
         if isinstance(expr, cst.Name):
-            binding = self.bindings.get(expr.value)
+            binding = self.binding(expr.value)
             return (binding.qualname, binding) if binding else (None, None)
         if isinstance(expr, cst.Attribute):
             base, binding = self.resolve(expr.value)
             if base is not None:
-                return f"{base}.{expr.attr.value}", binding
+                attr = expr.attr.value
+                return f"{base}.{attr if attr.isascii() else identifier(attr)}", binding
         return None, None
 
     def shadowed_root(self, expr: cst.BaseExpression) -> str | None:
         """The qualified name an expression would have if its untrusted root name were the import."""
         if isinstance(expr, cst.Name):
-            return self.shadowed.get(expr.value)
+            return self.shadowed.get(identifier(expr.value))
         if isinstance(expr, cst.Attribute):
             base = self.shadowed_root(expr.value)
-            return None if base is None else f"{base}.{expr.attr.value}"
+            return None if base is None else f"{base}.{identifier(expr.attr.value)}"
         return None
 
     @property
@@ -100,7 +115,7 @@ class ImportTable:
 
 def _bind_names(target: cst.BaseExpression, rebound: set[str]) -> None:
     if isinstance(target, cst.Name):
-        rebound.add(target.value)
+        rebound.add(identifier(target.value))
     elif isinstance(target, (cst.Tuple, cst.List)):
         for element in target.elements:
             _bind_names(element.value, rebound)
@@ -111,35 +126,41 @@ def _bind_names(target: cst.BaseExpression, rebound: set[str]) -> None:
 def _record_import(stmt, line, table, imported) -> None:
     if isinstance(stmt, cst.Import):
         for index, alias in enumerate(stmt.names):
-            full = dotted_name(alias.name)
+            full = _dotted_identifier(alias.name)
             if full is None:
                 continue
             table.modules.add(full)
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-                local, qualname = alias.asname.name.value, full
+                local, qualname = identifier(alias.asname.name.value), full
             else:
                 local = qualname = full.split(".")[0]
             imported.setdefault(local, []).append(Binding(local, qualname, line, stmt, index))
     elif isinstance(stmt, cst.ImportFrom):
         if stmt.relative or stmt.module is None:
             return
-        module = dotted_name(stmt.module)
+        module = _dotted_identifier(stmt.module)
         if module is None:
             return
         table.modules.add(module)
         if isinstance(stmt.names, cst.ImportStar):
             return
         for index, alias in enumerate(stmt.names):
-            name = dotted_name(alias.name)
+            name = _dotted_identifier(alias.name)
             if name is None:
                 continue
-            local = alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name) else name
+            asname = alias.asname.name if alias.asname else None
+            local = identifier(asname.value) if isinstance(asname, cst.Name) else name
             imported.setdefault(local, []).append(Binding(local, f"{module}.{name}", line, stmt, index))
+
+
+def _dotted_identifier(node: cst.BaseExpression) -> str | None:
+    name = dotted_name(node)
+    return None if name is None else identifier(name)
 
 
 def _walk(body, table: ImportTable, rebound: set[str], imported, *, top: bool) -> None:
     for position, stmt in enumerate(body):
-        if isinstance(stmt, cst.SimpleStatementLine):
+        if isinstance(stmt, (cst.SimpleStatementLine, cst.SimpleStatementSuite)):
             for small in stmt.body:
                 if isinstance(small, (cst.Import, cst.ImportFrom)):
                     _record_import(small, stmt, table, imported)
@@ -152,46 +173,65 @@ def _walk(body, table: ImportTable, rebound: set[str], imported, *, top: bool) -
                     _bind_names(small.target, rebound)
             continue
         if isinstance(stmt, cst.FunctionDef):
-            table.functions.add(stmt.name.value)
-            rebound.add(stmt.name.value)
+            table.functions.add(identifier(stmt.name.value))
+            _bind_names(stmt.name, rebound)
             params = stmt.params
             for param in (*params.posonly_params, *params.params, *params.kwonly_params):
-                rebound.add(param.name.value)
+                _bind_names(param.name, rebound)
             for star in (params.star_arg, params.star_kwarg):
                 if isinstance(star, cst.Param):
-                    rebound.add(star.name.value)
+                    _bind_names(star.name, rebound)
         elif isinstance(stmt, cst.ClassDef):
-            rebound.add(stmt.name.value)
+            _bind_names(stmt.name, rebound)
         elif isinstance(stmt, cst.For):
             _bind_names(stmt.target, rebound)
         elif isinstance(stmt, cst.With):
             for item in stmt.items:
                 if item.asname is not None:
                     _bind_names(item.asname.name, rebound)
+        elif isinstance(stmt, (cst.Try, cst.TryStar)):
+            for handler in stmt.handlers:
+                if handler.name is not None:
+                    _bind_names(handler.name.name, rebound)
+        elif isinstance(stmt, cst.Match):
+            for case in stmt.cases:
+                _bind_captures(case.pattern, rebound)
         # Recurse into every nested block: imports inside functions and try/except count too.
         for child in _blocks(stmt):
             _walk(child, table, rebound, imported, top=False)
 
 
+def _bind_captures(pattern: cst.CSTNode, rebound: set[str]) -> None:
+    """The names a match pattern captures (`case [x, *rest]`, `case {**rest}`, `case P() as x`)."""
+    for name in (getattr(pattern, "name", None), getattr(pattern, "rest", None)):
+        if isinstance(name, cst.Name):
+            _bind_names(name, rebound)
+    for child in pattern.children:
+        _bind_captures(child, rebound)
+
+
 def _blocks(stmt: cst.BaseCompoundStatement):
-    """The statement lists directly nested in a compound statement."""
-    body = getattr(stmt, "body", None)
-    if isinstance(body, cst.IndentedBlock):
-        yield body.body
-    for attr in ("orelse", "finalbody"):
-        extra = getattr(stmt, attr, None)
-        if extra is not None:
-            inner = getattr(extra, "body", None)
-            if isinstance(inner, cst.IndentedBlock):
-                yield inner.body
-            elif isinstance(extra, cst.If):  # elif chains
-                yield from _blocks(extra)
+    """The statement lists directly nested in a compound statement; a one-line body (`if x: import y`)
+    is a list of its suite, which holds small statements as a line does."""
+    body = getattr(stmt, "body", None)  # a `match` has cases instead
+    if body is not None:
+        yield _statements(body)
+    orelse = getattr(stmt, "orelse", None)
+    if isinstance(orelse, cst.If):  # an `elif`: its body, and the `elif` or `else` after it
+        yield from _blocks(orelse)
+    elif orelse is not None:
+        yield _statements(orelse.body)
+    finalbody = getattr(stmt, "finalbody", None)
+    if finalbody is not None:
+        yield _statements(finalbody.body)
     for handler in getattr(stmt, "handlers", ()):
-        if isinstance(handler.body, cst.IndentedBlock):
-            yield handler.body.body
+        yield _statements(handler.body)
     for case in getattr(stmt, "cases", ()):
-        if isinstance(case.body, cst.IndentedBlock):
-            yield case.body.body
+        yield _statements(case.body)
+
+
+def _statements(suite: cst.BaseSuite):
+    return suite.body if isinstance(suite, cst.IndentedBlock) else (suite,)
 
 
 # --- edits -------------------------------------------------------------------------------------------
@@ -241,7 +281,8 @@ def rebind_import(line: cst.SimpleStatementLine, stmt_index: int, targets: dict[
     for parent, aliases in groups:
         aliases[-1] = aliases[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT) if len(groups) > 1 else aliases[-1]
         new_stmts.append(stmt.with_changes(module=dotted_node(parent), names=aliases))
-    if len(new_stmts) == 1 or len(line.body) > 1:
+    # A line of several statements, or a one-line body (`if x: from a import b`), stays one line.
+    if len(new_stmts) == 1 or len(line.body) > 1 or isinstance(line, cst.SimpleStatementSuite):
         return line.with_changes(body=[*line.body[:stmt_index], *new_stmts, *line.body[stmt_index + 1 :]])
     lines = [line.with_changes(body=[new_stmts[0]])]
     lines += [cst.SimpleStatementLine(body=[s], trailing_whitespace=line.trailing_whitespace) for s in new_stmts[1:]]

@@ -3,15 +3,38 @@
 `analyze` reads every Python file of a tree (the `transformers` package: 2,900 files), most of which the
 rules' prefilter never parses, and the fused-operator rules decide on the `ast` alone; `ast` parses an
 order of magnitude faster than libcst. The rules for trusting a name are those of
-`npu_migrate.imports.ImportTable`, so a name resolves here exactly as the libcst rules resolve it: an
-imported name that the file also binds another way is not trusted. Relative imports resolve when the
-file's package is known (a library tree given to `third_party`).
+`npu_migrate.imports.ImportTable` (`split_trusted`, shared), so a name resolves here exactly as the libcst
+rules resolve it: an imported name that the file also binds another way is not trusted. Both tables see
+the same statements, and tests/test_name_resolvers.py checks that they agree. Relative imports resolve
+when the file's package is known (a library tree given to `third_party`); the libcst table, which has no
+package, leaves them out.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+_Import = TypeVar("_Import")
+
+
+def split_trusted(
+    imported: Mapping[str, Sequence[_Import]], rebound: set[str], qualname: Callable[[_Import], str]
+) -> tuple[dict[str, _Import], dict[str, str]]:
+    """The imports of a file (local name -> each import that binds it) split into the trusted ones (the
+    only way the file binds that name, to one target) and the shadowed ones (local name -> the first of
+    its targets): without scope analysis, a name bound twice may be either at any given use."""
+    trusted: dict[str, _Import] = {}
+    shadowed: dict[str, str] = {}
+    for local, found in imported.items():
+        targets = {qualname(item) for item in found}
+        if local in rebound or len(targets) > 1:
+            shadowed[local] = sorted(targets)[0]
+        else:
+            trusted[local] = found[0]
+    return trusted, shadowed
 
 
 def dotted(node: ast.AST) -> str | None:
@@ -41,6 +64,8 @@ def _absolute(module: str | None, level: int, package: str | None) -> str | None
 @dataclass
 class Names:
     bindings: dict[str, str] = field(default_factory=dict)  # local name -> qualified name
+    #: Imported names that are bound in another way too, with what the import would make them.
+    shadowed: dict[str, str] = field(default_factory=dict)
     modules: set[str] = field(default_factory=set)  # every module an import statement loads
     #: (qualified module, line) of each import statement, for the third-party package check.
     imports: list[tuple[str, ast.stmt]] = field(default_factory=list)
@@ -48,7 +73,7 @@ class Names:
     @classmethod
     def of(cls, tree: ast.Module, package: str | None = None) -> Names:
         table = cls()
-        imported: dict[str, set[str]] = {}
+        imported: dict[str, list[str]] = {}
         rebound: set[str] = set()
         for node in _statements(tree.body):
             if isinstance(node, ast.Import):
@@ -56,10 +81,10 @@ class Names:
                     table.modules.add(alias.name)
                     table.imports.append((alias.name, node))
                     if alias.asname:
-                        imported.setdefault(alias.asname, set()).add(alias.name)
+                        imported.setdefault(alias.asname, []).append(alias.name)
                     else:
                         top = alias.name.split(".")[0]
-                        imported.setdefault(top, set()).add(top)
+                        imported.setdefault(top, []).append(top)
             elif isinstance(node, ast.ImportFrom):
                 module = _absolute(node.module, node.level, package)
                 if module is None:
@@ -69,7 +94,7 @@ class Names:
                 for alias in node.names:
                     if alias.name == "*":
                         continue
-                    imported.setdefault(alias.asname or alias.name, set()).add(f"{module}.{alias.name}")
+                    imported.setdefault(alias.asname or alias.name, []).append(f"{module}.{alias.name}")
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 rebound.add(node.name)
                 args = node.args
@@ -87,9 +112,12 @@ class Names:
                 for item in node.items:
                     if item.optional_vars is not None:
                         _bind(item.optional_vars, rebound)
-        for local, targets in imported.items():
-            if local not in rebound and len(targets) == 1:
-                table.bindings[local] = next(iter(targets))
+            elif isinstance(node, (ast.Try, ast.TryStar)):
+                rebound.update(handler.name for handler in node.handlers if handler.name)
+            elif isinstance(node, ast.Match):
+                for case in node.cases:
+                    _bind_captures(case.pattern, rebound)
+        table.bindings, table.shadowed = split_trusted(imported, rebound, lambda qualname: qualname)
         return table
 
     def resolve(self, node: ast.AST) -> str | None:
@@ -127,3 +155,12 @@ def _bind(target: ast.AST, rebound: set[str]) -> None:
             _bind(element, rebound)
     elif isinstance(target, ast.Starred):
         _bind(target.value, rebound)
+
+
+def _bind_captures(pattern: ast.pattern, rebound: set[str]) -> None:
+    """The names a match pattern captures (`case [x, *rest]`, `case {**rest}`, `case P() as x`)."""
+    for node in ast.walk(pattern):
+        if isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            rebound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            rebound.add(node.rest)

@@ -1,0 +1,52 @@
+"""Comparisons with a literal that migration changes (`x.device.type == "cuda"`, `backend in ("gloo", "nccl")`).
+
+After migration the compared value names the NPU side ("npu", "hccl"), so the comparison would silently turn
+False. Where the other operand visibly is what the literal names (its code mentions a device, a backend),
+the literal is rewritten; anywhere else it may be an unrelated string, and the comparison is reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import libcst as cst
+
+from npu_migrate.findings import Severity
+from npu_migrate.rule import Checker, Rule
+
+_EQUALITY = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
+
+
+@dataclass(frozen=True)
+class LiteralComparisons:
+    """What one rule rewrites in comparisons; `check` is the checker's `visit_Comparison`."""
+
+    rule: Rule
+    #: The literals to rewrite on one side of a comparison (several in a tuple, list or set), else [].
+    literals: Callable[[cst.BaseExpression], list[cst.CSTNode]]
+    #: Whether the code of the other side visibly is what the literals name.
+    visibly: Callable[[str], bool]
+    fix: Callable[[cst.CSTNode], cst.CSTNode]
+    #: The message of a rewrite.
+    rewritten: str
+    #: The message of a comparison reported for review; `{other}` is the other side's code.
+    unsure: str
+
+    def check(self, checker: Checker, node: cst.Comparison) -> None:
+        operands = [node.left, *(target.comparator for target in node.comparisons)]
+        for index, target in enumerate(node.comparisons):
+            if not isinstance(target.operator, _EQUALITY):
+                continue
+            left, right = operands[index], operands[index + 1]
+            for literal_side, other in ((left, right), (right, left)):
+                literals = self.literals(literal_side)
+                if not literals:
+                    continue
+                other_code = checker.ctx.code(other)
+                for literal in literals:
+                    if self.visibly(other_code):
+                        checker.report(self.rule, literal, self.rewritten, fix=self.fix)
+                    else:
+                        message = self.unsure.format(other=other_code)
+                        checker.report(self.rule, literal, message, severity=Severity.WARNING)
