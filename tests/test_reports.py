@@ -22,10 +22,18 @@ from npu_migrate.rule import Checker, Example, FixSafety, Rule, TextReport, Tree
 from npu_migrate.source import decode_source
 from npu_migrate.textfiles import apply_reports
 
+
 def _test_rule(id: str, name: str, **kwargs) -> Rule:
     return Rule(
-        id=id, name=name, family="test", summary="test", what="test", why="test",
-        example=Example("def f(): pass"), fix_safety=FixSafety.SAFE, **kwargs,
+        id=id,
+        name=name,
+        family="test",
+        summary="test",
+        what="test",
+        why="test",
+        example=Example("def f(): pass"),
+        fix_safety=FixSafety.SAFE,
+        **kwargs,
     )
 
 
