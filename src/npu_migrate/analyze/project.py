@@ -206,10 +206,21 @@ class Analysis:
         for result in self.results:
             for f in result.findings:
                 seen.setdefault((f.path, f.line, f.col, f.rule_id, f.message), f)
-        return sorted(seen.values(), key=lambda f: (f.path, f.line, f.col, f.rule_id))
+        return sorted(seen.values(), key=finding_key)
 
 
 # --- paths ------------------------------------------------------------------------------------------
+
+
+def finding_key(f: Finding) -> tuple[str, int, int, str]:
+    """A finding's place in a report: by file, position, then rule."""
+    return f.path, f.line, f.col, f.rule_id
+
+
+def location_key(location: str) -> tuple[str, int, int]:
+    """`path:line:col` as a sort key: lines and columns in numeric order."""
+    path, line, col = location.rsplit(":", 2)
+    return path, int(line), int(col)
 
 
 def common_root(paths: list[Path]) -> Path:

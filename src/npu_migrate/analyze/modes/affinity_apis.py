@@ -15,7 +15,7 @@ import functools
 import re
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table
+from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
 from npu_migrate.registry import all_rules
 
 _TORCH_NPU_OP = re.compile(r"torch_npu\.npu_\w+")
@@ -299,8 +299,8 @@ def collect(project: Project, result: ModeResult) -> None:
     for _, facts in project.facts("affinity_apis"):
         rows.extend(facts["rows"])
         result.findings.extend(facts["findings"])
-    rows.sort(key=lambda r: (r[0].rsplit(":", 2)[0], int(r[0].rsplit(":", 2)[1]), int(r[0].rsplit(":", 2)[2])))
-    result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    rows.sort(key=lambda r: location_key(r[0]))
+    result.findings.sort(key=finding_key)
     result.tables = [
         Table(
             "affinity_api_call.csv",

@@ -20,7 +20,17 @@ import ast
 import re
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, relative
+from npu_migrate.analyze.project import (
+    Context,
+    Mode,
+    ModeResult,
+    Project,
+    Source,
+    Table,
+    finding_key,
+    location_key,
+    relative,
+)
 from npu_migrate.discovery import discover
 from npu_migrate.findings import Severity
 from npu_migrate.registry import family_of
@@ -294,8 +304,8 @@ def collect(project: Project, result: ModeResult) -> None:
     for _, facts in project.facts("custom_kernels"):
         rows.extend(facts["rows"])
         findings.extend(facts["findings"])
-    rows.sort(key=lambda r: _location_key(r[0]))
-    result.findings = sorted(findings, key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    rows.sort(key=lambda r: location_key(r[0]))
+    result.findings = sorted(findings, key=finding_key)
     result.tables = [
         Table(
             "custom_kernels.csv",
@@ -311,11 +321,6 @@ def collect(project: Project, result: ModeResult) -> None:
         f"{len(rows)} native-code items: " + (", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none")
     ]
     result.data = {"items": [dict(zip(result.tables[0].header, row)) for row in rows], "by_kind": kinds}
-
-
-def _location_key(location: str):
-    path, line, col = location.rsplit(":", 2)
-    return path, int(line), int(col)
 
 
 MODE = Mode("custom_kernels", "Custom kernels", scan=scan, collect=collect)

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.project import AnalysisError, Context, Mode, ModeResult, Project, Source, Table
+from npu_migrate.analyze.project import AnalysisError, Context, Mode, ModeResult, Project, Source, Table, finding_key
 from npu_migrate.source import SourceError, read_source
 
 DATA_DEPENDENT = ("nonzero", "argwhere", "unique", "unique_consecutive", "masked_select")
@@ -215,7 +215,7 @@ def collect(project: Project, result: ModeResult) -> None:
         result.findings.extend(facts["findings"])
         for line, col, api, kind in facts["sites"]:
             rows.append([f"{scan_.display}:{line}:{col}", kind, api])
-    result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    result.findings.sort(key=finding_key)
     result.tables = [Table("dynamic_shape.csv", "Sources of dynamic shapes", ["location", "kind", "api"], rows)]
     kinds: dict[str, int] = {}
     for row in rows:

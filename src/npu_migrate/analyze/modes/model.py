@@ -23,7 +23,7 @@ from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.modes.affinity_apis import fused_rule_targets, is_fused_site
 from npu_migrate.analyze.modes.third_party import package_table
 from npu_migrate.analyze.modes.torch_apis import UNSUPPORTED
-from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table
+from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
 
 _NN = "torch.nn."
 _F = "torch.nn.functional."
@@ -507,7 +507,7 @@ def collect(project: Project, result: ModeResult) -> None:
         for key, value in facts.items():
             if key != "classes":
                 gathered[key].extend(value)
-    result.findings = sorted(gathered["findings"], key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    result.findings = sorted(gathered["findings"], key=finding_key)
     classes = _module_classes(project)
     for c in classes:
         lowered = c["name"].lower()
@@ -672,11 +672,6 @@ def collect(project: Project, result: ModeResult) -> None:
         "advice": advice,
         "complexity": rating,
     }
-
-
-def location_key(location: str) -> tuple[str, int, int]:
-    path, line, col = location.rsplit(":", 2)
-    return path, int(line), int(col)
 
 
 def _cell(value) -> str:

@@ -17,7 +17,7 @@ from collections import Counter
 from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.modes.affinity_apis import is_fused_site
 from npu_migrate.analyze.modes.custom_kernels import is_kernel_rule
-from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table
+from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
 from npu_migrate.api import Kind
 from npu_migrate.findings import Finding, Severity
 
@@ -222,7 +222,7 @@ def collect(project: Project, result: ModeResult) -> None:
                     "",
                 ]
             )
-    cuda_rows.sort(key=lambda r: _location_key(r[0]))
+    cuda_rows.sort(key=lambda r: location_key(r[0]))
     precision = [f for f in result.findings if f.rule_id in PRECISION_RULES]
     performance = [
         f
@@ -230,7 +230,7 @@ def collect(project: Project, result: ModeResult) -> None:
         for f in (*scan.findings, *scan.scanner_findings)  # performance advice gathers from every mode
         if f.rule_id in PERFORMANCE_RULES or is_fused_site(f)
     ]
-    result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    result.findings.sort(key=finding_key)
     loc_header = ["location", "api", "torch_npu_version", "reason"]
     result.tables = [
         Table("unsupported_api.csv", "Unsupported APIs", loc_header, unsupported),
@@ -248,7 +248,7 @@ def collect(project: Project, result: ModeResult) -> None:
             "api_performance_advice.csv",
             "Performance advice",
             ["location", "rule", "advice"],
-            [[f.location(), f.rule_id, f.message] for f in sorted(performance, key=_order)],
+            [[f.location(), f.rule_id, f.message] for f in sorted(performance, key=finding_key)],
         ),
         Table(
             "torch_api_list.csv",
@@ -271,15 +271,6 @@ def collect(project: Project, result: ModeResult) -> None:
         "apis": sorted(inventory.values(), key=lambda e: e["api"]),
         "uses_by_status": dict(sorted(counts.items())),
     }
-
-
-def _location_key(location: str) -> tuple[str, int, int]:
-    path, line, col = location.rsplit(":", 2)
-    return path, int(line), int(col)
-
-
-def _order(f: Finding):
-    return (f.path, f.line, f.col, f.rule_id)
 
 
 MODE = Mode("torch_apis", "Torch APIs", scan=scan, collect=collect)
