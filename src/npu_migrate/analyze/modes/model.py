@@ -497,7 +497,7 @@ def complexity(project: Project, findings_by_rule: Counter, facts: dict) -> dict
         "rating": rating,
         "reasons": reasons,
         "effort_days": [low, low * 2],
-        "effort": f"{low:g}-{low * 2:g} person-days (heuristic: weights in npu_migrate.analyze.model.EFFORT_DAYS)",
+        "effort": f"{low:g}-{low * 2:g} person-days (heuristic: weights in {__name__}.EFFORT_DAYS)",
     }
 
 
