@@ -88,7 +88,7 @@ SDPA = "demo/model.py:67:19"
 
 
 def sdpa_is_a_rule() -> bool:
-    from npu_migrate.analyze.affinity import fused_rule_targets
+    from npu_migrate.analyze.modes.affinity_apis import fused_rule_targets
 
     return "torch_npu.npu_fusion_attention" in fused_rule_targets().values()
 
@@ -182,7 +182,7 @@ def test_precision_and_performance_advice(reports):
         ["demo/model.py:42:66", "NPU951"],
         ["demo/ops.py:41:12", "NPU952"],
     ]
-    from npu_migrate.analyze.affinity import is_fused_site
+    from npu_migrate.analyze.modes.affinity_apis import is_fused_site
 
     performance = [f"{r[0]} {r[1]}" for r in rows(reports, "api_performance_advice.csv")]
     assert [p for p in performance if not p.split()[1].startswith("NPU7")] == [
@@ -281,7 +281,7 @@ def test_api_files_feed_the_library_results_back(reports, tmp_path):
 
 
 def test_third_party_table_entries_are_complete():
-    from npu_migrate.analyze.third_party import package_table
+    from npu_migrate.analyze.modes.third_party import package_table
 
     table = package_table()
     for name in ("flash_attn", "apex", "xformers", "bitsandbytes", "triton", "deepspeed.ops", "pynvml"):
@@ -328,7 +328,7 @@ def test_triton_kernel_and_host_only_builds(tmp_path):
 
 
 def test_affinity_api_call_csv(reports):
-    from npu_migrate.analyze.affinity import fused_rule_targets, is_fused_site
+    from npu_migrate.analyze.modes.affinity_apis import fused_rule_targets, is_fused_site
 
     got = [[r[0], r[4], r[5], r[6]] for r in rows(reports, "affinity_api_call.csv")]
     mine = [["demo/model.py:85:16", "torch_npu.npu_fast_gelu", "candidate", "NPU921"]]

@@ -182,6 +182,23 @@ def test_a_worker_that_dies_costs_one_file_not_the_run(tmp_path, monkeypatch):
     assert all(r.status is Status.CHANGED for r in results if r.display != "crash9.py")
 
 
+def test_a_worker_that_dies_during_analyze_costs_one_file_not_the_analysis(tmp_path, monkeypatch):
+    from npu_migrate.analyze import core
+    from npu_migrate.analyze.project import WORKER_DIED, Settings
+
+    for i in range(20):
+        (tmp_path / (f"crash{i}.py" if i == 9 else f"m{i:02d}.py")).write_bytes(CUDA)
+    # The workers are forked from this process, so they run the patched pipeline too.
+    monkeypatch.setattr(core, "process", _crash_on_marked_files)
+    settings = Settings(modes=("torch_apis",), enabled=select_rules(), jobs=2)
+    analysis = core.analyse([tmp_path], settings)
+    assert [f.display for f in analysis.files] == sorted(p.name for p in tmp_path.iterdir())
+    assert analysis.errors == [("crash9.py", WORKER_DIED)]
+    cuda_calls = {f.path for f in analysis.findings if f.rule_id == "NPU101"}
+    assert cuda_calls == {f"m{i:02d}.py" for i in range(20) if i != 9}
+    assert all("torch_apis" in f.facts for f in analysis.files if f.display != "crash9.py")
+
+
 def test_sigkill_in_the_middle_of_an_in_place_run_leaves_every_file_whole(tmp_path):
     files = []
     for i in range(400):

@@ -1,18 +1,27 @@
-"""Running the per-file pipeline over many files: a process pool, results streamed in input order."""
+"""Running a per-file function over many files: a process pool, results streamed in input order.
+
+`apply` runs the pipeline (`process`) this way, `analyze` its scanners; both get the same pool and the
+same crash isolation.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
 
 from npu_migrate.pipeline import FileResult, Job, Plan, Status, process
 
 #: Below this many files a pool costs more to start than it saves.
 INLINE_LIMIT = 8
+
+Item = TypeVar("Item")
+Context = TypeVar("Context")
+Result = TypeVar("Result")
 
 
 def default_jobs() -> int:
@@ -23,42 +32,63 @@ def default_jobs() -> int:
 
 
 def run(jobs: list[Job], plan: Plan, workers: int | None = None) -> Iterator[FileResult]:
-    """Results in the order of `jobs`, whatever order the workers finish in.
+    """The pipeline over `jobs`: `process(job, plan)` for each, in the order of `jobs`."""
+    return run_each(process, jobs, plan, crashed=_not_migrated, workers=workers)
 
-    A worker that dies (a segfault in a native parser, the OOM killer) breaks the whole pool. The files
-    of the first unfinished chunk are then retried one by one in a process of their own, so the one that
-    kills its process is reported as failed, and the rest of the run goes on in a fresh pool.
+
+def _not_migrated(job: Job) -> FileResult:
+    return FileResult(
+        job.display,
+        Status.FAILED,
+        error="the worker process died while migrating this file (a crash in the parser?); file left untouched",
+    )
+
+
+def run_each(
+    work: Callable[[Item, Context], Result],
+    items: Sequence[Item],
+    context: Context,
+    *,
+    crashed: Callable[[Item], Result],
+    workers: int | None = None,
+) -> Iterator[Result]:
+    """`work(item, context)` for each item, in the order of `items` whatever order the workers finish in.
+
+    `work` must be a module-level function (it is pickled by name); `context` is pickled once per worker
+    process, when it starts, not once per item. A worker that dies (a segfault in a native parser, the OOM
+    killer) breaks the whole pool. The items of the first unfinished chunk are then retried one by one in a
+    process of their own, so the one that kills its process gets `crashed(item)` as its result, and the
+    rest of the run goes on in a fresh pool.
     """
     workers = workers or default_jobs()
-    work = functools.partial(process, plan=plan)
-    if workers <= 1 or len(jobs) < INLINE_LIMIT:
-        yield from map(work, jobs)
+    if workers <= 1 or len(items) < INLINE_LIMIT:
+        for item in items:
+            yield work(item, context)
         return
+    call = functools.partial(_call, work)
     # Small chunks keep the pool busy when a few files are much slower than the rest.
-    chunksize = max(1, min(16, len(jobs) // (workers * 8)))
+    chunksize = max(1, min(16, len(items) // (workers * 8)))
     done = 0
-    while done < len(jobs):
+    while done < len(items):
         try:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                for result in pool.map(work, jobs[done:], chunksize=chunksize):
+            with _pool(workers, context) as pool:
+                for result in pool.map(call, items[done:], chunksize=chunksize):
                     done += 1
                     yield result
         except BrokenProcessPool:
-            for job in jobs[done : done + chunksize]:
+            for item in items[done : done + chunksize]:
                 done += 1
-                yield _isolated(job, plan)
+                yield _isolated(call, item, context, crashed)
 
 
-def _isolated(job: Job, plan: Plan) -> FileResult:
+def _isolated(
+    call: Callable[[Item], Result], item: Item, context: Context, crashed: Callable[[Item], Result]
+) -> Result:
     try:
-        with ProcessPoolExecutor(max_workers=1) as pool:
-            return pool.submit(process, job, plan).result()
+        with _pool(1, context) as pool:
+            return pool.submit(call, item).result()
     except BrokenProcessPool:
-        return FileResult(
-            job.display,
-            Status.FAILED,
-            error="the worker process died while migrating this file (a crash in the parser?); file left untouched",
-        )
+        return crashed(item)
 
 
 def with_progress(results: Iterable[FileResult], total: int, enabled: bool) -> Iterator[FileResult]:
@@ -76,3 +106,21 @@ def with_progress(results: Iterable[FileResult], total: int, enabled: bool) -> I
         for result in results:
             progress.advance(task)
             yield result
+
+
+# --- worker side ------------------------------------------------------------------------------------
+
+_CONTEXT: Any = None
+
+
+def _pool(workers: int, context: Any) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(context,))
+
+
+def _start_worker(context: Any) -> None:
+    global _CONTEXT
+    _CONTEXT = context
+
+
+def _call(work: Callable[[Any, Any], Any], item: Any) -> Any:
+    return work(item, _CONTEXT)

@@ -14,17 +14,12 @@ from typing import Annotated, Optional
 
 import typer
 
+from npu_migrate.analyze import MODES
+
 EXIT_OK, EXIT_ERROR = 0, 2
 
-
-class AnalyzeMode(str, enum.Enum):
-    torch_apis = "torch_apis"
-    third_party = "third_party"
-    custom_kernels = "custom_kernels"
-    affinity_apis = "affinity_apis"
-    dynamic_shape = "dynamic_shape"
-    model = "model"
-    all = "all"
+#: The registered modes, and `all` for every one.
+AnalyzeMode = enum.Enum("AnalyzeMode", [(name, name) for name in (*MODES, "all")], type=str)
 
 
 class ReportFormat(str, enum.Enum):
@@ -88,9 +83,10 @@ def analyze_command(
     ] = None,
 ) -> None:
     """Analyse a code base for the move to Ascend NPUs: APIs, libraries, kernels, fused ops, shapes, model."""
-    from npu_migrate.analyze import MODES
-    from npu_migrate.analyze.core import AnalysisError, Settings, analyse
+    # Here, not at the top: every `npu-migrate` run imports this module, and only `analyze` needs the engine.
+    from npu_migrate.analyze.core import analyse
     from npu_migrate.analyze.output import render, summary_lines, write_reports
+    from npu_migrate.analyze.project import AnalysisError, Project, Settings
     from npu_migrate.api import NpuApi, UnknownVersionError
     from npu_migrate.config import ConfigError, discover_config
     from npu_migrate.registry import SelectionError, fused_rule_names, select_rules
@@ -130,8 +126,7 @@ def analyze_command(
         for path, reason in analysis.errors:
             typer.echo(f"{path}: error: {reason}", err=True)
         if instrument is not None:
-            from npu_migrate.analyze import dynamic_shape
-            from npu_migrate.analyze.core import Project
+            from npu_migrate.analyze.modes import dynamic_shape
 
             project = Project(analysis.root, settings, None, analysis.files, list(paths))
             written = dynamic_shape.instrument(project, instrument)

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from npu_migrate import __version__
-from npu_migrate.analyze.core import Analysis, Table
+from npu_migrate.analyze.project import Analysis, Table
 from npu_migrate.findings import Finding
 from npu_migrate.registry import all_rules as documented_rules
 from npu_migrate.registry import family_of as category

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.core import AnalysisError, Context, ModeResult, Project, Source, Table
+from npu_migrate.analyze.project import AnalysisError, Context, Mode, ModeResult, Project, Source, Table, finding_key
 from npu_migrate.source import SourceError, read_source
 
 DATA_DEPENDENT = ("nonzero", "argwhere", "unique", "unique_consecutive", "masked_select")
@@ -209,14 +209,13 @@ def scan(source: Source, context: Context) -> dict | None:
     return {"sites": finder.sites, "findings": finder.findings}
 
 
-def collect(project: Project) -> ModeResult:
-    result = ModeResult("dynamic_shape", "Dynamic shapes")
+def collect(project: Project, result: ModeResult) -> None:
     rows = []
     for scan_, facts in project.facts("dynamic_shape"):
         result.findings.extend(facts["findings"])
         for line, col, api, kind in facts["sites"]:
             rows.append([f"{scan_.display}:{line}:{col}", kind, api])
-    result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    result.findings.sort(key=finding_key)
     result.tables = [Table("dynamic_shape.csv", "Sources of dynamic shapes", ["location", "kind", "api"], rows)]
     kinds: dict[str, int] = {}
     for row in rows:
@@ -225,7 +224,6 @@ def collect(project: Project) -> ModeResult:
         f"{len(rows)} dynamic-shape sources: " + (", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none")
     ]
     result.data = {"sites": [dict(zip(result.tables[0].header, r)) for r in rows], "by_kind": kinds}
-    return result
 
 
 # --- instrumentation ---------------------------------------------------------------------------------
@@ -318,3 +316,6 @@ def _instrument_text(cst, text: str, display: str, sites: list, prelude: str) ->
     index = insertion_index(new)
     body[index:index] = list(cst.parse_module(prelude).body)
     return new.with_changes(body=body).code
+
+
+MODE = Mode("dynamic_shape", "Dynamic shapes", scan=scan, collect=collect)

@@ -20,7 +20,10 @@ import ast
 from collections import Counter, defaultdict
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.core import Context, ModeResult, Project, Source, Table
+from npu_migrate.analyze.modes.affinity_apis import fused_rule_targets, is_fused_site
+from npu_migrate.analyze.modes.third_party import package_table
+from npu_migrate.analyze.modes.torch_apis import UNSUPPORTED
+from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
 
 _NN = "torch.nn."
 _F = "torch.nn.functional."
@@ -494,20 +497,17 @@ def complexity(project: Project, findings_by_rule: Counter, facts: dict) -> dict
         "rating": rating,
         "reasons": reasons,
         "effort_days": [low, low * 2],
-        "effort": f"{low:g}-{low * 2:g} person-days (heuristic: weights in npu_migrate.analyze.model.EFFORT_DAYS)",
+        "effort": f"{low:g}-{low * 2:g} person-days (heuristic: weights in {__name__}.EFFORT_DAYS)",
     }
 
 
-def collect(project: Project) -> ModeResult:
-    from npu_migrate.analyze import custom_kernels, scanner_findings, third_party, torch_apis
-
-    result = ModeResult("model", "Model")
+def collect(project: Project, result: ModeResult) -> None:
     gathered: dict[str, list] = defaultdict(list)
     for _, facts in project.facts("model"):
         for key, value in facts.items():
             if key != "classes":
                 gathered[key].extend(value)
-    result.findings = sorted(gathered["findings"], key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    result.findings = sorted(gathered["findings"], key=finding_key)
     classes = _module_classes(project)
     for c in classes:
         lowered = c["name"].lower()
@@ -527,9 +527,7 @@ def collect(project: Project) -> ModeResult:
         )
     op_rows.sort(key=lambda r: (r[0], -r[3], r[2]))
 
-    every = [f for scan in project.files for f in (*scan.findings, *scanner_findings(scan))]
-    from npu_migrate.analyze.affinity import fused_rule_targets, is_fused_site
-
+    every = [f for scan in project.files for f in (*scan.findings, *scan.scanner_findings)]
     fusion_rows = [[p, d, loc] for p, d, loc in gathered["fusions"]]
     targets = fused_rule_targets()
     for f in every:
@@ -573,17 +571,18 @@ def collect(project: Project) -> ModeResult:
             by_rule["fixed"] += 1
         elif is_fused_site(f):
             by_rule["declined"] += 1
-    packages = {row[2] for _, facts in project.facts("third_party") for row in facts["packages"]}
-    table = third_party.package_table()
-    kernel_rows, _ = custom_kernels.native_sources(project)
-    kernel_rows += [r for _, facts in project.facts("custom_kernels") for r in facts["rows"]]
-    kernels = sum(1 for r in kernel_rows if r[1] in ("cuda_kernel", "triton_kernel", "cuda_source"))
+    packages = {row[2] for row in project.result("third_party").data["packages"]}
+    table = package_table()
+    items = project.result("custom_kernels").data["items"]
+    kernels = sum(1 for i in items if i["kind"] in ("cuda_kernel", "triton_kernel", "cuda_source"))
     builds = sum(
-        1 for r in kernel_rows if r[1] in ("extension_build", "jit_build", "cuda_cpp") and "host C++" not in r[4]
+        1
+        for i in items
+        if i["kind"] in ("extension_build", "jit_build", "cuda_cpp") and "host C++" not in i["what_to_port"]
     )
-    apis = torch_apis.collect(project).data["apis"]
-    unsupported = {entry["api"] for entry in apis if entry["status"] == torch_apis.UNSUPPORTED}
-    dynamic = sum(len(facts["sites"]) for _, facts in project.facts("dynamic_shape"))
+    apis = project.result("torch_apis").data["apis"]
+    unsupported = {entry["api"] for entry in apis if entry["status"] == UNSUPPORTED}
+    dynamic = len(project.result("dynamic_shape").data["sites"])
     rating = complexity(
         project,
         by_rule,
@@ -673,12 +672,6 @@ def collect(project: Project) -> ModeResult:
         "advice": advice,
         "complexity": rating,
     }
-    return result
-
-
-def location_key(location: str) -> tuple[str, int, int]:
-    path, line, col = location.rsplit(":", 2)
-    return path, int(line), int(col)
 
 
 def _cell(value) -> str:
@@ -705,3 +698,12 @@ def _kind_totals(layer_rows: list[list]) -> list[tuple[str, str, int]]:
     for kind, _, count, _ in layer_rows:
         totals[kind] += count
     return [(kind, "", n) for kind, n in sorted(totals.items())]
+
+
+MODE = Mode(
+    "model",
+    "Model",
+    scan=scan,
+    collect=collect,
+    reads=("torch_apis", "third_party", "custom_kernels", "dynamic_shape"),
+)

@@ -15,7 +15,9 @@ import ast
 from collections import Counter
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.core import Context, ModeResult, Project, Source, Table
+from npu_migrate.analyze.modes.affinity_apis import is_fused_site
+from npu_migrate.analyze.modes.custom_kernels import is_kernel_rule
+from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
 from npu_migrate.api import Kind
 from npu_migrate.findings import Finding, Severity
 
@@ -170,11 +172,9 @@ def _rule_verdicts(project: Project) -> dict[tuple[str, int, int], Finding]:
     return {(f.path, f.line, f.col): f for f in project.rule_findings if f.fixed or f.severity is Severity.ERROR}
 
 
-def collect(project: Project) -> ModeResult:
+def collect(project: Project, result: ModeResult) -> None:
     api = project.context.api
     verdicts = _rule_verdicts(project)
-    result = ModeResult("torch_apis", "Torch APIs")
-    from npu_migrate.analyze.custom_kernels import is_kernel_rule
 
     # Fused-operator sites are the affinity mode's, CUDA sources and builds the custom_kernels mode's.
     result.findings = [
@@ -222,17 +222,15 @@ def collect(project: Project) -> ModeResult:
                     "",
                 ]
             )
-    cuda_rows.sort(key=lambda r: _location_key(r[0]))
+    cuda_rows.sort(key=lambda r: location_key(r[0]))
     precision = [f for f in result.findings if f.rule_id in PRECISION_RULES]
-    from npu_migrate.analyze.affinity import is_fused_site
-
     performance = [
         f
         for scan in project.files
-        for f in _all_findings(project, scan)
+        for f in (*scan.findings, *scan.scanner_findings)  # performance advice gathers from every mode
         if f.rule_id in PERFORMANCE_RULES or is_fused_site(f)
     ]
-    result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    result.findings.sort(key=finding_key)
     loc_header = ["location", "api", "torch_npu_version", "reason"]
     result.tables = [
         Table("unsupported_api.csv", "Unsupported APIs", loc_header, unsupported),
@@ -250,7 +248,7 @@ def collect(project: Project) -> ModeResult:
             "api_performance_advice.csv",
             "Performance advice",
             ["location", "rule", "advice"],
-            [[f.location(), f.rule_id, f.message] for f in sorted(performance, key=_order)],
+            [[f.location(), f.rule_id, f.message] for f in sorted(performance, key=finding_key)],
         ),
         Table(
             "torch_api_list.csv",
@@ -273,20 +271,6 @@ def collect(project: Project) -> ModeResult:
         "apis": sorted(inventory.values(), key=lambda e: e["api"]),
         "uses_by_status": dict(sorted(counts.items())),
     }
-    return result
 
 
-def _all_findings(project: Project, scan) -> list[Finding]:
-    """A file's rule findings plus every scanner's (performance advice gathers from all modes)."""
-    from npu_migrate.analyze import scanner_findings
-
-    return [*scan.findings, *scanner_findings(scan)]
-
-
-def _location_key(location: str) -> tuple[str, int, int]:
-    path, line, col = location.rsplit(":", 2)
-    return path, int(line), int(col)
-
-
-def _order(f: Finding):
-    return (f.path, f.line, f.col, f.rule_id)
+MODE = Mode("torch_apis", "Torch APIs", scan=scan, collect=collect)

@@ -24,21 +24,24 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from npu_migrate import runner
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.core import (
+from npu_migrate.analyze.modes.torch_apis import UNSUPPORTED, classify
+from npu_migrate.analyze.project import (
+    WORKER_DIED,
     AnalysisError,
     Context,
+    Mode,
     ModeResult,
     Project,
-    Settings,
     Source,
     Table,
     module_name,
-    parallel,
     parse,
     relative,
 )
 from npu_migrate.api import load_table
+from npu_migrate.discovery import discover
 from npu_migrate.source import SourceError
 
 API_FILE_HEADER = ["function", "kind", "location", "reason", "via"]
@@ -120,8 +123,7 @@ def scan(source: Source, context: Context) -> dict | None:
     return {"findings": findings, "packages": packages, "calls": calls}
 
 
-def collect(project: Project) -> ModeResult:
-    result = ModeResult("third_party", "Third-party libraries")
+def collect(project: Project, result: ModeResult) -> None:
     packages, calls = [], []
     for _, facts in project.facts("third_party"):
         result.findings.extend(facts["findings"])
@@ -157,7 +159,6 @@ def collect(project: Project) -> ModeResult:
             f"{sum(1 for r in library if r[1] != 'alias')} unsupported functions and classes"
         )
     result.data = {"packages": packages, "calls": calls, "library_unsupported": len(library)}
-    return result
 
 
 # --- a library tree -------------------------------------------------------------------------------------
@@ -256,7 +257,7 @@ def _extension_names(tree: ast.Module) -> set[str]:
     return names
 
 
-def scan_library_file(task: LibTask) -> LibFile:
+def scan_library_file(task: LibTask, context: Context) -> LibFile:
     out = LibFile()
     try:
         source = parse(task.path, task.display, task.module)
@@ -295,10 +296,12 @@ def scan_library_file(task: LibTask) -> LibFile:
     return out
 
 
+def _not_scanned(task: LibTask) -> LibFile:
+    return LibFile(error=WORKER_DIED)
+
+
 def _library_files(env: Path) -> tuple[Path, list[Path]]:
     """The folder module names are relative to, and the Python files of one --env-path."""
-    from npu_migrate.discovery import discover
-
     base = env.parent if (env / "__init__.py").is_file() else env
     found = discover([env], lambda p: p.suffix == ".py", respect_gitignore=False)
     # An --env-path is site-packages or a library folder: the walk must not skip it by name.
@@ -307,15 +310,25 @@ def _library_files(env: Path) -> tuple[Path, list[Path]]:
     return base.resolve(), found.files
 
 
-def library_unsupported(settings: Settings, context: Context) -> dict[str, str]:
+def prepare(context: Context) -> None:
+    """The verdicts the scanners need: every --env-path library analysed, every --api-files CSV read."""
+    if context.settings.env_paths:
+        context.library_unsupported.update(library_unsupported(context))
+    for csv_path in context.settings.api_files:
+        context.library_unsupported.update(read_api_file(csv_path))
+
+
+def library_unsupported(context: Context) -> dict[str, str]:
     """Analyse every --env-path; fills `context.library_rows` and returns qualified name -> reason."""
     tasks = []
-    for env in settings.env_paths:
+    for env in context.settings.env_paths:
         base, files = _library_files(env)
         for path in files:
             display = relative(path, base)
             tasks.append(LibTask(path, display, module_name(display)))
-    files = list(parallel(scan_library_file, tasks, context, settings.jobs))
+    files = list(
+        runner.run_each(scan_library_file, tasks, context, crashed=_not_scanned, workers=context.settings.jobs)
+    )
     functions: dict[str, LibFunction] = {}
     aliases: dict[str, str] = {}
     extensions: set[str] = set()
@@ -337,8 +350,6 @@ def library_unsupported(settings: Settings, context: Context) -> dict[str, str]:
             else:
                 break
         return name
-
-    from npu_migrate.analyze.torch_apis import UNSUPPORTED, classify
 
     verdicts: dict[str, tuple] = {}
     reason: dict[str, str] = {}
@@ -415,3 +426,6 @@ def read_api_file(path: Path) -> dict[str, str]:
             raise AnalysisError(f"{path}:{number}: expected {len(API_FILE_HEADER)} columns")
         out[row[0]] = _why(row[: len(API_FILE_HEADER)])
     return out
+
+
+MODE = Mode("third_party", "Third-party libraries", scan=scan, collect=collect, prepare=prepare)

@@ -15,7 +15,8 @@ import functools
 import re
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.core import Context, ModeResult, Project, Source, Table
+from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
+from npu_migrate.registry import all_rules
 
 _TORCH_NPU_OP = re.compile(r"torch_npu\.npu_\w+")
 
@@ -23,8 +24,6 @@ _TORCH_NPU_OP = re.compile(r"torch_npu\.npu_\w+")
 @functools.cache
 def fused_rule_targets() -> dict[str, str]:
     """Rule id -> the torch_npu operator each fused-operator rule injects (named in its summary)."""
-    from npu_migrate.registry import all_rules
-
     out = {}
     for rule in all_rules():
         if rule.id.startswith("NPU7"):
@@ -283,8 +282,7 @@ def scan(source: Source, context: Context) -> dict | None:
     return {"rows": matcher.rows, "findings": matcher.findings}
 
 
-def collect(project: Project) -> ModeResult:
-    result = ModeResult("affinity_apis", "Affinity APIs")
+def collect(project: Project, result: ModeResult) -> None:
     rows = []
     for finding in project.rule_findings:
         if not finding.rule_id.startswith("NPU7"):
@@ -301,8 +299,8 @@ def collect(project: Project) -> ModeResult:
     for _, facts in project.facts("affinity_apis"):
         rows.extend(facts["rows"])
         result.findings.extend(facts["findings"])
-    rows.sort(key=lambda r: (r[0].rsplit(":", 2)[0], int(r[0].rsplit(":", 2)[1]), int(r[0].rsplit(":", 2)[2])))
-    result.findings.sort(key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    rows.sort(key=lambda r: location_key(r[0]))
+    result.findings.sort(key=finding_key)
     result.tables = [
         Table(
             "affinity_api_call.csv",
@@ -318,4 +316,6 @@ def collect(project: Project) -> ModeResult:
         f"{len(rows)} affinity API sites: " + (", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "none")
     ]
     result.data = {"sites": [dict(zip(result.tables[0].header, row)) for row in rows], "by_status": by_status}
-    return result
+
+
+MODE = Mode("affinity_apis", "Affinity APIs", scan=scan, collect=collect)

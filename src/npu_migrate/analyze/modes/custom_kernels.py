@@ -20,8 +20,20 @@ import ast
 import re
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.core import Context, ModeResult, Project, Source, Table, relative
+from npu_migrate.analyze.project import (
+    Context,
+    Mode,
+    ModeResult,
+    Project,
+    Source,
+    Table,
+    finding_key,
+    location_key,
+    relative,
+)
+from npu_migrate.discovery import discover
 from npu_migrate.findings import Severity
+from npu_migrate.registry import family_of
 
 CUDA_SUFFIXES = frozenset({".cu", ".cuh"})
 CPP_SUFFIXES = frozenset({".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh"})
@@ -209,8 +221,6 @@ def scan(source: Source, context: Context) -> dict | None:
 
 def native_sources(project: Project) -> tuple[list[list], list]:
     """Rows and findings for the .cu / C++ files under the analysed paths."""
-    from npu_migrate.discovery import discover
-
     suffixes = CUDA_SUFFIXES | CPP_SUFFIXES
     found = discover(project.paths, lambda p: p.suffix in suffixes, respect_gitignore=project.respect_gitignore)
     rows, findings = [], []
@@ -282,23 +292,20 @@ def native_sources(project: Project) -> tuple[list[list], list]:
 
 def is_kernel_rule(rule_id: str) -> bool:
     """The codemod's own rules about CUDA sources and extension builds (the `kernels` family)."""
-    from npu_migrate.registry import family_of
-
     try:
         return family_of(rule_id) == "kernels"
     except KeyError:
         return False
 
 
-def collect(project: Project) -> ModeResult:
-    result = ModeResult("custom_kernels", "Custom kernels")
+def collect(project: Project, result: ModeResult) -> None:
     rows, findings = native_sources(project)
     findings.extend(f for f in project.rule_findings if is_kernel_rule(f.rule_id))
     for _, facts in project.facts("custom_kernels"):
         rows.extend(facts["rows"])
         findings.extend(facts["findings"])
-    rows.sort(key=lambda r: _location_key(r[0]))
-    result.findings = sorted(findings, key=lambda f: (f.path, f.line, f.col, f.rule_id))
+    rows.sort(key=lambda r: location_key(r[0]))
+    result.findings = sorted(findings, key=finding_key)
     result.tables = [
         Table(
             "custom_kernels.csv",
@@ -314,9 +321,6 @@ def collect(project: Project) -> ModeResult:
         f"{len(rows)} native-code items: " + (", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none")
     ]
     result.data = {"items": [dict(zip(result.tables[0].header, row)) for row in rows], "by_kind": kinds}
-    return result
 
 
-def _location_key(location: str):
-    path, line, col = location.rsplit(":", 2)
-    return path, int(line), int(col)
+MODE = Mode("custom_kernels", "Custom kernels", scan=scan, collect=collect)

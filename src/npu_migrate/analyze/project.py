@@ -1,0 +1,246 @@
+"""What every part of the analysis shares: the settings, one parsed file, the facts found in it, a mode and
+its result, the project the modes summarise, the analysis they make.
+
+A leaf: it imports no mode and not the run, so the modes, the run (`core`) and the reports (`output`)
+can all import it.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from npu_migrate.api import NpuApi
+from npu_migrate.findings import Finding
+from npu_migrate.names import Names
+from npu_migrate.source import parse_python, read_source
+
+#: Why a file that killed its worker process (`runner.run_each` retries it alone to find it) is not analysed.
+WORKER_DIED = "the worker process died while analysing this file (a crash in the parser?)"
+
+
+class AnalysisError(Exception):
+    """Bad input the run cannot go on with (a missing path, an unreadable --api-files CSV): exit 2."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    modes: tuple[str, ...]
+    enabled: frozenset[str]  # the codemod rules, as `apply` would select them
+    torch_npu_version: str | None = None
+    env_paths: tuple[Path, ...] = ()
+    api_files: tuple[Path, ...] = ()
+    jobs: int | None = None
+
+
+@dataclass
+class Source:
+    """One parsed file, as the mode scanners see it."""
+
+    display: str  # relative to the analysed root, POSIX
+    module: str | None  # dotted module name relative to the root
+    text: str
+    tree: ast.Module
+    names: Names
+    lines: list[str]
+
+    def pos(self, node: ast.AST) -> tuple[int, int]:
+        """1-based line and column in characters, as the rule findings count them (ast counts UTF-8 bytes)."""
+        line = node.lineno
+        offset = node.col_offset
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        if not text.isascii():
+            offset = len(text.encode("utf-8")[:offset].decode("utf-8", "replace"))
+        return line, offset + 1
+
+    def where(self, node: ast.AST) -> str:
+        line, col = self.pos(node)
+        return f"{self.display}:{line}:{col}"
+
+    def segment(self, node: ast.AST, limit: int = 120) -> str:
+        text = ast.get_source_segment(self.text, node) or ""
+        text = " ".join(text.split())
+        return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def package_of(module: str | None, display: str) -> str | None:
+    if module is None:
+        return None
+    if display.endswith("__init__.py"):
+        return module
+    return module.rpartition(".")[0] or None
+
+
+def parse(path: Path, display: str, module: str | None) -> Source:
+    text = read_source(path).text
+    tree = parse_python(text, display)
+    return Source(display, module, text, tree, Names.of(tree, package_of(module, display)), text.splitlines())
+
+
+@dataclass
+class Context:
+    """What every worker needs besides the file: sent once to each worker process."""
+
+    settings: Settings
+    library_unsupported: dict[str, str] = field(default_factory=dict)  # qualified name -> why
+    library_rows: list[list[str]] = field(default_factory=list)  # full_unsupported_results.csv
+    _api: NpuApi | None = None
+
+    def __getstate__(self) -> dict:
+        # Workers need the verdicts, not the report rows (thousands for a large library).
+        return {**self.__dict__, "library_rows": [], "_api": None}
+
+    @property
+    def api(self) -> NpuApi:
+        if self._api is None:
+            self._api = NpuApi(self.settings.torch_npu_version)
+        return self._api
+
+
+@dataclass
+class FileScan:
+    display: str
+    module: str | None
+    findings: list[Finding] = field(default_factory=list)  # the codemod's, and those of the scanners
+    error: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)  # mode name -> what its scanner found in this file
+    lines: int = 0
+
+    @property
+    def scanner_findings(self) -> list[Finding]:
+        """The analysis findings the scanners found in this file (every scanner's, whatever the modes)."""
+        return [f for facts in self.facts.values() for f in facts.get("findings", ())]
+
+
+@dataclass(frozen=True)
+class Task:
+    path: Path
+    display: str
+    module: str | None
+    ignore: tuple[str, ...] = ()
+
+
+@dataclass
+class Table:
+    """One CSV of the report (and one table of the markdown/HTML reports)."""
+
+    name: str  # file name, e.g. "unsupported_api.csv"
+    title: str
+    header: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    title: str
+    findings: list[Finding] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)  # terminal lines
+    data: dict[str, Any] = field(default_factory=dict)  # the mode's section of report.json
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One analysis mode: what it finds in each file, and what it makes of the whole project.
+
+    Every registered mode's `scan` runs on every Python file whatever modes were asked for (they are cheap,
+    and some facts serve several modes); `collect` runs for the modes asked for and those they read.
+    """
+
+    name: str  # as on the command line and in report.json; also the name of its module under `modes/`
+    title: str
+    #: Per file, in a worker process: picklable facts (a dict; its "findings" are the file's), or None.
+    scan: Callable[[Source, Context], Any]
+    #: Over the project, once the files are scanned: fills in the mode's result.
+    collect: Callable[[Project, ModeResult], None]
+    #: The modes whose results `collect` reads (`project.result(name)`): computed before it.
+    reads: tuple[str, ...] = ()
+    #: Before the files are scanned, in the main process: what the workers need in the context.
+    prepare: Callable[[Context], None] | None = None
+
+
+@dataclass
+class Project:
+    root: Path
+    settings: Settings
+    context: Context | None
+    files: list[FileScan]
+    paths: list[Path]  # what the user gave
+    respect_gitignore: bool = True
+    results: dict[str, ModeResult] = field(default_factory=dict)  # mode name -> result, in the order computed
+
+    def facts(self, name: str) -> Iterator[tuple[FileScan, Any]]:
+        for scan in self.files:
+            if name in scan.facts:
+                yield scan, scan.facts[name]
+
+    def result(self, mode: str) -> ModeResult:
+        """The result of a mode the calling mode declares in its `reads` (so it is computed first)."""
+        try:
+            return self.results[mode]
+        except KeyError:
+            raise LookupError(f"the {mode} result is read before it is computed: declare it in `reads`") from None
+
+    @property
+    def rule_findings(self) -> list[Finding]:
+        return [f for scan in self.files for f in scan.findings]
+
+
+@dataclass
+class Analysis:
+    root: Path
+    settings: Settings
+    results: list[ModeResult]
+    files: list[FileScan]
+    errors: list[tuple[str, str]]  # (path, reason)
+    torch_npu_version: str
+
+    @property
+    def findings(self) -> list[Finding]:
+        seen: dict[tuple, Finding] = {}
+        for result in self.results:
+            for f in result.findings:
+                seen.setdefault((f.path, f.line, f.col, f.rule_id, f.message), f)
+        return sorted(seen.values(), key=finding_key)
+
+
+# --- paths ------------------------------------------------------------------------------------------
+
+
+def finding_key(f: Finding) -> tuple[str, int, int, str]:
+    """A finding's place in a report: by file, position, then rule."""
+    return f.path, f.line, f.col, f.rule_id
+
+
+def location_key(location: str) -> tuple[str, int, int]:
+    """`path:line:col` as a sort key: lines and columns in numeric order."""
+    path, line, col = location.rsplit(":", 2)
+    return path, int(line), int(col)
+
+
+def common_root(paths: list[Path]) -> Path:
+    dirs = [p.resolve() if p.is_dir() else p.resolve().parent for p in paths]
+    return Path(os.path.commonpath([str(d) for d in dirs]))
+
+
+def relative(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def module_name(display: str) -> str | None:
+    if not display.endswith(".py"):
+        return None
+    parts = display[:-3].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    if not parts or not all(p.isidentifier() for p in parts):
+        return None
+    return ".".join(parts)
