@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Idiom:
+    """One fused idiom: what finds it, what it injects, and which torch_npu kernels that calls."""
+
     rule: Rule
     #: Substrings of a function's source (or its class's) without which `match` is not asked.
     markers: tuple[str, ...]

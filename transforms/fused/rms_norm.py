@@ -338,7 +338,7 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
 IDIOM = Idiom(
     rule=RMS_NORM,
     markers=("rsqrt", "sqrt"),
-    identifiers=("rsqrt", ("sqrt", "mean")),
+    identifiers=("rsqrt", ("sqrt", "mean")),  # `sqrt` alone: every attention's `sqrt(head_dim)`
     kernels=("npu_rms_norm",),
     match=match,
     template=TEMPLATE,
