@@ -1,7 +1,7 @@
 """NPU703 (rotary) and NPU704 (attention) branches, executed.
 
 The fixtures' `.out.py` files are run with `_is_npu` forced true and the CPU reference kernels of
-`fused_reference.py` as `torch_npu`: on inputs the kernels take they must be called and agree with the
+`npu_migrate.verify.reference` as `torch_npu`: on inputs the kernels take they must be called and agree with the
 original code; on inputs they do not take (dtype mixes, float masks, shapes outside the table) the
 original code must run, untouched. Mutants of the generated code (mask polarity, scale, causal
 alignment, rotation mode) must be caught by the same comparisons.
@@ -14,13 +14,15 @@ import math
 import pytest
 
 torch = pytest.importorskip("torch")
-import fused_reference  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from conftest import FIXTURES  # noqa: E402
 
 from npu_migrate.pipeline import migrate_text  # noqa: E402
+from npu_migrate.verify import reference  # noqa: E402
 
 RULES = FIXTURES / "rules"
+#: The `torch_npu` of every forced fixture: its `calls` count the kernel calls of all of them.
+TORCH_NPU = reference.torch_npu_module()
 
 
 def _load(path, *, forced: bool, mutate=None):
@@ -33,7 +35,7 @@ def _load(path, *, forced: bool, mutate=None):
     exec(compile(text, str(path), "exec"), namespace)
     if forced:
         namespace["_is_npu"] = lambda x: True
-        namespace["torch_npu"] = fused_reference.fake_torch_npu()
+        namespace["torch_npu"] = TORCH_NPU
     return namespace
 
 
@@ -43,9 +45,9 @@ def _pair(case: str, rule: str, mutate=None):
 
 
 def _calls(kernel: str, fn, *args, **kwargs):
-    before = fused_reference.CALLS[kernel]
+    before = TORCH_NPU.calls[kernel]
     out = fn(*args, **kwargs)
-    return out, fused_reference.CALLS[kernel] - before
+    return out, TORCH_NPU.calls[kernel] - before
 
 
 def _close(a, b, **tol):
@@ -75,29 +77,29 @@ def test_reference_rotary_matches_the_hf_and_gptj_formulas():
     x = torch.randn(2, 3, 5, 8, generator=g)
     cos, sin = (t[:, None] for t in _tables(2, 5, 8))
     x1, x2 = x[..., :4], x[..., 4:]
-    torch.testing.assert_close(fused_reference.npu_rotary_mul(x, cos, sin), x * cos + torch.cat((-x2, x1), -1) * sin)
+    torch.testing.assert_close(reference.npu_rotary_mul(x, cos, sin), x * cos + torch.cat((-x2, x1), -1) * sin)
     cos, sin = (t[:1, None] for t in _tables(1, 5, 8, interleave=True))
     every_two = torch.stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)
-    torch.testing.assert_close(fused_reference.npu_rotary_mul(x, cos, sin, "interleave"), x * cos + every_two * sin)
+    torch.testing.assert_close(reference.npu_rotary_mul(x, cos, sin, "interleave"), x * cos + every_two * sin)
 
 
 def test_reference_fusion_attention_matches_sdpa_given_the_documented_mapping():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 6, 8, generator=g) for _ in range(3))
     scale = 1 / math.sqrt(8)
-    full = fused_reference.npu_fusion_attention(q, k, v, 4, "BNSD", scale=scale)[0]
+    full = reference.npu_fusion_attention(q, k, v, 4, "BNSD", scale=scale)[0]
     torch.testing.assert_close(full, F.scaled_dot_product_attention(q, k, v))
     triu = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
-    causal = fused_reference.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=triu, sparse_mode=2, scale=scale)[0]
+    causal = reference.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=triu, sparse_mode=2, scale=scale)[0]
     torch.testing.assert_close(causal, F.scaled_dot_product_attention(q, k, v, is_causal=True))
     keep = torch.rand(2, 1, 6, 6, generator=g) > 0.3
     keep[..., 0] = True
-    masked = fused_reference.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=~keep, scale=scale)[0]
+    masked = reference.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=~keep, scale=scale)[0]
     torch.testing.assert_close(masked, F.scaled_dot_product_attention(q, k, v, attn_mask=keep))
     # The device's default scale is 1.0 and its mask polarity is inverted: both must show.
-    assert not torch.allclose(fused_reference.npu_fusion_attention(q, k, v, 4, "BNSD")[0], full)
+    assert not torch.allclose(reference.npu_fusion_attention(q, k, v, 4, "BNSD")[0], full)
     assert not torch.allclose(
-        fused_reference.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=keep, scale=scale)[0], masked
+        reference.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=keep, scale=scale)[0], masked
     )
 
 

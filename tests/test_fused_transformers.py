@@ -6,7 +6,7 @@ and the migrated package in subprocesses with the same seed, twice: fp32 with ea
 with SDPA attention on an unpadded batch (SDPA's is_causal, GQA through enable_gqa) and a left-padded
 one (a bool mask with fully masked rows, kv heads repeated). Off an NPU the logits must be
 bit-identical. Then the fused branches are forced on (`_is_npu` true) with the CPU reference kernels of
-`fused_reference.py` in place of `torch_npu`: the logits must still match, the kernels must be called
+`npu_migrate.verify.reference` in place of `torch_npu`: the logits must still match, the kernels must be called
 as often as the model has norms, MLPs, rotary embeddings and attention layers, and Gemma's GELU MLP
 must keep its original code.
 """
@@ -27,7 +27,6 @@ from npu_migrate.pipeline import migrate_text
 
 MODELS = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3")
 LAYERS = 2
-TESTS = Path(__file__).resolve().parent
 #: Sites per modeling file: one RMSNorm class, one MLP class, one `apply_rotary_pos_emb` each (Phi-3's
 #: is partial rotary). Attention runs through `ALL_ATTENTION_FUNCTIONS`: the modeling files only hold
 #: `eager_attention_forward`, which returns the probabilities and is reported (NPU704, open).
@@ -66,10 +65,10 @@ RUNNER = textwrap.dedent("""
     mode, attention, dtype = sys.argv[1], sys.argv[2], getattr(torch, sys.argv[3])
     force = mode == "force"
     import transformers
-    import fused_reference
-    from fused_reference import ATTENTION_KINDS, CALLS
+    from npu_migrate.verify.reference import torch_npu_module
 
-    fake = fused_reference.fake_torch_npu()
+    fake = torch_npu_module()
+    calls, attention_kinds = fake.calls, fake.kinds["npu_fusion_attention"]
     common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=%(layers)d, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, vocab_size=128, pad_token_id=0)
     # Phi-3 rotates only part of each head: the branch must slice as the original does.
@@ -92,21 +91,23 @@ RUNNER = textwrap.dedent("""
         config._attn_implementation = attention
         torch.manual_seed(0)
         model = getattr(module, prefix + "ForCausalLM")(config).eval().to(dtype)
-        before, kinds = dict(CALLS), dict(ATTENTION_KINDS)
+        before, kinds = dict(calls), dict(attention_kinds)
         logits = []
         with torch.no_grad():
             for batch in batches:
                 logits += model(ids, **batch).logits.float().flatten().tolist()
         out["models"][name] = {
             "logits": logits,
-            "calls": {k: CALLS[k] - before[k] for k in CALLS},
-            "attention_kinds": {k: ATTENTION_KINDS[k] - kinds[k] for k in kinds},
+            "calls": {k: calls[k] - before.get(k, 0) for k in %(ops)r},
+            "attention_kinds": {k: attention_kinds[k] - kinds.get(k, 0) for k in %(kinds)r},
             "fused_defined": hasattr(module, "_is_npu"),
             "sdpa_fused_defined": hasattr(sdpa, "_npu_sdpa"),
         }
     print(json.dumps(out))
 """) % {
     "layers": LAYERS,
+    "ops": list(ZERO_CALLS),
+    "kinds": list(EXPECTED_ATTENTION_KINDS),
     "models": [
         (m, p)
         for m, p in (
@@ -160,7 +161,7 @@ def migrated(tmp_path_factory):
 
 def _run(site: Path | None, mode: str, attention: str, dtype: str) -> dict:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
-    path = ([str(site)] if site else []) + [str(TESTS)]
+    path = [str(site)] if site else []
     code = f"import sys; sys.path[:0] = {path!r}; exec(sys.stdin.read())"
     done = subprocess.run(
         [sys.executable, "-c", code, mode, attention, dtype],

@@ -319,7 +319,7 @@ def _snippet(original: bool) -> str:
         return text
     # The prelude is the codemod's own, rendered from its template, after the imports.
     head, tail = text.split("\n\n\ndef rotate_half", 1)
-    return f"{head}\n\n\n{render('prelude.py.j2').rstrip()}\n\n\ndef rotate_half{tail}"
+    return f"{head}\n\n\n{render('fused/prelude.py.j2').rstrip()}\n\n\ndef rotate_half{tail}"
 
 
 @pytest.fixture(scope="module")

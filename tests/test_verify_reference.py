@@ -192,6 +192,14 @@ def test_rotary_constraints(x, r, kwargs, message):
         ref.npu_rotary_mul(x, r, r, **kwargs)
 
 
+def test_rotary_tables_that_need_grads_limit_b_times_n():
+    x, r = _rand(40, 30, 2, 4), _rand(1, 1, 2, 4)
+    ref.npu_rotary_mul(x, r, r)  # B, N < 1000 each: fine without grads
+    with pytest.raises(NpuOpError, match="<= 1024 when r1/r2 need grads"):
+        ref.npu_rotary_mul(x, r.requires_grad_(), r)
+    ref.npu_rotary_mul(x[:32, :32], r, r)  # B * N = 1024
+
+
 # -- flash attention --------------------------------------------------------------------------------------
 
 CAUSAL = torch.ones(2048, 2048, dtype=torch.bool).triu(1)
@@ -488,6 +496,25 @@ def test_module_counts_calls_and_lacks_other_ops():
     assert set(ref.OPS) <= set(dir(npu))
     with pytest.raises(AttributeError):
         npu.npu_fast_gelu  # noqa: B018 - not modelled: a rewrite reaching for it must fail loudly
+
+
+def test_module_counts_the_kinds_of_attention_calls():
+    npu = ref.torch_npu_module()
+    q, k, v = _bnsd(nq=4, nkv=2)
+    npu.npu_fusion_attention(q, k, v, 4, "BNSD", scale=0.25)
+    npu.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=torch.zeros(6, 6, dtype=torch.bool), scale=0.25)
+    npu.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=CAUSAL, sparse_mode=2, scale=0.25)
+    npu.npu_fusion_attention(q, k, v, 4, "BNSD", atten_mask=CAUSAL, sparse_mode=4, pre_tockens=1, next_tockens=0)
+    npu.npu_fusion_attention(q, k, v, 4, "BNSD", sparse_mode=2, scale=0.25)  # no mask: full attention
+    with pytest.raises(NpuOpError):
+        npu.npu_fusion_attention(q, k, v, 3, "BNSD")
+    assert npu.kinds["npu_fusion_attention"] == {"full": 2, "mask": 1, "causal": 1, "band": 1, "gqa": 5}
+    assert npu.calls == {"npu_fusion_attention": 6}  # the rejected call counts as a call, not as a kind
+    t = _rand(6, 2, 8)
+    npu.npu_fusion_attention(
+        t, t, t, 2, "TND", atten_mask=CAUSAL, sparse_mode=3, actual_seq_qlen=[6], actual_seq_kvlen=[6]
+    )
+    assert npu.kinds["npu_fusion_attention"]["causal"] == 2
 
 
 def test_templates_emit_only_modelled_ops():

@@ -1,8 +1,10 @@
 """Fused-operator injection (NPU7xx): RMSNorm, SwiGLU, rotary embedding and SDPA get a torch_npu fast path.
 
-The checker folds each function into the expression it returns (`symbolic.fold`) and asks the idiom
-matchers, one module per op, whether that expression is theirs. A match becomes a branch in front of
-the untouched original body:
+The checker folds each function into the expression it returns (`symbolic.fold`) and asks the idioms,
+one module each, whether that expression is theirs. An idiom module declares everything about itself in
+`IDIOM = Idiom(...)` (`idiom.py`): the checker finds those modules and derives its rules, prefilters and
+helpers from them, so there is nothing to register here. A match becomes a branch in front of the
+untouched original body:
 
     def forward(self, hidden_states):
         if _is_npu(hidden_states) and <the kernel's constraints>:
@@ -17,7 +19,7 @@ bit for bit. The branch calls the kernels through the module-level name `torch_n
 Module-level helpers the function calls (`rotate_half(q)`) are folded in too, so an idiom is known by
 what it computes, not by a name. Attention is the exception to the branch scheme: an
 `F.scaled_dot_product_attention` call sits among control flow and what decides the kernel's fit is
-only known at run time, so the call itself is wrapped (`attention.py`).
+only known at run time, so the call itself is wrapped (an idiom's `calls`, `attention.py`).
 
 A second run recognises the branches (`if _is_npu(` opening a body), the wrapped calls and the helpers
 by name.
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
+import pkgutil
 from collections.abc import Mapping
 
 import libcst as cst
@@ -35,20 +39,37 @@ from npu_migrate.astindex import AstIndex
 from npu_migrate.names import Names
 from npu_migrate.rule import TreeChecker
 from npu_migrate.scoped import Source, TreeReport
-from npu_migrate.transforms.fused import attention, rms_norm, rotary, swiglu
-from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch
+from npu_migrate.transforms.fused.idiom import Idiom
+from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch, is_scripted
 
-MATCHERS = (rms_norm, swiglu, rotary, attention)
-PRELUDE = "prelude.py.j2"
+
+def _idioms() -> tuple[Idiom, ...]:
+    """Every module of this package that declares an `IDIOM`, in rule-id order: a function two idioms
+    could claim goes to the one with the lower id, then the module name decides."""
+    found = []
+    for module in pkgutil.iter_modules(__path__):
+        idiom = getattr(importlib.import_module(f"{__name__}.{module.name}"), "IDIOM", None)
+        if isinstance(idiom, Idiom):
+            found.append((idiom.rule.id, module.name, idiom))
+    return tuple(idiom for *_, idiom in sorted(found, key=lambda entry: entry[:2]))
+
+
+def _helper_names(idioms: tuple[Idiom, ...]) -> dict[str, str]:
+    names = {PRELUDE: "_is_npu"}
+    for idiom in idioms:
+        for template, name in idiom.helpers.items():
+            if names.setdefault(template, name) != name:
+                raise ValueError(f"helper template {template} declared as defining {names[template]} and {name}")
+    return names
+
+
+IDIOMS = _idioms()
+PRELUDE = "fused/prelude.py.j2"
 #: The module-level definition each helper template provides: present means already inserted.
-HELPER_NAMES = {
-    PRELUDE: "_is_npu",
-    "is_silu.py.j2": "_is_silu",
-    rotary.HELPER: "_npu_rotary_fits",
-    attention.HELPER: attention.WRAPPER,
-}
+HELPER_NAMES = _helper_names(IDIOMS)
+#: Qualified name of a function whose calls an idiom rewrites in place -> that idiom.
+CALL_IDIOMS = {name: idiom for idiom in IDIOMS for name in idiom.calls}
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
-_SCRIPTED = ("torch.jit.script", "torch.jit.script_method")
 _BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match)
 
 
@@ -172,32 +193,18 @@ def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement) -> cst.F
 
 
 class FusedOpsChecker(TreeChecker):
-    rules = tuple(m.RULE for m in MATCHERS)
-    markers = tuple(dict.fromkeys(marker for m in MATCHERS for marker in m.MARKERS))
-
-    @staticmethod
-    def _possible(uses) -> bool:
-        # Identifiers each idiom cannot be written without: "sin" and "sqrt" as substrings are in
-        # "using" and "sqrt(d_model)" docstrings of half the files that mention them.
-        return (
-            uses("rsqrt")
-            or uses("sqrt")
-            and uses("mean")  # RMSNorm
-            or uses("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN", "act")  # SwiGLU
-            or uses("cos")
-            and uses("sin")
-            or uses("view_as_complex", "polar")  # rotary
-            or uses("scaled_dot_product_attention", "flash_attn_func", "softmax")  # attention
-        )
+    rules = tuple({idiom.rule.id: idiom.rule for idiom in IDIOMS}.values())
+    markers = tuple(dict.fromkeys(marker for idiom in IDIOMS for marker in idiom.markers))
 
     @classmethod
     def wants_words(cls, words) -> bool:
-        # The same identifiers as words of the text: rules out 60% of transformers without an `ast`.
-        return cls._possible(lambda *names: any(name in words for name in names))
+        # Words of the text, not substrings ("sin" is in "using"): rules out 60% of transformers without
+        # an `ast`.
+        return any(idiom.uses_identifiers(words.__contains__) for idiom in IDIOMS)
 
     @classmethod
     def wants(cls, index) -> bool:
-        return cls._possible(index.uses)
+        return any(idiom.uses_identifiers(index.uses) for idiom in IDIOMS)
 
     def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
         self.source = source
@@ -208,10 +215,10 @@ class FusedOpsChecker(TreeChecker):
         self.functions = _ModuleFunctions(tree)
         self.reports: list[TreeReport] = []
         self.applied: list[tuple[Outcome, TreeReport]] = []
-        # A call `attention.match_call` knows resolves to a name whose last part is an identifier of the
+        # A call an idiom rewrites in place resolves to a name whose last part is an identifier of the
         # file; most files looked at for the other idioms have none, and walking every expression is dear.
-        self._scan_calls = attention.RULE.id in self.enabled and index.uses(
-            *{name.rsplit(".", 1)[-1] for name in (attention.SDPA, *attention.FLASH_ATTN)}
+        self._scan_calls = any(
+            idiom.rule.id in self.enabled and index.uses(name.rsplit(".", 1)[-1]) for name, idiom in CALL_IDIOMS.items()
         )
         self._walk(tree.body, owner=None, defs=())
         self._prelude(tree)
@@ -255,36 +262,35 @@ class FusedOpsChecker(TreeChecker):
     def _function(self, node: ast.FunctionDef, owner: ast.ClassDef | None) -> None:
         # A method may spell the idiom through its siblings (`self._norm(x)`): look at the whole class.
         scope = self.source.segment(owner if owner is not None else node)
-        matchers = [m for m in MATCHERS if m.RULE.id in self.enabled and any(k in scope for k in m.MARKERS)]
-        if not matchers or has_fused_branch(node):
+        idioms = [i for i in IDIOMS if i.rule.id in self.enabled and any(k in scope for k in i.markers)]
+        if not idioms or has_fused_branch(node):
             return
         siblings = {s.name: s for s in owner.body if isinstance(s, _DEFS)} if owner is not None else {}
         fn = Function(node, owner is not None, self._qualname, siblings, self.functions, self.api, self.names)
-        for matcher in matchers:
-            outcome = matcher.match(fn)
+        for idiom in idioms:
+            outcome = idiom.match(fn)
             if outcome is not None:
                 self._decide(node, outcome)
                 return
 
     def _call(self, node: ast.Call, defs) -> None:
         name = self._qualname(node.func)
-        if name is None or not name.startswith(("torch.nn.functional.", "flash_attn.")):
+        idiom = CALL_IDIOMS.get(name)
+        if idiom is None or idiom.rule.id not in self.enabled:
             return
-        outcome = attention.match_call(name, self.api)
+        outcome = idiom.match_call(name, self.api)
         if outcome is None:
             return
+        function = name.rsplit(".", 1)[-1]
         if outcome.template is not None and self.bindings.get("torch") != "torch":
             outcome.message = (
-                "scaled_dot_product_attention not fused: the file does not `import torch` at module level, "
-                "which the wrapper uses"
+                f"{function} not fused: the file does not `import torch` at module level, which the wrapper uses"
             )
             outcome.template = None
-        if outcome.template is not None and any(self._qualname(d) in _SCRIPTED for f in defs for d in f.decorator_list):
-            outcome.message = (
-                "scaled_dot_product_attention not fused: it is called from TorchScript, which cannot call the wrapper"
-            )
+        if outcome.template is not None and any(is_scripted(f, self._qualname) for f in defs):
+            outcome.message = f"{function} not fused: it is called from TorchScript, which cannot call the wrapper"
             outcome.template = None
-        self._decide(node, outcome, fix=attention.wrap)
+        self._decide(node, outcome, fix=idiom.wrap_call)
 
     def _decide(self, node: ast.FunctionDef | ast.Call, outcome: Outcome, fix=None) -> None:
         if outcome.template is not None and self.bindings.get("torch") != "torch":

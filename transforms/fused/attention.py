@@ -23,6 +23,7 @@ import ast
 import libcst as cst
 
 from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Function, Outcome
 
 ATTENTION = Rule(
@@ -163,8 +164,6 @@ ATTENTION = Rule(
     needs_torch_npu=False,
 )
 
-RULE = ATTENTION
-MARKERS = ("scaled_dot_product_attention", "flash_attn", "softmax")
 HELPER = "fused/sdpa.py.j2"
 WRAPPER = "_npu_sdpa"
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -288,3 +287,16 @@ def match(fn: Function) -> Outcome | None:
             "additive, bool masks True = attend) to get the fused path"
         )
     return Outcome(ATTENTION, f"hand-written attention (softmax of q @ k^T, then @ v) not fused: {why}")
+
+
+IDIOM = Idiom(
+    rule=ATTENTION,
+    markers=("scaled_dot_product_attention", "flash_attn", "softmax"),
+    identifiers=("scaled_dot_product_attention", "flash_attn_func", "softmax"),
+    kernels=("npu_fusion_attention",),
+    match=match,
+    helpers={HELPER: WRAPPER},
+    calls=(SDPA, *FLASH_ATTN),
+    match_call=match_call,
+    wrap_call=wrap,
+)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 
 from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import (
     Function,
     NotStraightLine,
@@ -117,8 +118,6 @@ RMS_NORM = Rule(
     needs_torch_npu=False,
 )
 
-RULE = RMS_NORM
-MARKERS = ("rsqrt", "sqrt")
 TEMPLATE = "fused/rms_norm.py.j2"
 KERNEL_DTYPES = "(torch.float16, torch.bfloat16, torch.float32)"
 
@@ -382,3 +381,13 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
         context = {"x_arg": xs, "gamma": source(weight), "cast": ""}
     context.update(x=xs, eps=source(site.eps), guards=guards)
     return Outcome(RMS_NORM, "RMSNorm gets a fused `torch_npu.npu_rms_norm` branch", TEMPLATE, context)
+
+
+IDIOM = Idiom(
+    rule=RMS_NORM,
+    markers=("rsqrt", "sqrt"),
+    identifiers=("rsqrt", ("sqrt", "mean")),  # `sqrt` alone: every attention's `sqrt(head_dim)`
+    kernels=("npu_rms_norm",),
+    match=match,
+    template=TEMPLATE,
+)

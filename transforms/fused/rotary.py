@@ -19,6 +19,7 @@ import ast
 
 from npu_migrate.api import load_table
 from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import (
     Function,
     NotStraightLine,
@@ -28,6 +29,7 @@ from npu_migrate.transforms.fused.symbolic import (
     evaluates_twice,
     fold,
     inline_functions,
+    is_scripted,
     method_call,
     replace_nodes,
     same,
@@ -157,8 +159,6 @@ ROTARY = Rule(
     needs_torch_npu=False,
 )
 
-RULE = ROTARY
-MARKERS = ("cos", "sin", "rotate", "rotary", "rope", "view_as_complex", "polar")
 TEMPLATE = "fused/rotary.py.j2"
 HELPER = "fused/rotary_fits.py.j2"
 _CAT = ("torch.cat", "torch.concat", "torch.concatenate")
@@ -379,10 +379,6 @@ def _rotary_modes(fn: Function) -> tuple[bool, bool]:
     return "npu_rotary_mul" in fn.api.fused_ops, bool(entry.get("rotary_mul_has_rotary_mode", False))
 
 
-def _jit_scripted(fn: Function) -> bool:
-    return any(fn.qualname(d) in ("torch.jit.script", "torch.jit.script_method") for d in fn.tree.decorator_list)
-
-
 def match(fn: Function) -> Outcome | None:
     if _calls(fn, ("torch.view_as_complex",)):
         return Outcome(
@@ -428,7 +424,7 @@ def match(fn: Function) -> Outcome | None:
             ROTARY,
             f"interleaved rotary embedding not fused: npu_rotary_mul in torch_npu {version} has no rotary_mode='interleave'",
         )
-    if _jit_scripted(fn):
+    if is_scripted(fn.tree, fn.qualname):
         return Outcome(ROTARY, "rotary embedding not fused: the function is TorchScript, which cannot call torch_npu")
     return _rewrite(fn, result, found, mode)
 
@@ -496,3 +492,14 @@ def _unique(nodes: list[ast.expr]) -> list[ast.expr]:
         if not any(same(node, k) for k in kept):
             kept.append(node)
     return kept
+
+
+IDIOM = Idiom(
+    rule=ROTARY,
+    markers=("cos", "sin", "rotate", "rotary", "rope", "view_as_complex", "polar"),
+    identifiers=(("cos", "sin"), "view_as_complex", "polar"),
+    kernels=("npu_rotary_mul",),
+    match=match,
+    template=TEMPLATE,
+    helpers={HELPER: "_npu_rotary_fits"},
+)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 
 from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import (
     Function,
     NotStraightLine,
@@ -109,9 +110,9 @@ SWIGLU = Rule(
     needs_torch_npu=False,
 )
 
-RULE = SWIGLU
-MARKERS = ("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN")
 TEMPLATE = "fused/swiglu.py.j2"
+#: `_is_silu(act)`: whether a configurable activation is SiLU, checked at run time.
+IS_SILU = "fused/is_silu.py.j2"
 _ACTIVATION_FACTORIES = ("ACT2FN", "get_activation", "ACT2CLS")
 
 
@@ -215,5 +216,16 @@ def match(fn: Function) -> Outcome | None:
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
         return Outcome(SWIGLU, "SwiGLU not fused: the branch would evaluate a projection twice")
     context = {"x": x, "guards": guards, "result": source(rewritten)}
-    helpers = ("is_silu.py.j2",) if check else ()
+    helpers = (IS_SILU,) if check else ()
     return Outcome(SWIGLU, "SwiGLU gets a fused `torch_npu.npu_swiglu` branch", TEMPLATE, context, helpers)
+
+
+IDIOM = Idiom(
+    rule=SWIGLU,
+    markers=("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN"),
+    identifiers=("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN", "act"),
+    kernels=("npu_swiglu",),
+    match=match,
+    template=TEMPLATE,
+    helpers={IS_SILU: "_is_silu"},
+)

@@ -1,7 +1,9 @@
 """A CPU model of the torch_npu fused kernels that npu-migrate's fused branches call.
 
 `npu-migrate verify` installs `torch_npu_module()` as `torch_npu` in the migrated modules when no NPU is
-present, so the fused branches really run. Two things matter as much as the numbers:
+present, so the fused branches really run; the tests of the fused rewrites do the same. It is the one
+model of each kernel: a fused idiom names the kernels it calls (`Idiom.kernels`) and finds its model
+here, in `OPS`, by that name. Two things matter as much as the numbers:
 
 * The semantics are the documented ones (torch_npu 2.14; ../shared/reference/torch_npu_facts.md §1),
   including the surprising ones a rewrite can get wrong: `npu_swiglu` activates the *first* half,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import types
 from collections.abc import Sequence
 
@@ -187,6 +190,8 @@ def npu_rotary_mul(self, r1, r2, rotary_mode="half", rotate=None):
         _require(any(s["B"] < 1000 and s["N"] < 1000 for s in layouts), op, "B and N must each be < 1000")
     else:
         _require(any(s["B"] * s["N"] < 1000 for s in layouts), op, "B * N must be < 1000 in interleave mode")
+    if r1.requires_grad or r2.requires_grad:
+        _require(any(s["B"] * s["N"] <= 1024 for s in layouts), op, "B * N must be <= 1024 when r1/r2 need grads")
     xf = x.float()
     if rotate is not None:
         rotate = _tensor(rotate, op, "rotate")
@@ -362,12 +367,14 @@ def npu_fusion_attention(
     offset=0,
     *,
     _generator=None,
+    _kinds=None,
 ):
     """softmax(mask(scale · (Q·Kᵀ + pse)))·V with dropout; returns the 7-tuple of torch_npu 2.14.
 
     `atten_mask` True = masked; `scale` defaults to 1.0; GQA repeats each kv head Nq/Nkv times.
     softmax_max / softmax_sum are the row max and row sum of exp replicated 8 times (their device layout
     is UNVERIFIED); softmax_out is empty; seed/offset echo the arguments; numels counts dropout draws.
+    `_kinds`, a Counter, is told what each accepted call asked for (`_attention_kinds`).
     """
     op = "npu_fusion_attention"
     q, k, v = (_tensor(t, op, n) for t, n in ((query, "query"), (key, "key"), (value, "value")))
@@ -440,6 +447,7 @@ def npu_fusion_attention(
             seed,
             offset,
             _generator,
+            _kinds,
             op,
         )
 
@@ -463,6 +471,7 @@ def npu_fusion_attention(
             f"pse shape {tuple(pse.shape)} must be BNSS, BN1S or 1NSS",
         )
     masked = _masked_positions(sparse_mode, atten_mask, sq, skv, pre_tockens, next_tockens, (b, nq), op)
+    _count_kinds(_kinds, atten_mask, sparse_mode, nq, nkv)
     if nkv != nq:
         kb, vb = kb.repeat_interleave(nq // nkv, 1), vb.repeat_interleave(nq // nkv, 1)
     out, row_max, row_sum = _attend(qb, kb, vb, pse, masked, scale, keep_prob, sink, inner_precise, _generator)
@@ -476,6 +485,19 @@ def npu_fusion_attention(
         int(offset),
         numels,
     )
+
+
+def _count_kinds(kinds, atten_mask, sparse_mode: int, nq: int, nkv: int) -> None:
+    """What a call asked for, for tests that check which path a rewrite takes: "full" (no mask, whatever
+    the sparse_mode), "mask" (a mask as given, modes 0-1), "causal" (modes 2-3), "band" (mode 4), and
+    "gqa" besides when there are fewer kv heads than query heads."""
+    if kinds is None:
+        return
+    if atten_mask is None:
+        kinds["full"] += 1
+    else:
+        kinds[("mask", "mask", "causal", "causal", "band")[sparse_mode]] += 1
+    kinds["gqa"] += nkv != nq
 
 
 def _stats(t: torch.Tensor) -> torch.Tensor:
@@ -501,6 +523,7 @@ def _fusion_attention_tnd(
     seed,
     offset,
     generator,
+    kinds,
     op,
 ):
     _require(q.dim() == 3 and k.dim() == 3, op, f"query and key must be 3-D (T, N, D) for TND, got {tuple(q.shape)}")
@@ -521,6 +544,7 @@ def _fusion_attention_tnd(
         op,
         f"the sequence ends {qends[-1]}/{kvends[-1]} exceed T = {q.shape[0]}/{k.shape[0]}",
     )
+    _count_kinds(kinds, atten_mask, sparse_mode, nq, nkv)
     out = q.new_zeros(q.shape[0], nq, v.shape[2], dtype=torch.float32)
     row_max = torch.zeros(q.shape[0], nq)
     row_sum = torch.zeros(q.shape[0], nq)
@@ -543,7 +567,7 @@ def _fusion_attention_tnd(
 
 # -- the module --------------------------------------------------------------------------------------------
 
-#: Every op the fused templates can emit, by name.
+#: Every op the fused rewrites can emit, by kernel name: the names `Idiom.kernels` declare.
 OPS = {
     "npu_rms_norm": npu_rms_norm,
     "npu_add_rms_norm": npu_add_rms_norm,
@@ -554,16 +578,21 @@ OPS = {
 
 
 def torch_npu_module(
-    generator: torch.Generator | None = None, calls: collections.Counter | None = None
+    generator: torch.Generator | None = None,
+    calls: collections.Counter | None = None,
+    kinds: collections.defaultdict | None = None,
 ) -> types.ModuleType:
-    """A stand-in `torch_npu` module: the reference ops plus `calls`, a Counter of calls per op.
+    """A stand-in `torch_npu` module: the reference ops plus what they were asked.
 
-    `generator` drives `npu_fusion_attention` dropout, so `keep_prob < 1` is reproducible; pass a shared
-    `calls` Counter to aggregate several modules. Any other torch_npu attribute raises AttributeError,
-    which is what a rewrite reaching for an op the reference lacks should see.
+    `module.calls` counts the calls per op, rejected ones included; `module.kinds[op]` counts the kinds
+    of accepted calls an op tells apart (`npu_fusion_attention`: see `_count_kinds`). `generator` drives
+    `npu_fusion_attention` dropout, so `keep_prob < 1` is reproducible; pass a shared `calls` Counter
+    (or `kinds`, a defaultdict of Counters) to aggregate several modules. Any other torch_npu attribute
+    raises AttributeError, which is what a rewrite reaching for an op the reference lacks should see.
     """
     module = types.ModuleType("torch_npu", "CPU reference model of the torch_npu fused ops (npu-migrate verify).")
     module.calls = collections.Counter() if calls is None else calls
+    module.kinds = collections.defaultdict(collections.Counter) if kinds is None else kinds
     module.generator = generator if generator is not None else torch.Generator().manual_seed(0)
     module.__npu_migrate_reference__ = True
     for name, fn in OPS.items():
@@ -572,7 +601,10 @@ def torch_npu_module(
 
 
 def _counted(module: types.ModuleType, name: str, fn):
-    extra = {"_generator": module.generator} if name == "npu_fusion_attention" else {}
+    # What the module holds for an op, passed to the ops that take it (keyword-only, `_`-prefixed:
+    # not part of the torch_npu signature).
+    context = {"_generator": lambda: module.generator, "_kinds": lambda: module.kinds[name]}
+    extra = {key: value() for key, value in context.items() if key in inspect.signature(fn).parameters}
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
