@@ -16,6 +16,7 @@ import pytest
 from conftest import FIXTURES
 
 import npu_migrate.templates as templates
+from npu_migrate.registry import rules_tagged
 from npu_migrate.rule import Rule
 from npu_migrate.transforms import fused
 from npu_migrate.transforms.fused import IDIOMS, FusedOpsChecker, _helper_names
@@ -37,10 +38,13 @@ def test_every_module_that_declares_a_rule_is_a_registered_idiom():
         assert module.IDIOM in IDIOMS
     assert [i.rule.id for i in IDIOMS] == sorted(i.rule.id for i in IDIOMS)
     assert FusedOpsChecker.rules == tuple(dict.fromkeys(i.rule for i in IDIOMS))
+    # What `fused = {...}` in the configuration and analyze's affinity report select by: exactly the idioms.
+    assert set(rules_tagged("fused")) == {i.rule for i in IDIOMS}
 
 
 def test_every_kernel_an_idiom_names_has_a_reference_op():
-    reference = pytest.importorskip("npu_migrate.verify.reference")
+    from npu_migrate.verify import reference  # imports torch: only this test needs it
+
     for idiom in IDIOMS:
         assert idiom.kernels and set(idiom.kernels) <= set(reference.OPS), idiom.rule.id
 

@@ -131,7 +131,6 @@ def test_every_rule_has_every_doc_field(r):
         assert r.example.after is None, "a report-only rule's example is left as it is"
         assert r.example.reports.strip(), "a report-only rule's example says what it reports"
     assert bool(r.review.strip()) == (r.fix_safety is FixSafety.NEEDS_REVIEW)
-    assert bool(r.fused_op) == ("fused" in r.tags)
     assert "analysis" not in r.tags or r.fix_safety is FixSafety.REPORT_ONLY
     text = r.documentation
     for section in ("What it does:", "Why:", f"Example ({r.example.path}", f"Fix safety: {r.fix_safety.value}."):

@@ -114,8 +114,6 @@ class Rule:
     tags: frozenset[str] = frozenset()
     #: Code the rule must leave alone and not report (written like `Example.before`, same file name).
     valid: tuple[str, ...] = ()
-    #: The torch_npu operator a fused-operator rule's branch calls.
-    fused_op: str = ""
     #: Whether the rewritten code needs torch_npu imported unconditionally (rule NPU001). False for the
     #: fused branches, which reach torch_npu only through their guarded prelude and must keep running
     #: where torch_npu is absent.

@@ -160,7 +160,6 @@ ATTENTION = Rule(
     and the migrated tree.
     """,
     tags=frozenset({"fused"}),
-    fused_op="torch_npu.npu_fusion_attention",
     needs_torch_npu=False,
 )
 

@@ -114,7 +114,6 @@ RMS_NORM = Rule(
     and the migrated tree.
     """,
     tags=frozenset({"fused"}),
-    fused_op="torch_npu.npu_rms_norm",
     needs_torch_npu=False,
 )
 

@@ -155,7 +155,6 @@ ROTARY = Rule(
     and the migrated tree.
     """,
     tags=frozenset({"fused"}),
-    fused_op="torch_npu.npu_rotary_mul",
     needs_torch_npu=False,
 )
 

@@ -106,7 +106,6 @@ SWIGLU = Rule(
     and the migrated tree.
     """,
     tags=frozenset({"fused"}),
-    fused_op="torch_npu.npu_swiglu",
     needs_torch_npu=False,
 )
 
