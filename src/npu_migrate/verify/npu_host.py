@@ -83,7 +83,7 @@ def install(torch_npu_version: str | None = None, device_count: int = 1) -> Host
             )
         return _HOST
     _refuse_real_torch_npu()
-    _hide_cuda()
+    hide_cuda()
     rt = npu_runtime.Runtime(device_count, capability_from_env=_at_least(api.version, CAPABILITY_ENV_SINCE))
     modules = npu_surface.build_modules(api, rt)
     try:
@@ -118,7 +118,7 @@ def _not_compiled(*args, **kwargs):
     raise AssertionError(NOT_COMPILED)
 
 
-def _hide_cuda() -> None:
+def hide_cuda() -> None:
     """CUDA as on a CPU build of torch; on a CUDA build the GPUs are hidden from the driver as well."""
     if torch.backends.cuda.is_built():
         if torch.cuda.is_initialized():

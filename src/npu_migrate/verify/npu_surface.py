@@ -34,6 +34,7 @@ from npu_migrate.api import NpuApi, load_table
 from npu_migrate.verify import npu_device, npu_runtime, reference
 from npu_migrate.verify.reference import NotModelledError
 
+
 def not_modelled(qualname: str, version: str) -> NotModelledError:
     return NotModelledError(
         f"{qualname} is not modelled by the simulated NPU host (torch_npu {version}; npu-migrate verify --smoke): "
