@@ -130,6 +130,10 @@ class UnmodelledPackage(types.ModuleType):
         raise not_modelled(f"{self.__name__}.{name}", self._version)
 
 
+#: torch_npu modules imported for what they do on import: importing them cannot succeed silently.
+_ACT_ON_IMPORT = ("torch_npu.contrib.transfer_to_npu",)
+
+
 class UnmodelledFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Claims every `torch_npu.*` module the stand-in lacks, so a real torch_npu is never imported."""
 
@@ -145,7 +149,8 @@ class UnmodelledFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return UnmodelledPackage(spec.name, self.version)
 
     def exec_module(self, module) -> None:
-        return None
+        if module.__name__ in _ACT_ON_IMPORT:
+            raise not_modelled(f"import {module.__name__} (it patches torch on import)", self.version)
 
 
 def _parameters(schema: str) -> inspect.Signature | None:
