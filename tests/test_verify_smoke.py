@@ -1,8 +1,8 @@
 """`npu-migrate verify --smoke` on our own fixture projects, migrated by `npu-migrate apply --output` here.
 
 * `fixtures/projects/smoke_runs`: a tiny LM trained by a script (arguments, AMP, one-process DDP over
-  nccl, a checkpoint saved and loaded with map_location), also importable as a module and built by a
-  factory. Migrated, it must run on the simulated host, on the NPU, through its fused branches.
+  nccl, a checkpoint saved and loaded with map_location), launched one DDP process per GPU with
+  `torch.multiprocessing.spawn`, importable as a module and built by a factory. Migrated, it must run on the simulated host, on the NPU, through its fused branches.
 * `fixtures/projects/smoke_guard`: `HAS_GPU = torch.cuda.is_available()` is rewritten, the capability
   test after it is not (issue #13, pattern 1): the migrated program crashes at import on an NPU host.
 
@@ -74,6 +74,18 @@ def test_script_with_arguments_trains_on_the_npu(runs):
     assert "step 2 loss" in report.output_tail and "on npu" in report.output_tail
     assert "done" in report.output_tail
     assert report.fused_calls["npu_rms_norm"] > 0 and report.fused_calls["npu_swiglu"] > 0
+
+
+@pytest.mark.slow
+def test_spawned_ddp_processes_are_npu_hosts_too(runs):
+    # launch.py spawns one process per device (torch.npu.device_count() after migration): two fresh
+    # interpreters that must find torch_npu, set their device and all-reduce over hccl.
+    _, migrated = runs
+    report = smoke.run(migrated, script=migrated / "launch.py", device_count=2)
+    assert report.passed, report.to_text(verbose=True)
+    assert "rank 0/2" in report.output_tail and "rank 1/2" in report.output_tail
+    sums = {line.split("summed ")[1] for line in report.output_tail.splitlines() if "summed" in line}
+    assert len(sums) == 1  # both ranks hold the same all-reduced value
 
 
 def test_module_entry(runs):

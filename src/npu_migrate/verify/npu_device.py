@@ -8,6 +8,10 @@ such as `torch.empty(..., device="npu")`, the copies behind `.to("npu")`) get Pr
 that do the same. So `x.is_npu`, `.npu()`, `.to("npu")`, `Module.npu()`, autograd and the optimizers
 work as on a device, and a tensor left on the CPU next to an NPU tensor fails as it does on one.
 
+Every NPU tensor is on `npu:0`, whatever `torch.npu.set_device` chose (that index is kept for the code
+that asks for it): torch's autograd engine knows one device of a Python backend. So each process of a
+multi-process job sees its tensors on npu:0, and `x.to("npu:1")` stays there.
+
 Autocast on "npu" is accepted but casts nothing (a fallthrough): the AMP API works, dtypes stay.
 
 Needs torch's experimental `_setup_privateuseone_for_python_backend` (torch >= 2.9; checked on 2.11
@@ -36,7 +40,6 @@ _CROSS_DEVICE_OPS = frozenset(
         "aten::index_put",
         "aten::index_put_",
         "aten::_index_put_impl_",
-        "aten::_has_compatible_shallow_copy_type",
     }
 )
 
@@ -65,7 +68,7 @@ class DeviceSetupError(RuntimeError):
 
 
 class NpuTensor(torch.Tensor):
-    """A tensor on the simulated `npu:0`, holding its values in the CPU tensor `elem`."""
+    """A tensor on a simulated NPU, holding its values in the CPU tensor `elem`."""
 
     elem: torch.Tensor
 
@@ -110,11 +113,9 @@ class NpuTensor(torch.Tensor):
 
 
 def _is_npu_device(device) -> bool:
-    if isinstance(device, torch.device):
-        return device.type == DEVICE_TYPE
     if isinstance(device, str):
-        return torch.device(device).type == DEVICE_TYPE
-    return False
+        device = torch.device(device)
+    return isinstance(device, torch.device) and device.type == DEVICE_TYPE
 
 
 def _unwrap(value):
@@ -147,13 +148,14 @@ def mixed_devices_allowed():
 def _run(func, args, kwargs):
     if func.namespace == "c10d":
         return _collective(func, args, kwargs)
+    if func is torch.ops.aten.record_stream.default:
+        return None  # one CPU runs every op in order: no stream to keep a tensor alive for
     leaves = tree_leaves((args, kwargs))
     on_npu = any(isinstance(leaf, NpuTensor) for leaf in leaves)
     if on_npu:
         _check_one_device(func, leaves)
-    device = kwargs.get("device")
-    if device is not None:
-        on_npu = _is_npu_device(device)
+    if kwargs.get("device") is not None:
+        on_npu = _is_npu_device(kwargs["device"])
         if on_npu:
             kwargs = dict(kwargs, device=torch.device("cpu"))
     out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
@@ -201,11 +203,11 @@ def require_python_backend() -> None:
         )
 
 
-def install_device(backend_module: types.ModuleType) -> torch.device:
+def install_device(backend_module: types.ModuleType) -> None:
     """Rename PrivateUse1 to "npu", register `backend_module` as `torch.npu`, and install the kernels."""
     global _NPU0
     if _NPU0 is not None:
-        return _NPU0
+        return
     require_python_backend()
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
@@ -226,4 +228,3 @@ def install_device(backend_module: types.ModuleType) -> torch.device:
     autocast = torch.library.Library("_", "IMPL")
     autocast.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     _LIBRARIES.extend((kernels, autocast))
-    return _NPU0

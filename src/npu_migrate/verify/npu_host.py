@@ -12,6 +12,8 @@ torch, with no torch_npu, CANN or device:
 * `torch.distributed` with the "hccl" backend: gloo runs the collectives on the CPU tensors behind the
   NPU tensors, so `init_process_group("hccl", ...)`, the collectives and DDP work (one process, or
   several on one machine);
+* child interpreters started with the "spawn" method (`torch.multiprocessing.spawn`, DataLoader
+  workers under spawn) become the same host before they unpickle their work;
 * CUDA failing as on the CPU build of torch an Ascend host has: `torch.cuda.is_available()` is False,
   `torch.version.cuda` is None, and anything that initialises CUDA raises
   `AssertionError: Torch not compiled with CUDA enabled`. On a CUDA build the GPUs are hidden too:
@@ -94,6 +96,7 @@ def install(torch_npu_version: str | None = None, device_count: int = 1) -> Host
     sys.meta_path.insert(0, npu_surface.UnmodelledFinder(api.version))
     npu_serialization.install()
     _register_hccl()
+    _spawn_children_as_hosts(api.version, device_count)
     _HOST = Host(api.version, device_count, modules["torch_npu"]._npu_migrate_calls)
     return _HOST
 
@@ -136,6 +139,29 @@ def hide_cuda() -> None:
     torch.version.cuda = None
     torch.backends.cuda.is_built = lambda: False
     torch.backends.cudnn.is_available = lambda: False
+
+
+def _spawn_children_as_hosts(version: str, device_count: int) -> None:
+    """A spawned child is a fresh interpreter: its command line installs the host before anything else."""
+    import multiprocessing.spawn
+
+    import npu_migrate
+
+    command_line = multiprocessing.spawn.get_command_line
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(npu_migrate.__file__)))
+    setup = (
+        f"import sys; sys.path.insert(0, {package_parent!r}); from npu_migrate.verify import npu_host; "
+        f"npu_host.install({version!r}, device_count={device_count}); "
+    )
+
+    def host_command_line(**kwds):
+        line = command_line(**kwds)
+        if "-c" in line:
+            index = line.index("-c") + 1
+            line[index] = setup + line[index]
+        return line
+
+    multiprocessing.spawn.get_command_line = host_command_line
 
 
 def _register_hccl() -> None:

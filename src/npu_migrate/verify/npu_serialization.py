@@ -1,8 +1,8 @@
 """Checkpoints on the simulated NPU: `torch.save` of NPU tensors and `torch.load(map_location="npu")`.
 
 An NPU tensor of the simulated host has no device storage, so torch cannot save or restore one on
-its own. Here an NPU tensor is saved as the CPU tensor behind it, its storage tagged "npu:0" (what
-torch_npu writes), and `torch.load` restores every storage whose location is, or is mapped to, an NPU
+its own. Here an NPU tensor is saved as the CPU tensor behind it, its storage tagged with its device
+("npu:0", what torch_npu writes for a tensor there), and `torch.load` restores every storage whose location is, or is mapped to, an NPU
 as a CPU storage, then moves the tensors built on those storages to the NPU. So `map_location="npu"`,
 `{"cuda:0": "npu:0"}` and a checkpoint saved on the NPU load as on an Ascend host, and
 `weights_only=True` loads keep working (nothing but plain tensors is pickled).
@@ -21,26 +21,26 @@ from npu_migrate.verify import npu_device
 _state = threading.local()
 
 
-def _saving() -> set[int]:
+def _saving() -> dict[int, str]:
+    """The NPU tensors being saved: their CPU storage's address -> their device."""
     if not hasattr(_state, "saving"):
-        _state.saving = set()
+        _state.saving = {}
     return _state.saving
 
 
-def _loading() -> set[int] | None:
+def _loading() -> dict[int, str] | None:
+    """During a load: the address of each storage bound for an NPU -> that NPU ("npu" = the current one)."""
     return getattr(_state, "loading", None)
 
 
 def _reduce_ex(self, protocol):
-    """An NPU tensor pickles as the CPU tensor behind it; the tagger below names its storage npu:0."""
-    _saving().add(self.elem.untyped_storage().data_ptr())
+    """An NPU tensor pickles as the CPU tensor behind it; the tagger below names its storage's device."""
+    _saving()[self.elem.untyped_storage().data_ptr()] = str(self.device)
     return self.elem.__reduce_ex__(protocol)
 
 
 def _tag(storage) -> str | None:
-    if storage.device.type == "cpu" and storage.data_ptr() in _saving():
-        return str(npu_device.npu0())
-    return None
+    return _saving().get(storage.data_ptr()) if storage.device.type == "cpu" else None
 
 
 def _restore(storage, location: str):
@@ -48,19 +48,20 @@ def _restore(storage, location: str):
     moved = _loading()
     if moved is None or not location.startswith(npu_device.DEVICE_TYPE):
         return None
-    moved.add(storage.data_ptr())
+    moved[storage.data_ptr()] = location
     return storage
 
 
-def _to_npu(value, moved: set[int], seen: dict[int, object]):
+def _to_npu(value, moved: dict[int, str], seen: dict[int, object]):
     if id(value) in seen:
         return seen[id(value)]
     result = value
     if isinstance(value, torch.nn.Module):
         value._apply(lambda t: _to_npu(t, moved, seen))
     elif type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
-        if value.device.type == "cpu" and value.untyped_storage().data_ptr() in moved:
-            result = value.to(npu_device.npu0())
+        location = moved.get(value.untyped_storage().data_ptr()) if value.device.type == "cpu" else None
+        if location is not None:
+            result = value.to(location)
             if isinstance(value, torch.nn.Parameter):
                 result = torch.nn.Parameter(result, requires_grad=value.requires_grad)
             else:
@@ -96,7 +97,7 @@ def install() -> None:
     @functools.wraps(load)
     def simulated_load(*args, **kwargs):
         outer = _loading()
-        _state.loading = moved = set()
+        _state.loading = moved = {}
         try:
             result = load(*args, **kwargs)
         finally:
