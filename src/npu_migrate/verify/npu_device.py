@@ -14,8 +14,8 @@ multi-process job sees its tensors on npu:0, and `x.to("npu:1")` stays there.
 
 Autocast on "npu" is accepted but casts nothing (a fallthrough): the AMP API works, dtypes stay.
 
-Needs torch's experimental `_setup_privateuseone_for_python_backend` (torch >= 2.9; checked on 2.11
-and 2.13). It can run once per process: PrivateUse1 is renamed for good.
+Needs torch's experimental `_setup_privateuseone_for_python_backend` (added in torch 2.9; tested on
+2.13). It can run once per process: PrivateUse1 is renamed for good.
 """
 
 from __future__ import annotations

@@ -240,11 +240,11 @@ def _crash(error: dict, migrated: Path) -> Crash:
 
 def _compare_with_original(report, original: Path, migrated: Path, kind, entry, args, timeout) -> None:
     """Run the original entry on a CPU host: the same failure there is not the migration's doing."""
-    if kind == "script":
+    if kind in ("script", "factory"):
         try:
             entry = str(original.resolve() / Path(entry).relative_to(migrated.resolve()))
         except ValueError:
-            pass  # a script outside the tree runs as it is
+            pass  # a file outside the tree runs as it is
         if not Path(entry).is_file():
             return
     result, _ = _run_worker(original, kind, entry, args, "cpu", None, 1, timeout)
