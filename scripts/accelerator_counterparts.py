@@ -84,7 +84,8 @@ CUDA_COUNTERPARTS: dict[str, Counterpart] = {
     "CUDAGraph": Counterpart(
         "torch.accelerator.Graph",
         "Graph(keep_graph=False, *, pool=None, capture_error_mode='default') takes pool and capture_error_mode "
-        "at construction, not in capture_begin(); it wraps the backend's graph through torch._C._acceleratorGraph, "
+        "at construction, not in capture_begin(), and its default mode is the backend's, not CUDA's 'global'; "
+        "it wraps the backend's graph through torch._C._acceleratorGraph, "
         "and whether torch_npu implements that interface is unverified",
     ),
     "CUDAPluggableAllocator": _none("backend-specific allocator class (torch_npu: torch.npu.NPUPluggableAllocator)"),
@@ -112,7 +113,8 @@ CUDA_COUNTERPARTS: dict[str, Counterpart] = {
         "torch.amp",
         "torch.cuda.amp.autocast(...) -> torch.amp.autocast(<device type>, ...); GradScaler(...) -> "
         "torch.amp.GradScaler(<device type>, ...), whose device defaults to 'cuda', so always pass it; "
-        "custom_fwd/custom_bwd take a keyword-only device_type=",
+        "custom_fwd/custom_bwd take a keyword-only device_type=; torch.amp has GradScaler from 2.3 and "
+        "custom_fwd/custom_bwd from 2.4 (see [introduced])",
     ),
     "caching_allocator_alloc": _device_module("caching_allocator_alloc"),
     "caching_allocator_delete": _device_module("caching_allocator_delete"),
