@@ -125,7 +125,7 @@ def test_command_line_overrides_the_configuration(configured):
         ("colour = 'red'\n", "unknown key 'colour'"),
         ("select = 3\n", "select: expected a list of strings"),
         ("fused = 'maybe'\n", "fused: expected true, false or a table"),
-        ("select = ['NPU9']\n", "unknown rule or prefix 'NPU9'"),
+        ("select = ['NPU99']\n", "unknown rule or prefix 'NPU99'"),
         ("torch-npu-version = '0.1'\n", "unknown torch_npu version '0.1'"),
         ("require-clean-git = 'yes'\n", "require-clean-git: expected true or false"),
     ],
