@@ -10,7 +10,9 @@ them, `--select` / `--ignore` accept their ids, and every finding of an analysis
 
 from __future__ import annotations
 
-from npu_migrate.findings import Finding, Severity
+from collections.abc import Mapping
+
+from npu_migrate.findings import Finding, FindingData, Severity
 from npu_migrate.rule import Example, FixSafety, Rule
 
 _ANALYSIS = frozenset({"analysis"})
@@ -330,5 +332,13 @@ RULES = (
 )
 
 
-def finding(rule: Rule, path: str, line: int, col: int, message: str, severity: Severity | None = None) -> Finding:
-    return Finding(rule.id, path, line, col, message, severity or rule.severity)
+def finding(
+    rule: Rule,
+    path: str,
+    line: int,
+    col: int,
+    message: str,
+    severity: Severity | None = None,
+    data: Mapping[str, str | int] | None = None,
+) -> Finding:
+    return Finding(rule.id, path, line, col, message, severity or rule.severity, data=FindingData.of(data))

@@ -12,25 +12,21 @@ from __future__ import annotations
 
 import ast
 import functools
-import re
 
 from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
-from npu_migrate.registry import all_rules
-
-_TORCH_NPU_OP = re.compile(r"torch_npu\.npu_\w+")
+from npu_migrate.registry import rule
+from npu_migrate.transforms.fused import IDIOMS
 
 
 @functools.cache
 def fused_rule_targets() -> dict[str, str]:
-    """Rule id -> the torch_npu operator each fused-operator rule injects (named in its summary)."""
-    out = {}
-    for rule in all_rules():
-        if rule.id.startswith("NPU7"):
-            found = _TORCH_NPU_OP.search(rule.summary) or _TORCH_NPU_OP.search(rule.documentation)
-            if found:
-                out[rule.id] = found.group(0)
-    return out
+    """Rule id -> the torch_npu operator each fused-operator rule injects, as its idiom declares it."""
+    return {idiom.rule.id: f"torch_npu.{idiom.kernels[0]}" for idiom in IDIOMS}
+
+
+def is_fused_rule(rule_id: str) -> bool:
+    return "fused" in rule(rule_id).tags
 
 
 _SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -63,8 +59,8 @@ ADVICE = {
 
 
 def is_fused_site(finding) -> bool:
-    """A fused-operator rule's finding about one candidate (not the shared prelude it adds once per file)."""
-    return finding.rule_id.startswith("NPU7") and not finding.message.startswith("fused-op helpers")
+    """A fused-operator rule's finding about one candidate (not the shared helpers it adds once per file)."""
+    return is_fused_rule(finding.rule_id) and finding.data.get("fused") != "helpers"
 
 
 def _same(a: ast.AST, b: ast.AST) -> bool:
@@ -111,11 +107,13 @@ class _Matcher(ast.NodeVisitor):
                 call_name,
                 target,
                 "candidate" if available else "unavailable",
-                "NPU921",
+                R.AFFINITY_API.id,
                 note,
             ]
         )
-        self.findings.append(R.finding(R.AFFINITY_API, self.source.display, line, col, f"{call_name}: {note}"))
+        self.findings.append(
+            R.finding(R.AFFINITY_API, self.source.display, line, col, f"{call_name}: {note}", data={"api": target})
+        )
 
     # -- scopes
     def visit_FunctionDef(self, node) -> None:
@@ -199,11 +197,13 @@ class _Matcher(ast.NodeVisitor):
                     qualname,
                     target,
                     "candidate",
-                    "NPU921",
+                    R.AFFINITY_API.id,
                     note,
                 ]
             )
-            self.findings.append(R.finding(R.AFFINITY_API, self.source.display, line, col, f"{qualname}: {note}"))
+            self.findings.append(
+                R.finding(R.AFFINITY_API, self.source.display, line, col, f"{qualname}: {note}", data={"api": target})
+            )
         elif self._masked_softmax(node, qualname):
             self._add(node, "special", self.source.segment(node, 60), "torch_npu.npu_scaled_masked_softmax")
         self.generic_visit(node)
@@ -285,7 +285,7 @@ def scan(source: Source, context: Context) -> dict | None:
 def collect(project: Project, result: ModeResult) -> None:
     rows = []
     for finding in project.rule_findings:
-        if not finding.rule_id.startswith("NPU7"):
+        if not is_fused_rule(finding.rule_id):
             continue
         result.findings.append(finding)
         if not is_fused_site(finding):

@@ -482,7 +482,7 @@ def complexity(project: Project, findings_by_rule: Counter, facts: dict) -> dict
     if declined:
         reasons.append(f"{declined} fused-kernel candidates the codemod declined (apply by hand)")
         days += EFFORT_DAYS["fused_declined"] * declined
-    syncs = findings_by_rule.get("NPU941", 0)
+    syncs = findings_by_rule.get(R.HOST_SYNC.id, 0)
     if syncs:
         reasons.append(f"{syncs} host-device syncs inside loops")
         days += EFFORT_DAYS["sync_in_loop"] * syncs
@@ -534,12 +534,12 @@ def collect(project: Project, result: ModeResult) -> None:
         if f.rule_id in targets and is_fused_site(f):
             pattern = targets[f.rule_id].rsplit(".", 1)[-1].removeprefix("npu_")
             fusion_rows.append([pattern, ("applied by apply: " if f.fixed else "declined: ") + f.message, f.location()])
-        elif f.rule_id == "NPU921" and "npu_fusion_attention" in f.message:
+        elif f.rule_id == R.AFFINITY_API.id and f.data.get("api") == "torch_npu.npu_fusion_attention":
             fusion_rows.append(["flash_attention", f.message.split(":")[0], f.location()])
     fusion_rows.sort(key=lambda r: (r[0], location_key(r[2])))
 
     loaders = gathered["loaders"]
-    sync_rows = [[f.location(), f.message] for f in result.findings if f.rule_id == "NPU941"]
+    sync_rows = [[f.location(), f.message] for f in result.findings if f.rule_id == R.HOST_SYNC.id]
     memory = {
         "dataloaders": loaders,
         "syncs_in_loops": len(sync_rows),

@@ -15,17 +15,19 @@ import ast
 from collections import Counter
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.modes.affinity_apis import is_fused_site
+from npu_migrate.analyze.modes.affinity_apis import is_fused_rule, is_fused_site
 from npu_migrate.analyze.modes.custom_kernels import is_kernel_rule
 from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
 from npu_migrate.api import Kind
 from npu_migrate.findings import Finding, Severity
+from npu_migrate.registry import rules_tagged
 
 SUPPORTED, UNSUPPORTED, UNKNOWN = "supported", "unsupported", "unknown"
 
 #: Rule findings that are advice about numerics, and those about speed (the two advice CSVs).
-PRECISION_RULES = ("NPU204", "NPU951", "NPU952")
-PERFORMANCE_RULES = ("NPU305", "NPU921", "NPU931", "NPU941", "NPU942")  # and every fused-operator site (NPU7xx)
+#: The rules behind api_precision_advice.csv and api_performance_advice.csv (and every fused-operator site).
+PRECISION_RULES = frozenset(r.id for r in rules_tagged("precision"))
+PERFORMANCE_RULES = frozenset(r.id for r in rules_tagged("performance"))
 
 #: Roots whose names this mode lists: torch itself and torch_npu.
 ROOTS = ("torch", "torch_npu")
@@ -178,7 +180,7 @@ def collect(project: Project, result: ModeResult) -> None:
 
     # Fused-operator sites are the affinity mode's, CUDA sources and builds the custom_kernels mode's.
     result.findings = [
-        f for f in project.rule_findings if not f.rule_id.startswith("NPU7") and not is_kernel_rule(f.rule_id)
+        f for f in project.rule_findings if not is_fused_rule(f.rule_id) and not is_kernel_rule(f.rule_id)
     ]
     unsupported, unknown, cuda_rows = [], [], []
     inventory: dict[str, dict] = {}
