@@ -13,12 +13,14 @@ import pytest
 
 from npu_migrate import pipeline, scoped
 from npu_migrate.api import NpuApi
+from npu_migrate.checkers import Checker, TreeChecker
 from npu_migrate.findings import Finding, FindingData, Severity
 from npu_migrate.lines import Suppressions, suppression_comments
 from npu_migrate.pipeline import FileResult, Mode, Plan, Status, migrate_source, migrate_text
 from npu_migrate.registry import all_checkers, select_rules
 from npu_migrate.report import Summary, write_json
-from npu_migrate.rule import Checker, Example, FixSafety, Rule, TextReport, TreeChecker, TreeReport
+from npu_migrate.reports import TextReport, TreeReport
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.source import decode_source
 from npu_migrate.textfiles import apply_reports
 

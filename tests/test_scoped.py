@@ -14,9 +14,10 @@ import pytest
 from conftest import FIXTURES
 
 from npu_migrate import scoped
+from npu_migrate.checkers import TreeChecker
 from npu_migrate.findings import Severity
 from npu_migrate.pipeline import migrate_text
-from npu_migrate.rule import Example, FixSafety, Rule, TreeChecker
+from npu_migrate.rule import Example, FixSafety, Rule
 
 FUSED_INPUTS = sorted(
     p for rule in ("NPU701", "NPU702", "NPU703", "NPU704") for p in (FIXTURES / "rules" / rule).glob("*.in.py")

@@ -14,10 +14,11 @@ import libcst as cst
 
 from npu_migrate.api import load_table
 from npu_migrate.astindex import name_sets, words_may_name
+from npu_migrate.checkers import NameUseChecker
 from npu_migrate.context import FileContext
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, rebind_import
-from npu_migrate.rule import Example, FixSafety, NameUseChecker, Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.transforms.common.arguments import argument
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.common.qualnames import is_under, with_tail

@@ -13,9 +13,10 @@ import libcst as cst
 
 from npu_migrate.api import Kind
 from npu_migrate.astindex import name_sets, words_may_name
+from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
-from npu_migrate.rule import Checker, Example, FixSafety, Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.transforms.common.qualnames import is_under, with_tail
 
 SAME_NAME = Rule(

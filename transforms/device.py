@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Checker, Example, FixSafety, Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.common.strings import string_value

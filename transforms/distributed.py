@@ -15,9 +15,10 @@ import libcst as cst
 
 from npu_migrate.api import load_table
 from npu_migrate.astindex import name_sets, words_may_name
+from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.imports import dotted_node
-from npu_migrate.rule import Checker, Example, FixSafety, Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.transforms.common.arguments import argument, keyword
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Checker, Example, FixSafety, Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.transforms.common.env_vars import Need, known_variable, verdict, visible_devices_problem
 from npu_migrate.transforms.common.strings import replaceable, string_value, with_value
 

@@ -12,8 +12,9 @@ import re
 import libcst as cst
 
 from npu_migrate import kinds
+from npu_migrate.checkers import Checker, TextChecker
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Checker, Example, FixSafety, Rule, TextChecker
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.textfiles import TextReport
 from npu_migrate.transforms.common.strings import string_value
 

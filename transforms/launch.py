@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 
 from npu_migrate import kinds
+from npu_migrate.checkers import TextChecker
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Example, FixSafety, Rule, TextChecker
+from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.textfiles import TextReport, is_prose, split_lines, token
 from npu_migrate.transforms.common.env_vars import NAMED, PREFIXES, verdict, visible_devices_problem
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import libcst as cst
 
+from npu_migrate.checkers import Checker
 from npu_migrate.imports import add_module_import, dotted_name
-from npu_migrate.rule import Checker, Example, FixSafety, Rule
+from npu_migrate.rule import Example, FixSafety, Rule
 
 IMPORT_TORCH_NPU = Rule(
     id="NPU001",

@@ -264,14 +264,14 @@ def _migratable(path: Path) -> bool:
 
 def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
     """Copy the files npu-migrate does not read into the output tree, so that it is a complete copy."""
-    from npu_migrate.discovery import _is_skipped_dir
+    from npu_migrate.discovery import is_skipped_dir
 
     for given in paths:
         if given.is_file():
             continue
         for dirpath, dirnames, filenames in os.walk(given, followlinks=False):
             folder = Path(dirpath)
-            dirnames[:] = [d for d in dirnames if not _is_skipped_dir(folder / d)]
+            dirnames[:] = [d for d in dirnames if not is_skipped_dir(folder / d)]
             for name in filenames:
                 source = folder / name
                 if _migratable(source) or source.is_symlink():

@@ -17,7 +17,8 @@ import libcst as cst
 from npu_migrate.findings import Severity
 from npu_migrate.fixes import Fix
 from npu_migrate.imports import Binding, ImportTable, rebind_import
-from npu_migrate.rule import Report, Rule
+from npu_migrate.reports import Report
+from npu_migrate.rule import Rule
 
 if TYPE_CHECKING:
     from npu_migrate.api import NpuApi

@@ -48,7 +48,8 @@ class Discovery:
     errors: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
 
 
-def _is_skipped_dir(path: Path) -> bool:
+def is_skipped_dir(path: Path) -> bool:
+    """Folders never walked into: VCS and cache folders, build outputs, virtualenvs under any name."""
     name = path.name
     if name in SKIPPED_DIRS or name.endswith(".egg-info"):
         return True
@@ -132,7 +133,7 @@ def discover(
         for dirpath, dirnames, filenames in os.walk(given, followlinks=False):
             folder = Path(dirpath)
             dirnames[:] = sorted(
-                d for d in dirnames if not _is_skipped_dir(folder / d) and not _excluded(folder / d, excludes)
+                d for d in dirnames if not is_skipped_dir(folder / d) and not _excluded(folder / d, excludes)
             )
             for name in filenames:
                 candidate = folder / name

@@ -7,9 +7,20 @@ from collections.abc import Callable, Iterable
 
 import libcst as cst
 
-from npu_migrate.positions import STATEMENT_TYPES
-
 Fix = Callable[[cst.CSTNode], cst.CSTNode | cst.FlattenSentinel]
+
+
+def _subclasses(base: type) -> set[type]:
+    found = set()
+    for sub in base.__subclasses__():
+        found.add(sub)
+        found |= _subclasses(sub)
+    return found
+
+
+# The concrete types of what `lines.StatementIndex` indexes: `isinstance` against an ABC, for every node,
+# would cost more than the code generation itself.
+STATEMENT_TYPES = frozenset({cst.SimpleStatementLine} | _subclasses(cst.BaseCompoundStatement))
 
 
 class FixApplier(cst.CSTTransformer):

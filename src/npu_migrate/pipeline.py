@@ -19,13 +19,13 @@ import libcst as cst
 from npu_migrate import kinds, notebooks, scoped
 from npu_migrate.api import NpuApi
 from npu_migrate.astindex import AstIndex, text_words
+from npu_migrate.checkers import Checker, TreeChecker
 from npu_migrate.context import FileContext
 from npu_migrate.findings import Finding
 from npu_migrate.fixes import apply_fixes, node_code, skip_statements_apart
 from npu_migrate.lines import StatementIndex, Suppressions, line_of, source_lines, todo_edits
 from npu_migrate.positions import positions_of
 from npu_migrate.registry import all_checkers, select_rules, text_checkers
-from npu_migrate.rule import Checker, TreeChecker
 from npu_migrate.source import SourceError, SourceFile, atomic_write, decode_source, parse_python, read_source
 from npu_migrate.textfiles import apply_reports
 

@@ -24,20 +24,8 @@ from libcst._nodes.internal import CodegenState
 # libcst.metadata re-exports these; importing it loads every metadata provider (20 ms of start-up).
 from libcst._position import CodePosition, CodeRange
 
+from npu_migrate.fixes import STATEMENT_TYPES
 from npu_migrate.lines import LINE_BREAK  # the line breaks libcst's position providers count
-
-
-def _subclasses(base: type) -> set[type]:
-    found = set()
-    for sub in base.__subclasses__():
-        found.add(sub)
-        found |= _subclasses(sub)
-    return found
-
-
-# The concrete types of what `lines.StatementIndex` indexes: `isinstance` against an ABC, for every node,
-# would cost more than the code generation itself.
-STATEMENT_TYPES = frozenset({cst.SimpleStatementLine} | _subclasses(cst.BaseCompoundStatement))
 
 
 class _State(CodegenState):

@@ -13,7 +13,8 @@ import functools
 from collections.abc import Iterable
 
 from npu_migrate.analyze.rules import RULES as ANALYSIS_RULES
-from npu_migrate.rule import Checker, FixSafety, Rule, TextChecker
+from npu_migrate.checkers import Checker, TextChecker
+from npu_migrate.rule import FixSafety, Rule
 from npu_migrate.transforms import CHECKERS, TEXT_CHECKERS
 
 #: The tags a rule may carry, and what each means to the code that selects by it.

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 from npu_migrate.astindex import AstIndex
+from npu_migrate.checkers import TreeChecker
 from npu_migrate.findings import Finding
 from npu_migrate.fixes import Fix, apply_fixes, node_code, skip_statements_apart
 from npu_migrate.lines import (
@@ -32,7 +33,7 @@ from npu_migrate.lines import (
     todo_edits,
 )
 from npu_migrate.positions import positions_of
-from npu_migrate.rule import TreeChecker, TreeReport  # with `Source`, what tree checkers import from here
+from npu_migrate.reports import TreeReport  # with `Source`, what tree checkers import from here
 
 if TYPE_CHECKING:
     from npu_migrate.api import NpuApi

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from npu_migrate.findings import Finding
 from npu_migrate.lines import Suppressions, source_lines
-from npu_migrate.rule import TextReport  # what text checkers import from here, with the line helpers
+from npu_migrate.reports import TextReport  # what text checkers import from here, with the line helpers
 
 
 @dataclass(frozen=True)

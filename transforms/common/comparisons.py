@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Checker, Rule
+from npu_migrate.rule import Rule
 
 _EQUALITY = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
 

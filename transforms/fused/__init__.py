@@ -36,8 +36,8 @@ from collections.abc import Mapping
 import libcst as cst
 
 from npu_migrate.astindex import AstIndex
+from npu_migrate.checkers import TreeChecker
 from npu_migrate.names import Names
-from npu_migrate.rule import TreeChecker
 from npu_migrate.scoped import Source, TreeReport
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch, is_scripted

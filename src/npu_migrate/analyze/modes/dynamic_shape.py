@@ -233,7 +233,7 @@ def instrument(project: Project, out: Path) -> list[str]:
     """Write the instrumented copy of the analysed tree into `out`; returns the files instrumented."""
     import libcst as cst
 
-    from npu_migrate.discovery import _is_skipped_dir
+    from npu_migrate.discovery import is_skipped_dir
     from npu_migrate.templating import render
 
     root = project.root
@@ -250,7 +250,7 @@ def instrument(project: Project, out: Path) -> list[str]:
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             folder = Path(dirpath)
             dirnames[:] = sorted(
-                d for d in dirnames if not _is_skipped_dir(folder / d) and (folder / d).resolve() != out
+                d for d in dirnames if not is_skipped_dir(folder / d) and (folder / d).resolve() != out
             )
             for name in filenames:
                 src = folder / name
