@@ -24,6 +24,8 @@ import pytest
 import torch
 import torch.distributed  # noqa: F401 - binds torch.distributed for the attribute walks below
 
+pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOML_PATH = REPO_ROOT / "transforms" / "data" / "torch_accelerator.toml"
 NPU_TOML_PATH = REPO_ROOT / "transforms" / "data" / "torch_npu_api.toml"

@@ -403,8 +403,8 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.integration
 def test_instrumented_copy_records_the_shapes_it_sees(tmp_path):
-    pytest.importorskip("torch")
     src = tmp_path / "src"
     (src / "pkg").mkdir(parents=True)
     (src / "pkg" / "run.py").write_text(INSTRUMENTED_SCRIPT)

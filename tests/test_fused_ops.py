@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
+import torch.nn.functional as F
+from conftest import FIXTURES
 
-torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # noqa: E402
-from conftest import FIXTURES  # noqa: E402
+from npu_migrate.pipeline import migrate_text
+from npu_migrate.verify import reference
 
-from npu_migrate.pipeline import migrate_text  # noqa: E402
-from npu_migrate.verify import reference  # noqa: E402
+pytestmark = pytest.mark.integration  # torch: the `integration` extra
 
 RULES = FIXTURES / "rules"
 #: The `torch_npu` of every forced fixture: its `calls` count the kernel calls of all of them.

@@ -25,6 +25,8 @@ import pytest
 
 from npu_migrate.pipeline import migrate_text
 
+pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
+
 MODELS = ("llama", "qwen2", "qwen3", "mistral", "gemma", "phi3")
 LAYERS = 2
 #: Sites per modeling file: one RMSNorm class, one MLP class, one `apply_rotary_pos_emb` each (Phi-3's

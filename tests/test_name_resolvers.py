@@ -219,8 +219,6 @@ def test_resolvers_agree_on_the_fixtures(path):
     _assert_agree(source)
 
 
-# Found, not imported: importing transformers costs seconds.
-TRANSFORMERS = pathlib.Path(importlib.util.find_spec("transformers").origin).parent
 # Where the resolvers differed before they were made to agree (an import past the first `elif`).
 KNOWN = [
     "modeling_flash_attention_utils.py",
@@ -232,14 +230,17 @@ KNOWN = [
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_resolvers_agree_on_transformers():
-    files = _python_files(TRANSFORMERS)
-    sample = sorted({*files[:: max(1, len(files) // 600)], *(TRANSFORMERS / known for known in KNOWN)})
+    # Found, not imported: importing transformers costs seconds.
+    transformers = pathlib.Path(importlib.util.find_spec("transformers").origin).parent
+    files = _python_files(transformers)
+    sample = sorted({*files[:: max(1, len(files) // 600)], *(transformers / known for known in KNOWN)})
     assert len(sample) >= 600
     differ = []
     for path in sample:
         source = path.read_text(encoding="utf-8")
         libcst_side, ast_side = _both(source)
         if libcst_side != ast_side:
-            differ.append(str(path.relative_to(TRANSFORMERS)))
+            differ.append(str(path.relative_to(transformers)))
     assert differ == []

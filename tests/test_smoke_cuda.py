@@ -16,7 +16,10 @@ import textwrap
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a visible NVIDIA GPU and CUDA torch")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a visible NVIDIA GPU and CUDA torch"),
+]
 
 PROBE = textwrap.dedent(
     """

@@ -19,6 +19,8 @@ import pytest
 from npu_migrate.api import NpuApi
 from npu_migrate.verify import reference
 
+pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
+
 NEW, OLD = "2.14.0", "2.1.0.post8"
 
 PROBE = textwrap.dedent(

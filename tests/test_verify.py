@@ -27,6 +27,8 @@ from npu_migrate.templating import render
 from npu_migrate.verify import VerifyUsageError, compare
 from npu_migrate.verify.cli import verify_command
 
+pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
+
 MODELS = (
     ("llama", "Llama"),
     ("qwen2", "Qwen2"),

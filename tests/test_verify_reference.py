@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from npu_migrate.verify import reference as ref
 from npu_migrate.verify.reference import NotModelledError, NpuOpError
 
+pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
+
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 

@@ -25,6 +25,8 @@ from typer.testing import CliRunner
 from npu_migrate.verify import smoke
 from npu_migrate.verify.cli import verify_command
 
+pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
+
 PROJECTS = Path(__file__).resolve().parent.parent / "fixtures" / "projects"
 
 
