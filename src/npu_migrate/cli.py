@@ -163,6 +163,14 @@ def apply(
     show_fixes: Annotated[
         bool, typer.Option("--show-fixes", help="Also list each rewrite made (or, with --diff/--check, proposed).")
     ] = False,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive",
+            help="Review in place hunk by hunk, like `git add -p` (y/n/a/d/q/?); accepted hunks are written at the "
+            "end, all files or none.",
+        ),
+    ] = False,
     stdin_filename: Annotated[
         Optional[str],
         typer.Option(
@@ -220,7 +228,11 @@ def apply(
 
     if output is not None and (diff or check):
         raise _fail("--output cannot be combined with --diff or --check")
+    if interactive and (diff or check or output is not None or output_format is not OutputFormat.text):
+        raise _fail("--interactive rewrites in place; it cannot be combined with --diff, --check, --output or --format")
     stdin = [p for p in paths if str(p) == "-"]
+    if stdin and interactive:
+        raise _fail("--interactive reads its answers from stdin; it cannot review a file read from stdin")
     if stdin and len(paths) > 1:
         raise _fail("`-` (stdin) cannot be combined with other paths")
     if stdin_filename is not None and not stdin:
@@ -286,6 +298,8 @@ def apply(
         _copy_tree_skeleton(paths, root, out)
     if dirty:
         _refuse_dirty_changes([j for j in job_list if j.dirty], plan, jobs)
+    if interactive:
+        raise typer.Exit(_review(job_list, plan, quiet=quiet))
 
     summary = Summary()
     results, all_findings = [], []
@@ -362,6 +376,48 @@ def _refuse_dirty_changes(dirty_jobs, plan, workers) -> None:
             f"nothing written: {len(blocked)} file(s) that would change have uncommitted changes:\n{listed}\n"
             "commit or stash them first so git can undo the migration, or pass --force"
         )
+
+
+def _review(job_list, plan, *, quiet: bool) -> int:
+    """`apply --interactive`: see `npu_migrate.interactive`."""
+    from npu_migrate.api import NpuApi
+    from npu_migrate.interactive import Quit, ask, prepare, write_all
+    from npu_migrate.source import SourceError
+
+    def ask_line(prompt: str) -> str:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line
+
+    api = NpuApi(plan.torch_npu_version)
+    reviews, errors = [], []
+    try:
+        for job in job_list:
+            try:
+                review = prepare(job, plan, api)
+            except SourceError as exc:
+                errors.append((job.display, str(exc)))
+                continue
+            if review is not None:
+                reviews.append(review)
+                ask(review, ask_line, sys.stdout.write)
+    except Quit:
+        pass
+    except (EOFError, KeyboardInterrupt):
+        typer.echo("\nnpu-migrate: review interrupted; nothing written", err=True)
+        return EXIT_ERROR
+    errors += write_all(reviews)
+    for name, reason in errors:
+        typer.echo(f"{name}: error: {reason}", err=True)
+    if errors and any(r.result() != r.source.text for r in reviews):
+        typer.echo("nothing written: fix the errors above and review again", err=True)
+    elif not quiet:
+        written = [r.job.display for r in reviews if r.result() != r.source.text]
+        typer.echo(f"{len(written)} files changed, {len(reviews) - len(written)} left as they were", err=True)
+    return EXIT_ERROR if errors else EXIT_OK
 
 
 def _apply_stdin(name: str, config, enabled, version, *, diff: bool, check: bool, annotate: bool, fail_on: str) -> int:
