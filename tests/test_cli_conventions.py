@@ -192,37 +192,49 @@ def test_help_has_examples_and_no_python_types(tmp_path, command):
 # -- progress ---------------------------------------------------------------------------------------------
 
 
+def with_terminal_stderr(args, *, cwd, stdout) -> bytes:
+    """Run npu-migrate with stderr on a pseudo-terminal (stdout where the caller says); what the terminal got."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "npu_migrate", *args],
+        cwd=cwd,
+        stdout=stdout,
+        stderr=slave,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "60"},
+    )
+    os.close(slave)
+    terminal = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        terminal += chunk
+    os.close(master)
+    assert proc.wait(timeout=300) == 0, terminal
+    return terminal
+
+
 def test_progress_goes_to_a_terminal_stderr_and_the_patch_on_stdout_stays_byte_identical(tmp_path):
     for i in range(12):
         (tmp_path / f"m{i:02d}.py").write_text(f"import torch\nx{i} = torch.ones(1).cuda()\n")
     plain = run_cli("apply", "--diff", ".", cwd=tmp_path)
-
-    master, slave = pty.openpty()
     patch = tmp_path.parent / f"{tmp_path.name}.patch"
     with patch.open("wb") as stdout:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "npu_migrate", "apply", "--diff", "."],
-            cwd=tmp_path,
-            stdout=stdout,
-            stderr=slave,
-            env={**os.environ, "NO_COLOR": "1", "COLUMNS": "60"},
-        )
-        os.close(slave)
-        terminal = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            terminal += chunk
-        assert proc.wait(timeout=120) == 0
-    os.close(master)
+        terminal = with_terminal_stderr(["apply", "--diff", "."], cwd=tmp_path, stdout=stdout)
     assert patch.read_text() == plain.stdout
     assert b"checking [" in terminal and b"12/12" in terminal
     # The bar never outlives the run: it is cleared before the summary is printed.
     assert terminal.rindex(b"\r\x1b[K") < terminal.index(b"12 files scanned")
+
+
+def test_analyze_shows_progress_on_a_terminal_too(tmp_path):
+    for i in range(4):
+        (tmp_path / f"m{i}.py").write_text(CUDA)
+    terminal = with_terminal_stderr(["analyze", "--format", "json", "."], cwd=tmp_path, stdout=subprocess.DEVNULL)
+    assert b"analysing [" in terminal and b"4/4" in terminal
 
 
 def test_no_progress_when_stderr_is_not_a_terminal(tmp_path):
@@ -230,6 +242,17 @@ def test_no_progress_when_stderr_is_not_a_terminal(tmp_path):
         (tmp_path / f"m{i}.py").write_text(CUDA)
     result = run_cli("apply", "--diff", ".", cwd=tmp_path)
     assert "checking [" not in result.stderr and "\x1b[K" not in result.stderr
+
+
+def test_importing_the_cli_loads_no_engine_and_no_heavy_library():
+    """Every `npu-migrate` run imports the CLI; what a command needs is imported when it runs (start-up)."""
+    code = (
+        "import sys, npu_migrate.cli\n"
+        "print(sorted(m for m in ('libcst', 'jinja2', 'pydantic', 'rich', 'torch', 'numpy', 'yaml') "
+        "if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 # -- analyze ----------------------------------------------------------------------------------------------

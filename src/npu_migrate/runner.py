@@ -101,13 +101,13 @@ class Progress:
 
     def __init__(self, total: int, label: str, *, enabled: bool = True) -> None:
         self.total, self.label, self.done = total, label, 0
-        self.enabled = enabled and total >= 2 and sys.stderr.isatty()
+        self.enabled = enabled and sys.stderr.isatty()
         self._shown = False
         self._last = 0.0
 
     def advance(self) -> None:
         self.done += 1
-        if not self.enabled:
+        if not self.enabled or self.total < 2:
             return
         now = time.monotonic()
         if now - self._last < 0.1 and self.done < self.total:

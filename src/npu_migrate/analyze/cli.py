@@ -117,6 +117,7 @@ def analyze_command(
     from npu_migrate.api import NpuApi, UnknownVersionError
     from npu_migrate.config import ConfigError, discover_config
     from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, split_codes
+    from npu_migrate.runner import Progress
 
     chosen = split_codes(mode) or ["torch_apis"]
     unknown = [m for m in chosen if m not in MODE_CHOICES]
@@ -153,10 +154,24 @@ def analyze_command(
     excludes = [(pattern, config.root) for pattern in config.exclude] + [
         (pattern, Path.cwd()) for pattern in split_codes(exclude)
     ]
+    bar = Progress(0, "analysing")
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.advance()
+
     try:
-        analysis = analyse(
-            paths, settings, ignored_for=config.ignored_for, excludes=excludes, respect_gitignore=not no_gitignore
-        )
+        try:
+            analysis = analyse(
+                paths,
+                settings,
+                ignored_for=config.ignored_for,
+                excludes=excludes,
+                respect_gitignore=not no_gitignore,
+                progress=progress,
+            )
+        finally:
+            bar.clear()
         for path, reason in analysis.errors:
             typer.echo(f"{path}: error: {reason}", err=True)
         if instrument is not None:
