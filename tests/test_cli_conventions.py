@@ -189,6 +189,15 @@ def test_help_has_examples_and_no_python_types(tmp_path, command):
     assert not re.search(r"<(list|int|bool|float|Path|str)\b", short.stdout), short.stdout
 
 
+def test_a_bad_option_value_is_a_plain_usage_error(tmp_path):
+    result = run_cli("apply", "--format", "nope", ".", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "Invalid value for '--format': 'nope' is not one of 'text'" in result.stderr
+    assert "Value error" not in result.stderr and "Traceback" not in result.stderr
+    analyze = run_cli("analyze", "--format", "nope", ".", cwd=tmp_path)
+    assert analyze.returncode == 2 and "Value error" not in analyze.stderr
+
+
 # -- progress ---------------------------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from npu_migrate.command import CONTEXT_SETTINGS, Command, examples
+from npu_migrate.command import CONTEXT_SETTINGS, Command, examples, run
 
 app = typer.Typer(
     name="npu-migrate",
@@ -565,4 +565,4 @@ app.command(
 
 
 def main() -> None:
-    app()
+    run(app)

@@ -4,7 +4,9 @@ examples keep their layout), and arguments shown by their metavar rather than a 
 from __future__ import annotations
 
 import functools
+import sys
 
+import typer
 from typer.core import TyperArgument, TyperCommand, TyperOption
 
 #: The Typer settings every app of ours uses: `-h` as well as `--help`, and no rich formatting.
@@ -44,3 +46,34 @@ def _plain_metavar(param: TyperOption, ctx) -> str:
 def examples(*lines: str) -> str:
     """An epilog of example command lines, laid out as written (click's `\\b` keeps it from re-wrapping)."""
     return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+#: What pydantic puts before the message of a ValueError raised while typer converts an option's value.
+_PYDANTIC_PREFIX = "Value error, "
+
+
+def _click_exception() -> type[Exception]:
+    # typer >= 0.20 vendors click (and exports only BadParameter of its errors); older typer uses click itself.
+    try:
+        from typer._click.exceptions import ClickException
+    except ImportError:
+        from click.exceptions import ClickException
+    return ClickException
+
+
+def run(app: typer.Typer) -> None:
+    """Run `app` as click's standalone mode would, except that a bad option value reads as our own
+    errors do: "Invalid value for '--format': 'nope' is not one of ...", without pydantic's prefix."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.BadParameter as exc:
+        exc.message = exc.message.removeprefix(_PYDANTIC_PREFIX)
+        exc.show()
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    except _click_exception() as exc:  # the other usage errors, shown as click shows them
+        exc.show()
+        sys.exit(exc.exit_code)
+    sys.exit(code or 0)

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from npu_migrate.analyze import MODES
-from npu_migrate.command import CONTEXT_SETTINGS, Command, examples
+from npu_migrate.command import CONTEXT_SETTINGS, Command, examples, run
 
 EXIT_OK, EXIT_ERROR = 0, 2
 
@@ -209,7 +209,7 @@ def main() -> None:
         add_completion=False, pretty_exceptions_enable=False, context_settings=CONTEXT_SETTINGS, rich_markup_mode=None
     )
     app.command("analyze", cls=Command, epilog=ANALYZE_EXAMPLES)(analyze_command)
-    app()
+    run(app)
 
 
 if __name__ == "__main__":
