@@ -425,7 +425,8 @@ def _apply_stdin(name: str, config, enabled, version, *, diff: bool, check: bool
     goes to stdout, findings to stderr. On an error the input is echoed unchanged, so an editor that replaces
     its buffer with stdout loses nothing."""
     from npu_migrate import kinds
-    from npu_migrate.pipeline import FileResult, Mode, Plan, Status, _api, migrate_file, unified_diff, validate
+    from npu_migrate.api import NpuApi
+    from npu_migrate.pipeline import FileResult, Mode, Plan, Status, migrate_file, unified_diff, validate
     from npu_migrate.report import Summary, format_finding
     from npu_migrate.source import SourceError, decode_source
 
@@ -436,7 +437,7 @@ def _apply_stdin(name: str, config, enabled, version, *, diff: bool, check: bool
     try:
         source = decode_source(Path(name), raw)
         new_text, findings, _ = migrate_file(
-            source, display, plan, _api(version), kind, config.ignored_for(_relative_to(Path(name), config.root))
+            source, display, plan, NpuApi(version), kind, config.ignored_for(_relative_to(Path(name), config.root))
         )
         if new_text != source.text:
             validate(new_text, display, kind)
