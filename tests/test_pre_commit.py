@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-CUDA_SOURCE = "import torch\nx = torch.ones(1).cuda()\n"
+# A rewrite (.cuda()) and a finding only a human can act on (NPU305, report-only, severity error), which
+# must not keep the check hook failing once the fix hook has run.
+CUDA_SOURCE = "import torch\nx = torch.ones(1).cuda()\nm = torch.nn.DataParallel(torch.nn.Linear(1, 1))\n"
+SHELL_SOURCE = "export CUDA_VISIBLE_DEVICES=0\npython train.py\n"
 _SKIP_WITHOUT_GIT = {".git", ".venv", "__pycache__", "build", "dist", ".pytest_cache", ".hypothesis"}
 
 
@@ -93,13 +96,18 @@ def project(tmp_path, env):
     project.mkdir()
     git("init", "-q", cwd=project, env=env)
     (project / "train.py").write_text(CUDA_SOURCE)
-    git("add", "train.py", cwd=project, env=env)
+    (project / "run.sh").write_text(SHELL_SOURCE)
+    (project / "notes.txt").write_text("runs on cuda\n")  # not a kind npu-migrate reads: never passed to it
+    git("add", "train.py", "run.sh", "notes.txt", cwd=project, env=env)
     return project
+
+
+FILES = ("train.py", "run.sh", "notes.txt")
 
 
 def try_repo(hook_repo, hook_id, *, cwd, env):
     return subprocess.run(
-        [*_pre_commit(), "try-repo", str(hook_repo), hook_id, "--color", "never", "--files", "train.py"],
+        [*_pre_commit(), "try-repo", str(hook_repo), hook_id, "--color", "never", "--files", *FILES],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -109,17 +117,19 @@ def try_repo(hook_repo, hook_id, *, cwd, env):
 
 
 def test_check_hook_fails_with_diff_then_fix_hook_migrates_staged_file(hook_repo, project, env):
-    # 1. The check hook: fails, prints the patch, leaves the file alone.
+    # 1. The check hook: fails, prints the patch, leaves the files alone.
     check = try_repo(hook_repo, "npu-migrate", cwd=project, env=env)
     output = check.stdout + check.stderr
     assert check.returncode == 1, output
     assert "Failed" in output, output
     assert "+x = torch.ones(1).npu()" in output, output
     assert "-x = torch.ones(1).cuda()" in output, output
+    assert "+export ASCEND_RT_VISIBLE_DEVICES=0" in output, "shell scripts are checked too"
+    assert "notes.txt" not in output, output
     assert (project / "train.py").read_text() == CUDA_SOURCE
 
-    # 2. The fix hook on the *staged* file (which in-place apply refuses without --force):
-    #    it rewrites the file, so pre-commit reports it as failed ("files were modified").
+    # 2. The fix hook on the *staged* files (which in-place apply refuses without --force):
+    #    it rewrites them, so pre-commit reports it as failed ("files were modified").
     fix = try_repo(hook_repo, "npu-migrate-fix", cwd=project, env=env)
     output = fix.stdout + fix.stderr
     assert fix.returncode == 1, output
@@ -127,11 +137,35 @@ def test_check_hook_fails_with_diff_then_fix_hook_migrates_staged_file(hook_repo
     migrated = (project / "train.py").read_text()
     assert ".npu()" in migrated and ".cuda()" not in migrated, migrated
     assert "import torch_npu" in migrated, migrated
+    assert (project / "run.sh").read_text() == "export ASCEND_RT_VISIBLE_DEVICES=0\npython train.py\n"
+    assert (project / "notes.txt").read_text() == "runs on cuda\n"
 
-    # 3. Re-staged, the check hook passes.
-    git("add", "train.py", cwd=project, env=env)
+    # 3. Re-staged, the check hook passes, although the DataParallel finding (for a human) is still there
+    #    and still shown: report-only findings do not fail it (README, .pre-commit-hooks.yaml).
+    git("add", "train.py", "run.sh", cwd=project, env=env)
     recheck = try_repo(hook_repo, "npu-migrate", cwd=project, env=env)
     output = recheck.stdout + recheck.stderr
     assert recheck.returncode == 0, output
     assert "Passed" in output, output
     assert (project / "train.py").read_text() == migrated
+
+
+def test_the_hooks_take_exactly_the_files_npu_migrate_reads():
+    """`files` in .pre-commit-hooks.yaml is a regex; it must list the same kinds as `npu_migrate.kinds`."""
+    import re
+
+    import yaml
+
+    from npu_migrate.kinds import kind_of
+
+    hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    patterns = {hook["files"] for hook in hooks}
+    assert len(patterns) == 1, "both hooks take the same files"
+    files = re.compile(patterns.pop())
+    names = [
+        "a.py", "nb/a.ipynb", "run.sh", "x.bash", ".env", "conf/.env.local", "prod.env", "a.yaml", "b.yml",
+        "k.cu", "k.cuh", "Dockerfile", "docker/Dockerfile.dev", "app.dockerfile",
+        "README.md", "a.pyc", "envs/x.txt", "Dockerfile.d/readme.md", "my.environment", "setup.cfg", "a.c",
+    ]  # fmt: skip
+    for name in names:
+        assert bool(files.search(name)) == (kind_of(Path(name)) is not None), name

@@ -128,6 +128,7 @@ def test_command_line_overrides_the_configuration(configured):
         ("select = ['NPU99']\n", "unknown rule or prefix 'NPU99'"),
         ("torch-npu-version = '0.1'\n", "unknown torch_npu version '0.1'"),
         ("require-clean-git = 'yes'\n", "require-clean-git: expected true or false"),
+        ("fail-on = 'info'\n", "fail-on: expected one of 'rewrite', 'error', 'warning'"),
     ],
 )
 def test_bad_configuration_is_an_error_naming_the_file_and_key(tmp_path, body, message):
@@ -155,27 +156,52 @@ def git(*args, cwd):
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def test_in_place_apply_refuses_files_with_uncommitted_changes_unless_forced(tmp_path):
-    git("init", "-q", cwd=tmp_path)
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "root", cwd=tmp_path)
-    (tmp_path / "committed.py").write_text(CUDA)
-    git("add", "committed.py", cwd=tmp_path)
+def _commit(tmp_path, *names):
+    git("add", *names, cwd=tmp_path)
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "add", cwd=tmp_path)
-    (tmp_path / "draft.py").write_text(CUDA)  # untracked: git could not give it back
+
+
+def _tree(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.py"))}
+
+
+def test_a_dirty_file_that_would_change_refuses_the_whole_in_place_run_before_any_write(tmp_path):
+    git("init", "-q", cwd=tmp_path)
+    (tmp_path / "a_committed.py").write_text(CUDA)
+    (tmp_path / "b_edited.py").write_text("import torch\n")
+    (tmp_path / "c_committed.py").write_text(CUDA)
+    _commit(tmp_path, "a_committed.py", "b_edited.py", "c_committed.py")
+    (tmp_path / "b_edited.py").write_text(CUDA)  # work in progress git could not give back
+    before = _tree(tmp_path)
 
     result = run_cli("apply", ".", cwd=tmp_path)
     assert result.returncode == 2
-    assert "draft.py: error: has uncommitted changes" in result.stderr
-    assert (tmp_path / "draft.py").read_text() == CUDA
-    assert ".npu()" in (tmp_path / "committed.py").read_text()
+    assert "nothing written" in result.stderr and "b_edited.py" in result.stderr
+    assert "--force" in result.stderr
+    assert _tree(tmp_path) == before, "not one file may be written, not even the clean ones before or after it"
 
     forced = run_cli("apply", "--force", ".", cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr
-    assert ".npu()" in (tmp_path / "draft.py").read_text()
+    assert all(b".npu()" in data for data in _tree(tmp_path).values())
+
+
+def test_untracked_files_and_dirty_files_with_nothing_to_migrate_do_not_refuse_the_run(tmp_path):
+    git("init", "-q", cwd=tmp_path)
+    (tmp_path / "notes.py").write_text("import torch\n")
+    _commit(tmp_path, "notes.py")
+    (tmp_path / "notes.py").write_text("import torch\n\nx = torch.ones(2)\n")  # dirty, nothing to migrate
+    (tmp_path / "new.py").write_text(CUDA)  # untracked: new work, not uncommitted changes
+
+    result = run_cli("apply", ".", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ".npu()" in (tmp_path / "new.py").read_text()
+    assert (tmp_path / "notes.py").read_text() == "import torch\n\nx = torch.ones(2)\n"
 
 
 def test_require_clean_git_can_be_switched_off(tmp_path):
     git("init", "-q", cwd=tmp_path)
+    (tmp_path / "draft.py").write_text("import torch\n")
+    _commit(tmp_path, "draft.py")
     (tmp_path / "pyproject.toml").write_text("[tool.npu-migrate]\nrequire-clean-git = false\n")
     (tmp_path / "draft.py").write_text(CUDA)
     assert run_cli("apply", ".", cwd=tmp_path).returncode == 0

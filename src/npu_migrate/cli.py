@@ -1,6 +1,7 @@
 """The `npu-migrate` command line. Thin: it parses options and hands over to the engine.
 
-Exit codes (all commands): 0 done or nothing to do; 1 changes needed (`apply --check`), or for `verify`
+Exit codes (all commands): 0 done or nothing to do; 1 for `apply` a file `--check` would change, or an
+open finding at or above `--fail-on` (unless `--exit-zero`), or for `verify`
 the outputs differ, a fused op rejected its arguments, or no fused branch ran; 2 error (bad usage, a path
 that does not exist, a file that could not be read or parsed, an error in the user's own code).
 """
@@ -17,14 +18,24 @@ from typing import Annotated, Optional
 
 import typer
 
+from npu_migrate.command import CONTEXT_SETTINGS, Command, examples, run
+
 app = typer.Typer(
     name="npu-migrate",
     help=(
         "Migrate a PyTorch code base from NVIDIA GPUs (CUDA) to Huawei Ascend NPUs (torch_npu).\n\n"
-        "Exit codes: 0 done or nothing to do, 1 changes needed (apply --check), 2 error."
+        "Exit codes: 0 done or nothing to do; 1 a file would change (apply --check) or an open finding at or "
+        "above --fail-on remains; 2 error."
+    ),
+    epilog=examples(
+        "npu-migrate apply --diff src/ > npu.patch   # what the migration would change",
+        "npu-migrate analyze --mode all -o report/ src/   # what a human must port, as a report",
+        "npu-migrate apply -h                         # one command's options and examples",
     ),
     add_completion=False,
     no_args_is_help=True,
+    context_settings=CONTEXT_SETTINGS,
+    rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
 
@@ -89,29 +100,93 @@ def _common_root(paths: list[Path]) -> Path:
     return Path(os.path.commonpath([str(d) for d in dirs]))
 
 
-@app.command()
+class FailOn(str, enum.Enum):
+    rewrite = "rewrite"
+    error = "error"
+    warning = "warning"
+
+
+@app.command(
+    cls=Command,
+    epilog=examples(
+        "npu-migrate apply --diff src/ > npu.patch      # review the migration as a patch; writes nothing",
+        "npu-migrate apply src/                         # migrate in place (git keeps the old version)",
+        "npu-migrate apply --check --statistics .       # CI: exit 1 while something is left to migrate",
+        "npu-migrate apply - --stdin-filename train.py < train.py   # editors: the migrated text on stdout",
+    ),
+)
 def apply(
-    paths: Annotated[list[Path], typer.Argument(help="Files or folders to migrate.", show_default=False)],
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Files or folders to migrate; `-` reads one file from stdin.", metavar="PATH", show_default=False
+        ),
+    ],
     diff: Annotated[bool, typer.Option("--diff", help="Print unified diffs; write nothing.")] = False,
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; exit 1 if any file would change (CI, pre-commit).")
     ] = False,
     output: Annotated[
         Optional[Path],
-        typer.Option("--output", "-o", help="Write a migrated copy of the tree here (plus change_list.csv)."),
+        typer.Option(
+            "--output", "-o", metavar="DIR", help="Write a migrated copy of the tree here (plus change_list.csv)."
+        ),
     ] = None,
     select: Annotated[
-        Optional[list[str]], typer.Option("--select", help="Rule ids or prefixes to run (default: ALL).")
+        Optional[list[str]],
+        typer.Option("--select", metavar="RULES", help="Rule ids or prefixes to run, comma-separated (default: ALL)."),
     ] = None,
-    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", help="Rule ids or prefixes to skip.")] = None,
+    ignore: Annotated[
+        Optional[list[str]], typer.Option("--ignore", metavar="RULES", help="Rule ids or prefixes to skip.")
+    ] = None,
     exclude: Annotated[
-        Optional[list[str]], typer.Option("--exclude", help="Glob of paths to skip (repeatable).")
+        Optional[list[str]], typer.Option("--exclude", metavar="GLOB", help="Glob of paths to skip (repeatable).")
+    ] = None,
+    fail_on: Annotated[
+        Optional[FailOn],
+        typer.Option(
+            "--fail-on",
+            help="Also exit 1 when an open finding of this severity or worse remains: `error` or `warning` "
+            "(default `rewrite`: only a file --check would change fails; config: fail-on).",
+            show_default=False,
+        ),
+    ] = None,
+    exit_zero: Annotated[
+        bool, typer.Option("--exit-zero", help="Exit 0 even when --check or --fail-on would exit 1 (errors still 2).")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print findings, diffs and errors only: no summary, no progress.")
+    ] = False,
+    statistics: Annotated[
+        bool, typer.Option("--statistics", help="Print a count per rule instead of every finding.")
+    ] = False,
+    show_fixes: Annotated[
+        bool, typer.Option("--show-fixes", help="Also list each rewrite made (or, with --diff/--check, proposed).")
+    ] = False,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive",
+            help="Review in place hunk by hunk, like `git add -p` (y/n/a/d/q/?); accepted hunks are written at the "
+            "end, all files or none.",
+        ),
+    ] = False,
+    stdin_filename: Annotated[
+        Optional[str],
+        typer.Option(
+            "--stdin-filename",
+            metavar="NAME",
+            help="With `-`: the name of the file on stdin (decides its kind, per-file-ignores and how it is shown).",
+        ),
     ] = None,
     jobs: Annotated[
         Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")
     ] = None,
     torch_npu_version: Annotated[
-        Optional[str], typer.Option("--torch-npu-version", help="torch_npu version to target (default: newest known).")
+        Optional[str],
+        typer.Option(
+            "--torch-npu-version", metavar="VERSION", help="torch_npu version to target (default: newest known)."
+        ),
     ] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
     annotate: Annotated[
@@ -121,17 +196,21 @@ def apply(
         bool, typer.Option("--force", help="Rewrite files in place even if they have uncommitted git changes.")
     ] = False,
     config_file: Annotated[
-        Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from PATHS upwards).")
+        Optional[Path],
+        typer.Option("--config", metavar="FILE", help="pyproject.toml to read (default: found from PATHS upwards)."),
     ] = None,
     no_gitignore: Annotated[bool, typer.Option("--no-gitignore", help="Also migrate files git ignores.")] = False,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds one file may take; a slower file fails, untouched.")
+        float,
+        typer.Option(
+            "--timeout", min=0.1, metavar="SECONDS", help="Seconds one file may take; a slower file fails, untouched."
+        ),
     ] = 300.0,
 ) -> None:
     """Rewrite CUDA code for Ascend NPUs: in place, into --output, or as a --diff / --check dry run.
 
-    With --check the exit code is 1 when a file would change or a finding of severity "error" is open
-    (an API with no NPU counterpart), so CI keeps CUDA-only code from creeping back.
+    Exit 1 when --check finds a file that would change, or when an open finding at or above --fail-on
+    remains (findings only a human can act on never fail by default); exit 2 on an error.
     """
     from npu_migrate.discovery import discover, uncommitted
     from npu_migrate.pipeline import Job, Mode, Plan, Status
@@ -141,29 +220,53 @@ def apply(
         format_finding,
         github_annotation,
         sarif_document,
+        statistics_lines,
         write_change_list,
         write_json,
     )
-    from npu_migrate.runner import run, with_progress
+    from npu_migrate.runner import Progress, run
 
     if output is not None and (diff or check):
         raise _fail("--output cannot be combined with --diff or --check")
-    config, enabled, version = _settings(paths, config_file, select, ignore, torch_npu_version)
+    if interactive and (diff or check or output is not None or output_format is not OutputFormat.text):
+        raise _fail("--interactive rewrites in place; it cannot be combined with --diff, --check, --output or --format")
+    stdin = [p for p in paths if str(p) == "-"]
+    if stdin and interactive:
+        raise _fail("--interactive reads its answers from stdin; it cannot review a file read from stdin")
+    if stdin and len(paths) > 1:
+        raise _fail("`-` (stdin) cannot be combined with other paths")
+    if stdin_filename is not None and not stdin:
+        raise _fail("--stdin-filename needs `-` among the paths")
+    config_paths = [Path(stdin_filename or "-").parent] if stdin else paths
+    config, enabled, version = _settings(config_paths, config_file, select, ignore, torch_npu_version)
+    threshold = (fail_on.value if fail_on is not None else None) or config.fail_on
+
+    if stdin:
+        code = _apply_stdin(
+            stdin_filename or "-",
+            config,
+            enabled,
+            version,
+            diff=diff,
+            check=check,
+            annotate=annotate,
+            fail_on=threshold,
+        )
+        if code == EXIT_CHANGES and exit_zero:
+            code = EXIT_OK
+        raise typer.Exit(code)
 
     excludes = [(p, config.root) for p in config.exclude] + [(p, Path.cwd()) for p in split_codes(exclude)]
     found = discover(paths, _migratable, excludes=excludes, respect_gitignore=not no_gitignore)
     for path, reason in found.errors:
         typer.echo(f"{path}: error: {reason}", err=True)
+    if not found.files and not found.errors:
+        # Nothing to do is not a failure (a pre-commit run whose files are all excluded must pass), but a
+        # silent "0 files scanned" hides a wrong path or a .gitignore that swallowed the tree.
+        typer.echo(f"npu-migrate: warning: {found.nothing_found(paths)}", err=True)
+        raise typer.Exit(EXIT_OK)
 
     root = _common_root(paths) if paths else Path.cwd()
-    if output is not None:
-        out = _absolute(output)
-        for given in paths:
-            g = _absolute(given)
-            if given.is_dir() and (out == g or g in out.parents):
-                raise _fail(f"--output {output} is inside the input tree {given}; choose a folder outside it")
-        _copy_tree_skeleton(paths, root, out)
-
     mode = Mode.OUTPUT if output is not None else (Mode.DIFF if diff or check else Mode.IN_PLACE)
     dirty = (
         uncommitted(paths, found.files) if mode is Mode.IN_PLACE and config.require_clean_git and not force else set()
@@ -186,17 +289,37 @@ def apply(
         )
         for f in found.files
     ]
+    if output is not None:
+        out = _absolute(output)
+        for given in paths:
+            g = _absolute(given)
+            if given.is_dir() and (out == g or g in out.parents):
+                raise _fail(f"--output {output} is inside the input tree {given}; choose a folder outside it")
+        _copy_tree_skeleton(paths, root, out)
+    if dirty:
+        _refuse_dirty_changes([j for j in job_list if j.dirty], plan, jobs)
+    if interactive:
+        raise typer.Exit(_review(job_list, plan, quiet=quiet))
 
     summary = Summary()
     results, all_findings = [], []
     text = output_format is OutputFormat.text
     colour = text and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    for result in with_progress(run(job_list, plan, jobs), len(job_list), enabled=text):
+    # With --diff the patch owns stdout (so it can be saved and `git apply`-ed); findings go to stderr.
+    findings_err = mode is Mode.DIFF
+    progress = Progress(len(job_list), "migrating" if mode is not Mode.DIFF else "checking", enabled=text and not quiet)
+
+    def say(line: str, *, err: bool) -> None:
+        progress.clear()
+        typer.echo(line, err=err)
+
+    for result in run(job_list, plan, jobs):
+        progress.advance()
         summary.add(result)
         all_findings.extend(result.findings)
         results.append(result) if output_format is OutputFormat.json else None
         if result.status is Status.FAILED:
-            typer.echo(f"{result.display}: error: {result.error}", err=True)
+            say(f"{result.display}: error: {result.error}", err=True)
         if output_format is OutputFormat.github:
             for finding in result.findings:
                 typer.echo(github_annotation(finding))
@@ -204,13 +327,16 @@ def apply(
         if not text:
             continue
         if mode is Mode.DIFF and result.diff:
+            progress.clear()
             sys.stdout.write(colour_diff(result.diff) if colour else result.diff)
-        elif result.status is Status.CHANGED and not check:
-            typer.echo(f"migrated {result.display}", err=mode is Mode.DIFF)
-        # With --diff the patch owns stdout (so it can be saved and `git apply`-ed); findings go to stderr.
+        elif result.status is Status.CHANGED and not check and not quiet:
+            say(f"migrated {result.display}", err=mode is Mode.DIFF)
+        if statistics:
+            continue
         for finding in result.findings:
-            if not finding.fixed:
-                typer.echo(format_finding(finding), err=mode is Mode.DIFF)
+            if not finding.fixed or show_fixes:
+                say(format_finding(finding), err=findings_err)
+    progress.clear()
 
     if output is not None:
         write_change_list(_absolute(output) / "change_list.csv", all_findings)
@@ -219,16 +345,118 @@ def apply(
     elif output_format is OutputFormat.sarif:
         json.dump(sarif_document(all_findings), sys.stdout, indent=2)
         sys.stdout.write("\n")
-    if output_format is not OutputFormat.json:
-        for line in summary.lines(dry_run=mode is Mode.DIFF):
+    if statistics and text:
+        for line in statistics_lines(summary):
+            typer.echo(line, err=findings_err)
+    if output_format is not OutputFormat.json and not quiet:
+        # --statistics already gave the per-rule counts; the summary keeps only its file counts then.
+        for line in summary.lines(dry_run=mode is Mode.DIFF)[: 1 if statistics else None]:
             typer.echo(line, err=True)
-    if dirty and summary.failed:
-        typer.echo("some files have uncommitted changes and were left as they are; see above", err=True)
 
     if found.errors or summary.failed:
         raise typer.Exit(EXIT_ERROR)
-    if check and (summary.changed or summary.open_errors):
+    if summary.fails(threshold, check=check) and not exit_zero:
         raise typer.Exit(EXIT_CHANGES)
+
+
+def _refuse_dirty_changes(dirty_jobs, plan, workers) -> None:
+    """Refuse the whole in-place run, before anything is written, when it would rewrite a file with
+    uncommitted changes: a half-migrated tree is worse than none. A dirty file with nothing to migrate is
+    no reason to refuse, so the dirty files are migrated in memory first to see which would change."""
+    from dataclasses import replace
+
+    from npu_migrate.pipeline import Mode, Status
+    from npu_migrate.runner import run
+
+    dry = replace(plan, mode=Mode.DIFF)
+    blocked = [r.display for r in run(dirty_jobs, dry, workers) if r.status is Status.CHANGED]
+    if blocked:
+        listed = "\n".join(f"  {name}" for name in blocked)
+        raise _fail(
+            f"nothing written: {len(blocked)} file(s) that would change have uncommitted changes:\n{listed}\n"
+            "commit or stash them first so git can undo the migration, or pass --force"
+        )
+
+
+def _review(job_list, plan, *, quiet: bool) -> int:
+    """`apply --interactive`: see `npu_migrate.interactive`."""
+    from npu_migrate.api import NpuApi
+    from npu_migrate.interactive import Quit, ask, prepare, write_all
+    from npu_migrate.source import SourceError
+
+    def ask_line(prompt: str) -> str:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line
+
+    api = NpuApi(plan.torch_npu_version)
+    reviews, errors = [], []
+    try:
+        for job in job_list:
+            try:
+                review = prepare(job, plan, api)
+            except SourceError as exc:
+                errors.append((job.display, str(exc)))
+                continue
+            if review is not None:
+                reviews.append(review)
+                ask(review, ask_line, sys.stdout.write)
+    except Quit:
+        pass
+    except (EOFError, KeyboardInterrupt):
+        typer.echo("\nnpu-migrate: review interrupted; nothing written", err=True)
+        return EXIT_ERROR
+    errors += write_all(reviews)
+    for name, reason in errors:
+        typer.echo(f"{name}: error: {reason}", err=True)
+    if errors and any(r.result() != r.source.text for r in reviews):
+        typer.echo("nothing written: fix the errors above and review again", err=True)
+    elif not quiet:
+        written = [r.job.display for r in reviews if r.result() != r.source.text]
+        typer.echo(f"{len(written)} files changed, {len(reviews) - len(written)} left as they were", err=True)
+    return EXIT_ERROR if errors else EXIT_OK
+
+
+def _apply_stdin(name: str, config, enabled, version, *, diff: bool, check: bool, annotate: bool, fail_on: str) -> int:
+    """`apply -`: one file from stdin. The migrated text (or with --diff the patch; with --check nothing)
+    goes to stdout, findings to stderr. On an error the input is echoed unchanged, so an editor that replaces
+    its buffer with stdout loses nothing."""
+    from npu_migrate import kinds
+    from npu_migrate.api import NpuApi
+    from npu_migrate.pipeline import FileResult, Mode, Plan, Status, migrate_file, unified_diff, validate
+    from npu_migrate.report import Summary, format_finding
+    from npu_migrate.source import SourceError, decode_source
+
+    raw = sys.stdin.buffer.read()
+    display = name if name != "-" else "<stdin>"
+    plan = Plan(enabled, version, Mode.DIFF, annotate=annotate)
+    kind = kinds.kind_of(Path(name)) or kinds.PYTHON
+    try:
+        source = decode_source(Path(name), raw)
+        new_text, findings, _ = migrate_file(
+            source, display, plan, NpuApi(version), kind, config.ignored_for(_relative_to(Path(name), config.root))
+        )
+        if new_text != source.text:
+            validate(new_text, display, kind)
+    except SourceError as exc:
+        typer.echo(f"{display}: error: {exc}", err=True)
+        if not diff and not check:
+            sys.stdout.buffer.write(raw)
+        return EXIT_ERROR
+    for finding in findings:
+        if not finding.fixed:
+            typer.echo(format_finding(finding), err=True)
+    changed = new_text != source.text
+    if diff:
+        sys.stdout.write(unified_diff(display, source.text, new_text))
+    elif not check:
+        sys.stdout.buffer.write(source.encode(new_text) if changed else raw)
+    summary = Summary()
+    summary.add(FileResult(display, Status.CHANGED if changed else Status.UNCHANGED, findings))
+    return EXIT_CHANGES if summary.fails(fail_on, check=check) else EXIT_OK
 
 
 def _settings(paths, config_file, select, ignore, torch_npu_version):
@@ -281,9 +509,18 @@ def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
                 shutil.copy2(source, target)
 
 
-@app.command()
+@app.command(
+    cls=Command,
+    epilog=examples(
+        "npu-migrate rules             # every rule, and whether the configuration enables it",
+        "npu-migrate rules NPU203      # one rule's documentation, with before/after examples",
+        "npu-migrate rules cuda-method # the same, by the rule's name",
+    ),
+)
 def rules(
-    rule_id: Annotated[Optional[str], typer.Argument(help="Show the documentation of this rule (id or name).")] = None,
+    rule_id: Annotated[
+        Optional[str], typer.Argument(help="Show the documentation of this rule (id or name).", metavar="RULE")
+    ] = None,
     config_file: Annotated[
         Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from here upwards).")
     ] = None,
@@ -314,12 +551,19 @@ def rules(
 
 # Both import only typer here; what their commands run (the analysis engine, the verify harness) is imported
 # when they run, so `apply --check` in a pre-commit hook does not pay for it.
-from npu_migrate.analyze.cli import analyze_command  # noqa: E402
+from npu_migrate.analyze.cli import ANALYZE_EXAMPLES, analyze_command  # noqa: E402
 from npu_migrate.verify.cli import verify_command  # noqa: E402  (imports no torch: only its workers do)
 
-app.command("analyze")(analyze_command)
-app.command("verify")(verify_command)
+app.command("analyze", cls=Command, epilog=ANALYZE_EXAMPLES)(analyze_command)
+app.command(
+    "verify",
+    cls=Command,
+    epilog=examples(
+        "npu-migrate verify --original src --migrated src_npu --factory factory.py   # same outputs as before?",
+        "npu-migrate verify --smoke --migrated src_npu --script src_npu/train.py      # starts on an NPU host?",
+    ),
+)(verify_command)
 
 
 def main() -> None:
-    app()
+    run(app)

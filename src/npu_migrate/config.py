@@ -12,6 +12,7 @@ errors that name the file and the key, never silently ignored.
     fused = true                     # or false, or per op: { rms-norm = true, attention = false }
     per-file-ignores = { "tests/*" = ["NPU1"] }
     require-clean-git = true         # in-place apply refuses files with uncommitted changes (--force)
+    fail-on = "rewrite"              # or "error" / "warning": what else makes `apply` exit 1 (--fail-on)
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 SECTION = "npu-migrate"
+
+#: `fail-on` thresholds, weakest first: "rewrite" fails `--check` only when a file would change; "error" also
+#: on an open finding of severity error; "warning" on one of severity warning or error.
+FAIL_ON = ("rewrite", "error", "warning")
 
 
 class ConfigError(ValueError):
@@ -38,6 +43,7 @@ class Config:
     fused: bool | dict[str, bool] = True
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
     require_clean_git: bool = True
+    fail_on: str = "rewrite"
     path: Path | None = None  # the pyproject.toml it came from
 
     @property
@@ -98,7 +104,16 @@ def load_config(path: Path | None) -> Config:
     data = tomllib.loads(path.read_text(encoding="utf-8"))["tool"][SECTION]
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: [tool.{SECTION}] must be a table")
-    known = {"select", "ignore", "exclude", "torch-npu-version", "fused", "per-file-ignores", "require-clean-git"}
+    known = {
+        "select",
+        "ignore",
+        "exclude",
+        "torch-npu-version",
+        "fused",
+        "per-file-ignores",
+        "require-clean-git",
+        "fail-on",
+    }
     for key in data:
         if key not in known:
             raise ConfigError(f"{path}: [tool.{SECTION}] unknown key {key!r} (known keys: {', '.join(sorted(known))})")
@@ -116,6 +131,9 @@ def load_config(path: Path | None) -> Config:
     clean = data.get("require-clean-git", True)
     if not isinstance(clean, bool):
         raise ConfigError(f"{path}: [tool.{SECTION}] require-clean-git: expected true or false")
+    fail_on = data.get("fail-on", "rewrite")
+    if fail_on not in FAIL_ON:
+        raise ConfigError(f"{path}: [tool.{SECTION}] fail-on: expected one of {', '.join(map(repr, FAIL_ON))}")
     return Config(
         select=_strings(path, "select", data["select"]) if "select" in data else None,
         ignore=_strings(path, "ignore", data.get("ignore", [])),
@@ -124,6 +142,7 @@ def load_config(path: Path | None) -> Config:
         fused=fused,
         per_file_ignores={k: _strings(path, f"per-file-ignores.{k}", v) for k, v in per_file.items()},
         require_clean_git=clean,
+        fail_on=fail_on,
         path=path,
     )
 

@@ -46,6 +46,23 @@ SKIPPED_DIRS = frozenset(
 class Discovery:
     files: list[Path] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
+    git_ignored: int = 0  # files left out because git ignores them (--no-gitignore takes them)
+    excluded: int = 0  # files and folders left out by an exclude glob
+
+    def nothing_found(self, paths: list[Path]) -> str:
+        """Why a run found no file, and how to include what it left out."""
+        where = ", ".join(str(p) for p in paths) or "."
+        reasons = []
+        if self.git_ignored:
+            reasons.append(f"{self.git_ignored} files ignored by git (pass --no-gitignore to include them)")
+        if self.excluded:
+            reasons.append(f"{self.excluded} files or folders excluded by --exclude or the configuration's `exclude`")
+        why = (
+            "; ".join(reasons)
+            if reasons
+            else ("npu-migrate reads .py, .ipynb, .sh/.bash, Dockerfile, .env, .yaml/.yml and .cu/.cuh files")
+        )
+        return f"no file to migrate found under {where}: {why}"
 
 
 def is_skipped_dir(path: Path) -> bool:
@@ -125,25 +142,35 @@ def discover(
         if not given.exists():
             result.errors.append((str(given), "no such file or directory"))
             continue
+        if not given.is_dir() and not given.is_file():
+            # A FIFO, socket or device named on the command line: an error for that path, not silence.
+            result.errors.append((str(given), "not a regular file or folder; not read"))
+            continue
         if given.is_file():
             # Named explicitly (pre-commit passes file names): taken even if a folder rule would skip it.
-            if accepts(given) and not _excluded(given, excludes):
-                explicit.append(given)
+            if accepts(given):
+                if _excluded(given, excludes):
+                    result.excluded += 1
+                else:
+                    explicit.append(given)
             continue
         for dirpath, dirnames, filenames in os.walk(given, followlinks=False):
             folder = Path(dirpath)
-            dirnames[:] = sorted(
-                d for d in dirnames if not is_skipped_dir(folder / d) and not _excluded(folder / d, excludes)
-            )
+            kept = [d for d in dirnames if not is_skipped_dir(folder / d)]
+            dirnames[:] = sorted(d for d in kept if not _excluded(folder / d, excludes))
+            result.excluded += len(kept) - len(dirnames)
             for name in filenames:
                 candidate = folder / name
                 if not accepts(candidate) or candidate.is_symlink():
                     continue  # a symlink may lead out of the tree; never read or written through
-                if not _excluded(candidate, excludes):
+                if _excluded(candidate, excludes):
+                    result.excluded += 1
+                else:
                     walked.append(candidate)
     if respect_gitignore and walked and any(_in_git_work_tree(p) for p in paths if p.is_dir()):
         ignored = _git_ignored(walked)
         walked = [p for p in walked if p not in ignored]
+        result.git_ignored = len(ignored)
     seen: set[Path] = set()
     for f in sorted(explicit + walked):
         key = Path(os.path.realpath(f))
@@ -154,8 +181,10 @@ def discover(
 
 
 def uncommitted(roots: list[Path], files: list[Path]) -> set[Path]:
-    """Those of `files` with changes git could not give back (modified, staged or untracked) in the git
-    work trees that hold `roots`. An in-place apply over them would mix our rewrite with unsaved work."""
+    """Those of `files` with uncommitted changes (modified or staged) in the git work trees that hold `roots`.
+    An in-place apply over them would mix our rewrite with work git cannot give back. An untracked file has
+    no uncommitted *changes*: it is new work the user has not added yet, and refusing it would make every
+    first run on a new file need --force."""
     tops: set[Path] = set()
     for root in roots:
         folder = root if root.is_dir() else root.parent
@@ -171,7 +200,7 @@ def uncommitted(roots: list[Path], files: list[Path]) -> set[Path]:
     for top in tops:
         try:
             proc = subprocess.run(
-                ["git", "-C", str(top), "status", "--porcelain=v1", "-z", "--untracked-files=all"],
+                ["git", "-C", str(top), "status", "--porcelain=v1", "-z", "--untracked-files=no"],
                 capture_output=True,
                 timeout=120,
             )

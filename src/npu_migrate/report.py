@@ -26,6 +26,7 @@ class Summary:
     fixes_by_rule: Counter = field(default_factory=Counter)
     open_by_rule: Counter = field(default_factory=Counter)
     open_errors: int = 0  # open findings of severity "error": code that will fail on NPU as it is
+    open_warnings: int = 0
 
     def add(self, result: FileResult) -> None:
         self.scanned += 1
@@ -36,6 +37,18 @@ class Summary:
             self.findings += 1
             (self.fixes_by_rule if f.fixed else self.open_by_rule)[f.rule_id] += 1
             self.open_errors += not f.fixed and f.severity is Severity.ERROR
+            self.open_warnings += not f.fixed and f.severity is Severity.WARNING
+
+    def fails(self, fail_on: str, *, check: bool) -> bool:
+        """Whether the run exits 1 under the `--fail-on` threshold (see `config.FAIL_ON`): with --check a file
+        that would change always fails; open findings fail only at or above the threshold."""
+        if check and self.changed:
+            return True
+        if fail_on == "error":
+            return self.open_errors > 0
+        if fail_on == "warning":
+            return self.open_errors + self.open_warnings > 0
+        return False
 
     def lines(self, *, dry_run: bool) -> list[str]:
         verb = "would change" if dry_run else "changed"
@@ -59,6 +72,20 @@ class Summary:
             "fixes_by_rule": dict(sorted(self.fixes_by_rule.items())),
             "open_by_rule": dict(sorted(self.open_by_rule.items())),
         }
+
+
+def statistics_lines(summary: Summary) -> list[str]:
+    """`--statistics`: one line per rule with its count, instead of one line per finding."""
+    from npu_migrate.registry import rule
+
+    rows = [(n, rule_id, "fixed") for rule_id, n in summary.fixes_by_rule.items()]
+    rows += [(n, rule_id, "open") for rule_id, n in summary.open_by_rule.items()]
+    rows.sort(key=lambda row: (-row[0], row[1], row[2]))
+    width = len(str(rows[0][0])) if rows else 1
+    return [
+        f"{n:>{width}}  {rule_id}  [{state}]{' ' * (6 - len(state))}{rule(rule_id).summary}"
+        for n, rule_id, state in rows
+    ]
 
 
 def format_finding(f: Finding) -> str:

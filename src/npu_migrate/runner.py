@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -91,21 +93,40 @@ def _isolated(
         return crashed(item)
 
 
-def with_progress(results: Iterable[FileResult], total: int, enabled: bool) -> Iterator[FileResult]:
-    """A progress bar on stderr when it is a terminal; the results pass through unchanged."""
-    if not enabled or not sys.stderr.isatty() or total < 2:
-        yield from results
-        return
-    try:
-        from rich.progress import Progress
-    except ImportError:  # rich comes with typer, but the bar is a nicety, never a requirement
-        yield from results
-        return
-    with Progress(transient=True, console=None) as progress:
-        task = progress.add_task("migrating", total=total)
-        for result in results:
-            progress.advance(task)
-            yield result
+class Progress:
+    """A one-line progress bar on stderr, only when stderr is a terminal (so `apply --diff . > npu.patch`
+    still shows it, and the patch stays byte-identical). Not rich's live display: that reroutes stdout
+    through its console and re-wraps long lines, and a diff line must reach stdout exactly as it is.
+    Call `clear()` before printing anything while the bar is up, so no output line shares a row with it."""
+
+    def __init__(self, total: int, label: str, *, enabled: bool = True) -> None:
+        self.total, self.label, self.done = total, label, 0
+        self.enabled = enabled and sys.stderr.isatty()
+        self._shown = False
+        self._last = 0.0
+
+    def advance(self) -> None:
+        self.done += 1
+        if not self.enabled or self.total < 2:
+            return
+        now = time.monotonic()
+        if now - self._last < 0.1 and self.done < self.total:
+            return  # redrawing on every file would cost more than the files on a fast run
+        self._last = now
+        width = max(20, shutil.get_terminal_size((80, 24)).columns - 1)
+        counts = f" {self.done}/{self.total}"
+        room = max(10, min(40, width - len(self.label) - len(counts) - 3))
+        filled = room * self.done // self.total
+        line = f"{self.label} [{'#' * filled}{'.' * (room - filled)}]{counts}"
+        sys.stderr.write("\r\x1b[K" + line[:width])
+        sys.stderr.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+            self._shown = False
 
 
 # --- worker side ------------------------------------------------------------------------------------

@@ -15,11 +15,18 @@ from typing import Annotated, Optional
 import typer
 
 from npu_migrate.analyze import MODES
+from npu_migrate.command import CONTEXT_SETTINGS, Command, examples, run
 
 EXIT_OK, EXIT_ERROR = 0, 2
 
-#: The registered modes, and `all` for every one.
-AnalyzeMode = enum.Enum("AnalyzeMode", [(name, name) for name in (*MODES, "all")], type=str)
+#: What --mode accepts: the registered modes, and `all` for every one.
+MODE_CHOICES = (*MODES, "all")
+
+ANALYZE_EXAMPLES = examples(
+    "npu-migrate analyze src/                             # the torch APIs used, and their NPU support",
+    "npu-migrate analyze --mode all -o report/ src/       # every analysis; report/report.html to read",
+    "npu-migrate analyze --mode third_party,custom_kernels --exclude 'tests/*' src/   # two analyses, no tests",
+)
 
 
 class ReportFormat(str, enum.Enum):
@@ -37,10 +44,30 @@ def _fail(message: str) -> typer.Exit:
 
 
 def analyze_command(
-    paths: Annotated[list[Path], typer.Argument(help="Files or folders to analyse.", show_default=False)],
+    paths: Annotated[
+        list[Path], typer.Argument(help="Files or folders to analyse.", metavar="PATH", show_default=False)
+    ],
     mode: Annotated[
-        Optional[list[AnalyzeMode]],
-        typer.Option("--mode", "-m", help="Analysis to run (repeatable; default torch_apis; `all` runs every one)."),
+        Optional[list[str]],
+        typer.Option(
+            "--mode",
+            "-m",
+            metavar="MODES",
+            help=f"Analyses to run, comma-separated or repeated (default torch_apis; `all`: every one): "
+            f"{', '.join(MODES)}.",
+        ),
+    ] = None,
+    select: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--select", metavar="RULES", help="Rule ids or prefixes to report, comma-separated (default: ALL)."
+        ),
+    ] = None,
+    ignore: Annotated[
+        Optional[list[str]], typer.Option("--ignore", metavar="RULES", help="Rule ids or prefixes not to report.")
+    ] = None,
+    exclude: Annotated[
+        Optional[list[str]], typer.Option("--exclude", metavar="GLOB", help="Glob of paths to skip (repeatable).")
     ] = None,
     output: Annotated[
         Optional[Path],
@@ -89,9 +116,13 @@ def analyze_command(
     from npu_migrate.analyze.project import AnalysisError, Project, Settings
     from npu_migrate.api import NpuApi, UnknownVersionError
     from npu_migrate.config import ConfigError, discover_config
-    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules
+    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, split_codes
+    from npu_migrate.runner import Progress
 
-    chosen = [m.value for m in mode or [AnalyzeMode.torch_apis]]
+    chosen = split_codes(mode) or ["torch_apis"]
+    unknown = [m for m in chosen if m not in MODE_CHOICES]
+    if unknown:
+        raise _fail(f"--mode {unknown[0]!r}: unknown analysis (known: {', '.join(MODE_CHOICES)})")
     modes = MODES if "all" in chosen else tuple(m for m in MODES if m in chosen)
     if instrument is not None and "dynamic_shape" not in modes:
         raise _fail("--instrument needs --mode dynamic_shape (or --mode all)")
@@ -102,8 +133,10 @@ def analyze_command(
             raise _fail(f"{given}: no such file or directory")
     try:
         config = discover_config(paths, config_file)
+        chosen_ignore = split_codes(ignore) if ignore else list(config.ignore)
         enabled = select_rules(
-            list(config.select or ["ALL"]), [*config.ignore, *config.fused_ignores(fused_rule_names())]
+            split_codes(select) or list(config.select or ["ALL"]),
+            [*chosen_ignore, *config.fused_ignores(fused_rule_names())],
         )
         version = torch_npu_version or config.torch_npu_version
         NpuApi(version)
@@ -118,11 +151,27 @@ def analyze_command(
         api_files=tuple(api_files or ()),
         jobs=jobs,
     )
-    excludes = [(pattern, config.root) for pattern in config.exclude]
+    excludes = [(pattern, config.root) for pattern in config.exclude] + [
+        (pattern, Path.cwd()) for pattern in split_codes(exclude)
+    ]
+    bar = Progress(0, "analysing")
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.advance()
+
     try:
-        analysis = analyse(
-            paths, settings, ignored_for=config.ignored_for, excludes=excludes, respect_gitignore=not no_gitignore
-        )
+        try:
+            analysis = analyse(
+                paths,
+                settings,
+                ignored_for=config.ignored_for,
+                excludes=excludes,
+                respect_gitignore=not no_gitignore,
+                progress=progress,
+            )
+        finally:
+            bar.clear()
         for path, reason in analysis.errors:
             typer.echo(f"{path}: error: {reason}", err=True)
         if instrument is not None:
@@ -156,9 +205,11 @@ def analyze_command(
 
 def main() -> None:
     """`python -m npu_migrate.analyze.cli`: the command on its own, before `npu-migrate` registers it."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command("analyze")(analyze_command)
-    app()
+    app = typer.Typer(
+        add_completion=False, pretty_exceptions_enable=False, context_settings=CONTEXT_SETTINGS, rich_markup_mode=None
+    )
+    app.command("analyze", cls=Command, epilog=ANALYZE_EXAMPLES)(analyze_command)
+    run(app)
 
 
 if __name__ == "__main__":

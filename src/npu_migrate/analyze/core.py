@@ -94,8 +94,9 @@ def analyse(
     ignored_for: Callable[[str], tuple[str, ...]] = lambda _: (),
     excludes: list[tuple[str, Path]] | None = None,
     respect_gitignore: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Analysis:
-    """Analyse `paths` (files or folders) in the chosen modes."""
+    """Analyse `paths` (files or folders) in the chosen modes; `progress(done, total)` after each file scanned."""
     for given in (*paths, *settings.env_paths):
         if not given.exists():
             raise AnalysisError(f"{given}: no such file or directory")
@@ -112,7 +113,11 @@ def analyse(
     for path in found.files:
         display = relative(path, root)
         tasks.append(Task(path, display, module_name(display), ignored_for(display)))
-    files = list(runner.run_each(scan_file, tasks, context, crashed=_not_scanned, workers=settings.jobs))
+    files = []
+    for scanned in runner.run_each(scan_file, tasks, context, crashed=_not_scanned, workers=settings.jobs):
+        files.append(scanned)
+        if progress is not None:
+            progress(len(files), len(tasks))
     errors = list(found.errors) + [(f.display, f.error) for f in files if f.error]
     project = Project(root, settings, context, files, list(paths), respect_gitignore)
     for mode in in_dependency_order(settings.modes):

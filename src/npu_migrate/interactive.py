@@ -1,0 +1,160 @@
+"""`apply --interactive`: review the migration hunk by hunk, like `git add -p`.
+
+Each file is migrated in memory; its diff is cut into the hunks `unified_diff` prints, and each accepted
+hunk's lines replace the original's, so the result is exactly the migrated text restricted to the accepted
+hunks (all accepted: what `apply` writes; none: the file as it was). Nothing is written until the review
+ends; then every file is checked to still hold what was read, and only if all do are they written: an
+interrupted review (Ctrl-C, end of input) or a file edited meanwhile writes nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from npu_migrate import kinds
+from npu_migrate.api import NpuApi
+from npu_migrate.findings import Finding
+from npu_migrate.pipeline import _GIT_LINE, Job, Plan, migrate_file, unified_diff, validate
+from npu_migrate.source import SourceError, SourceFile, atomic_write, read_source
+
+HELP = """y - apply this hunk
+n - do not apply this hunk
+a - apply this hunk and all later hunks in the file
+d - do not apply this hunk or any of the later hunks in the file
+q - quit; do not apply this hunk or any of the remaining ones (the hunks accepted so far are written)
+? - print help
+"""
+
+
+@dataclass
+class Hunk:
+    opcodes: list[tuple[str, int, int, int, int]]
+    text: str  # as `unified_diff` prints it, from its "@@" line
+    findings: list[Finding] = field(default_factory=list)  # those on the original lines it replaces
+
+
+@dataclass
+class Review:
+    """One file under review: what was read, the migrated text, and its hunks."""
+
+    job: Job
+    source: SourceFile
+    kind: str
+    migrated: str
+    hunks: list[Hunk]
+    accepted: set[int] = field(default_factory=set)
+
+    def result(self) -> str:
+        return restrict(self.source.text, self.migrated, [self.hunks[i] for i in sorted(self.accepted)])
+
+
+class Quit(Exception):
+    """The reviewer answered q: stop asking, write what was accepted."""
+
+
+def split_hunks(display: str, before: str, after: str, findings: Iterable[Finding]) -> list[Hunk]:
+    a, b = _GIT_LINE.findall(before), _GIT_LINE.findall(after)
+    # The same matcher and context as difflib.unified_diff, so the groups are the printed hunks, in order.
+    groups = list(difflib.SequenceMatcher(None, a, b).get_grouped_opcodes(3))
+    printed = unified_diff(display, before, after).splitlines(keepends=True)
+    starts = [i for i, line in enumerate(printed) if line.startswith("@@ ")]
+    texts = ["".join(printed[s:e]) for s, e in zip(starts, [*starts[1:], len(printed)])]
+    assert len(texts) == len(groups), "one printed hunk per group of opcodes"
+    hunks = []
+    for group, text in zip(groups, texts):
+        first, last = group[0][1] + 1, group[-1][2]  # 1-based original lines the hunk covers
+        near = [f for f in findings if first <= f.line <= max(first, last)]
+        hunks.append(Hunk(group, text, near))
+    return hunks
+
+
+def restrict(before: str, after: str, accepted: list[Hunk]) -> str:
+    """`before` with the changed lines of the `accepted` hunks taken from `after`."""
+    a, b = _GIT_LINE.findall(before), _GIT_LINE.findall(after)
+    out: list[str] = []
+    position = 0
+    for hunk in sorted(accepted, key=lambda h: h.opcodes[0][1]):
+        for tag, i1, i2, j1, j2 in hunk.opcodes:
+            if tag == "equal":
+                continue
+            out.extend(a[position:i1])
+            out.extend(b[j1:j2])
+            position = i2
+    out.extend(a[position:])
+    return "".join(out)
+
+
+def prepare(job: Job, plan: Plan, api: NpuApi) -> Review | None:
+    """The file migrated in memory, cut into hunks; None when nothing would change. SourceError on bad input."""
+    source = read_source(job.path)
+    kind = kinds.kind_of(job.path) or kinds.PYTHON
+    migrated, findings, _ = migrate_file(source, job.display, plan, api, kind, job.ignore)
+    if migrated == source.text:
+        return None
+    validate(migrated, job.display, kind)
+    return Review(job, source, kind, migrated, split_hunks(job.display, source.text, migrated, findings))
+
+
+def ask(review: Review, ask_line: Callable[[str], str], say: Callable[[str], None]) -> None:
+    """Ask about each hunk of one file; fills `review.accepted`. Raises Quit on q, EOFError/KeyboardInterrupt
+    when the input ends or the user interrupts."""
+    total = len(review.hunks)
+    index = 0
+    say(f"--- a/{review.job.display}\n+++ b/{review.job.display}\n")
+    while index < total:
+        hunk = review.hunks[index]
+        for finding in hunk.findings:
+            say(f"# {finding.rule_id}{' [fixed]' if finding.fixed else ''} {finding.message}\n")
+        say(hunk.text)
+        answer = ask_line(f"({index + 1}/{total}) Apply this hunk to {review.job.display} [y,n,a,d,q,?]? ")
+        answer = answer.strip().lower()[:1]
+        if answer == "y":
+            review.accepted.add(index)
+        elif answer == "a":
+            review.accepted.update(range(index, total))
+            return
+        elif answer == "d":
+            return
+        elif answer == "q":
+            raise Quit
+        elif answer != "n":
+            say(HELP)
+            continue
+        index += 1
+
+
+def write_all(reviews: list[Review]) -> list[tuple[str, str]]:
+    """Write every reviewed file whose result differs from what was read, all or none: each is first
+    checked to still hold the bytes read (and that its result parses); returns the (file, reason) errors,
+    and writes nothing when there is any."""
+    errors: list[tuple[str, str]] = []
+    ready: list[tuple[Path, bytes, bytes]] = []
+    for review in reviews:
+        text = review.result()
+        if text == review.source.text:
+            continue
+        try:
+            validate(text, review.job.display, review.kind)
+        except SourceError as exc:
+            errors.append((review.job.display, f"the accepted hunks alone do not parse ({exc}); choose again"))
+            continue
+        try:
+            current = review.job.path.read_bytes()
+        except OSError as exc:
+            errors.append((review.job.display, f"cannot re-read before writing: {exc.strerror or exc}"))
+            continue
+        if current != review.source.raw:
+            errors.append((review.job.display, "changed on disk during the review; not overwritten"))
+            continue
+        ready.append((review.job.path, review.source.encode(text), review.source.raw))
+    if errors:
+        return errors
+    for path, data, expected in ready:
+        try:
+            atomic_write(path, data, expected=expected)
+        except SourceError as exc:
+            errors.append((str(path), str(exc)))
+    return errors
