@@ -601,6 +601,8 @@ def test_text_and_csv_formats(tmp_path):
     text = run_analyze(PROJECT / "demo")
     assert text.returncode == 0
     assert "train.py:30:8: NPU204 `torch.cuda.get_device_capability`" in text.stdout
+    # analyze writes no file: what apply would rewrite is fixable, not fixed.
+    assert "train.py:19:5: NPU201 [fixable] `torch.cuda.set_device`" in text.stdout and "[fixed]" not in text.stdout
     assert (
         "torch_apis: 37 distinct torch APIs in 54 uses (torch_npu 2.14.0): 34 supported, 1 unsupported, 2 unknown"
         in text.stdout

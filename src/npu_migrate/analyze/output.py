@@ -180,5 +180,5 @@ def render(analysis: Analysis, fmt: str) -> str:
         return html(analysis)
     if fmt == "csv":
         return findings_csv(analysis.findings)
-    lines = [format_finding(f) for f in analysis.findings]
+    lines = [format_finding(f, written=False) for f in analysis.findings]
     return "\n".join(lines) + ("\n" if lines else "")
