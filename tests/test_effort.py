@@ -68,6 +68,10 @@ def test_the_heuristic_is_stated_in_words_without_internal_names():
 def test_calibration_on_the_projects_of_this_repository(tree, rating, driver):
     result = run_analyze(tree, "--mode", "model", "--format", "json")
     assert result.returncode == 0, result.stderr
-    complexity = json.loads(result.stdout)["results"]["model"]["data"]["complexity"]
+    model = json.loads(result.stdout)["results"]["model"]
+    complexity = model["data"]["complexity"]
     assert complexity["rating"] == rating, complexity["reasons"]
     assert complexity["drivers"][0] == driver
+    # The terminal summary says the rating, the range and what weighs most.
+    expected = f"migration complexity: {rating} ({complexity['effort']}); the largest item: {complexity['reasons'][0]}"
+    assert expected in model["summary"]

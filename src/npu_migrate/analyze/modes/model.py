@@ -689,7 +689,7 @@ def collect(project: Project, result: ModeResult) -> None:
         f"distributed: {', '.join(sorted({d[0] + ' ' + d[1] for d in gathered['distributed']})) or 'none'}; "
         f"AMP: {', '.join(sorted({a[0] for a in gathered['amp']})) or 'none'}; "
         f"{len(sync_rows)} host-device syncs in loops; {len(loaders)} DataLoaders",
-        f"migration complexity: {rating['rating']} ({rating['effort']})",
+        f"migration complexity: {rating['rating']} ({rating['effort']}); the largest item: {rating['reasons'][0]}",
     ]
     result.data = {
         "classes": classes,
