@@ -3,7 +3,7 @@ the modes found, with the work items that make it up in the words a report shows
 
 A stated heuristic for planning, not a measurement. Each kind of work a person must do has a range of days
 per item (`WEIGHTS`); repeated small items are capped, because their cost is learning the fix once and
-applying it, not a day per site; what `npu-migrate apply` rewrites costs only the review of the diff. The
+applying it, not a day per site; what `npu-migrate apply` rewrites costs only reading the diff. The
 rating follows the upper end of the range (`BANDS`), so the reader can check it against the items listed.
 
 Calibrated on the projects under `fixtures/projects/` and `examples/`, and on transformers (one model
@@ -29,7 +29,10 @@ class Weight:
 
 
 WEIGHTS = {
-    "review": Weight("review the automatic rewrites and run the tests on an NPU (once per project)", (0.5, 1.0)),
+    "npu_test": Weight("run the project's tests and a training step on an NPU (once)", (0.5, 1.0)),
+    "rewrite_review": Weight(
+        "each site `npu-migrate apply` rewrites: read its diff (a few minutes)", (0.005, 0.01), cap=(3.0, 5.0)
+    ),
     "complex_kernel": Weight(
         "each CUDA kernel using shared memory, warp shuffles, atomics, tensor cores or CUDA libraries: "
         "rewrite in Ascend C",
@@ -104,23 +107,22 @@ def _days(pair: tuple[float, float]) -> str:
 
 
 def rate(items: list[Item], automatic: int) -> dict:
-    """The rating and estimate for the work `items`, plus the review of `automatic` rewritten sites.
+    """The rating and estimate for the work `items`, the review of `automatic` rewritten sites, and a test run.
 
     `reasons` lists the items with their days, the largest first: the first one is what drives the rating.
     """
+    if automatic:
+        items = [
+            *items,
+            item("rewrite_review", f"review the {automatic} sites `npu-migrate apply` rewrites", automatic),
+        ]
     work = sorted(items, key=lambda i: (-i.days[1], -i.days[0], i.what))
-    review = item(
-        "review",
-        f"review what `npu-migrate apply` rewrites automatically ({automatic} sites) and test on an NPU"
-        if automatic
-        else "test on an NPU",
-    )
-    low = sum(i.days[0] for i in (*work, review))
-    high = sum(i.days[1] for i in (*work, review))
-    low, high = _round(low), _round(high)
+    test = item("npu_test", "test on an NPU")
+    low = _round(sum(i.days[0] for i in (*work, test)))
+    high = _round(sum(i.days[1] for i in (*work, test)))
     rating = next(name for name, limit in BANDS if limit is None or high <= limit)
     reasons = [f"{i.what}: {_days(i.days)}" for i in work] or ["no CUDA-specific code found"]
-    reasons.append(f"{review.what}: {_days(review.days)}")
+    reasons.append(f"{test.what}: {_days(test.days)}")
     return {
         "rating": rating,
         "reasons": reasons,
@@ -140,7 +142,7 @@ def heuristic() -> list[str]:
         if weight.cap is not None:
             line += f" (at most {weight.cap[0]:g}-{weight.cap[1]:g} days in all)"
         lines.append(line)
-    lines.append("what `npu-migrate apply` rewrites needs no hand work beyond the review")
+    lines.append("what `npu-migrate apply` rewrites needs no hand work beyond reading the diff")
     limits = [f"{name} up to {limit:g} days" for name, limit in BANDS if limit is not None]
     lines.append(
         f"the rating follows the upper end of the range: {', '.join(limits)}, {BANDS[-1][0]} above that "
