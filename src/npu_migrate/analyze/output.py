@@ -123,7 +123,6 @@ def _rule_groups(findings: list[Finding]) -> list[dict]:
             {
                 "id": rule_id,
                 "rule": rule,
-                "category": category(rule_id),
                 "severity": (manual or members)[0].severity.value,
                 "manual": len(manual),
                 "automatic": len(members) - len(manual),
