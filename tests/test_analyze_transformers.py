@@ -65,4 +65,11 @@ def test_mode_all_on_the_transformers_tree(tmp_path):
         packages = {row[2] for row in list(csv.reader(handle))[1:]}
     assert {"flash_attn", "bitsandbytes"} <= packages
     assert (out / "report.html").stat().st_size < 60_000_000
+    # Calibration of the estimate on a large tree: no CUDA kernels, so no kernel port; what weighs is the review
+    # of a thousand rewrites, dynamic shapes, bitsandbytes: weeks, and the rating says Medium.
+    complexity = doc["results"]["model"]["data"]["complexity"]
+    assert complexity["rating"] == "Medium", complexity["reasons"]
+    assert any(
+        r.startswith("CUDA-only package with no Ascend counterpart: bitsandbytes") for r in complexity["reasons"]
+    )
     print(f"analyze --mode all on {doc['summary']['files_scanned']} files: {elapsed:.1f} s")

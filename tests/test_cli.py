@@ -83,7 +83,7 @@ def test_output_writes_a_migrated_copy_and_change_list(project, tmp_path_factory
     assert (out / "plain.py").read_bytes() == PLAIN_SOURCE.encode()
     assert (out / "notes.txt").read_text() == "not python\n"
     rows = list(csv.DictReader((out / "change_list.csv").open()))
-    assert {(r["file"], r["rule"]) for r in rows} >= {("pkg/train.py", "NPU101"), ("pkg/train.py", "NPU201")}
+    assert {(r["file"], r["rule"]) for r in rows} >= {("train.py", "NPU101"), ("train.py", "NPU201")}
     cuda_row = next(r for r in rows if r["rule"] == "NPU101")
     assert (cuda_row["line"], cuda_row["original"], cuda_row["replacement"]) == (
         "3",

@@ -339,7 +339,8 @@ def apply(
     progress.clear()
 
     if output is not None:
-        write_change_list(_absolute(output) / "change_list.csv", all_findings)
+        destinations = {job.display: job.destination for job in job_list}
+        write_change_list(_absolute(output) / "change_list.csv", all_findings, destinations)
     if output_format is OutputFormat.json:
         write_json(sys.stdout, "apply", results, summary)
     elif output_format is OutputFormat.sarif:

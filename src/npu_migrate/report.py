@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -88,19 +89,42 @@ def statistics_lines(summary: Summary) -> list[str]:
     ]
 
 
-def format_finding(f: Finding) -> str:
-    marker = "[fixed] " if f.fixed else ""
+def format_finding(f: Finding, *, written: bool = True) -> str:
+    """One finding as a line. A rewrite is `[fixed]` where the run wrote it, `[fixable]` where it only
+    reports it (`analyze`, `--diff`): a reader must not believe a file changed that did not."""
+    marker = ("[fixed] " if written else "[fixable] ") if f.fixed else ""
     return f"{f.location()}: {f.rule_id} {marker}{f.message}"
 
 
-def write_change_list(path: Path, findings: list[Finding]) -> None:
-    """`change_list.csv`: one row per rewrite (open findings are in the report, not here)."""
+#: Longest `original` / `replacement` cell of change_list.csv: a fused rewrite replaces whole functions,
+#: which the migrated file and the diff show; the spreadsheet names the change.
+CHANGE_CELL = 120
+
+
+def _change_cell(code: str) -> str:
+    lines = code.strip().splitlines()
+    if not lines:
+        return ""
+    first = " ".join(lines[0].split())
+    if len(lines) == 1 and len(first) <= CHANGE_CELL:
+        return first
+    return f"{first[: CHANGE_CELL - 30]} ... ({len(lines)} lines; see the migrated file)"
+
+
+def write_change_list(path: Path, findings: list[Finding], destinations: Mapping[str, Path]) -> None:
+    """`change_list.csv` in the output tree: a row per site, what `apply` rewrote and what a person must
+    still do, with paths relative to the output tree (`destinations`: each finding's path -> its copy)."""
+    root = path.parent
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["file", "line", "rule", "original", "replacement", "message"])
-        for f in findings:
-            if f.fixed:
-                writer.writerow([f.path, f.line, f.rule_id, f.original, f.replacement, f.message])
+        writer.writerow(["file", "line", "rule", "status", "original", "replacement", "message"])
+        for f in sorted(findings, key=lambda f: (not f.fixed, f.path, f.line, f.col, f.rule_id)):
+            destination = destinations.get(f.path)
+            file = destination.relative_to(root).as_posix() if destination is not None else f.path
+            status = "rewritten" if f.fixed else "to do by hand"
+            writer.writerow(
+                [file, f.line, f.rule_id, status, _change_cell(f.original), _change_cell(f.replacement), f.message]
+            )
 
 
 def write_json(stream: TextIO, command: str, results: list[FileResult], summary: Summary) -> None:

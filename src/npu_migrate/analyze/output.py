@@ -3,7 +3,8 @@
 Findings are the engine's `Finding`s whatever produced them, so the text lines, the SARIF results and
 the GitHub-style locations are those of `apply` (`report.format_finding`, `report.sarif_document`).
 Markdown and HTML are jinja2 templates under `templates/report/`; the HTML is one self-contained file
-(inline CSS, inline JS drawing the charts as SVG, no network), so it can be mailed or archived as is.
+(inline CSS, charts drawn with CSS, no script, no network), so it can be mailed or archived as is and read
+top-down: the rating and the charts first, then what to do rule by rule, then the details.
 """
 
 from __future__ import annotations
@@ -101,10 +102,65 @@ def sarif(analysis: Analysis) -> dict:
     return document
 
 
+#: Severity order of the "what to do" list: what breaks on NPU first.
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+#: Bars of the by-file chart: enough to see where the work is, few enough for the top of the page.
+CHART_FILES = 10
+
+
+def _rule_groups(findings: list[Finding]) -> list[dict]:
+    """Findings by rule, what a person must do first (errors, then warnings, then info; larger groups
+    first), then the rules whose every site `npu-migrate apply` rewrites."""
+    rules = {rule.id: rule for rule in documented_rules()}
+    grouped: dict[str, list[Finding]] = {}
+    for f in findings:
+        grouped.setdefault(f.rule_id, []).append(f)
+    groups = []
+    for rule_id, members in grouped.items():
+        manual = [f for f in members if not f.fixed]
+        rule = rules.get(rule_id)
+        groups.append(
+            {
+                "id": rule_id,
+                "rule": rule,
+                "severity": (manual or members)[0].severity.value,
+                "manual": len(manual),
+                "automatic": len(members) - len(manual),
+                "findings": sorted(members, key=lambda f: f.fixed),  # what needs a person first
+            }
+        )
+    return sorted(
+        groups,
+        key=lambda g: (not g["manual"], _SEVERITY_ORDER.get(g["severity"], 3), -g["manual"], -g["automatic"], g["id"]),
+    )
+
+
+def _bars(counts: dict[str, list[int]], limit: int | None = None) -> list[dict]:
+    """Rows of a bar chart: label, findings a person must handle and those apply rewrites, bar widths in
+    per cent of the largest total (drawn by CSS: the page needs no JavaScript)."""
+    rows = sorted(counts.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:limit]
+    top = max((sum(v) for _, v in rows), default=1) or 1
+    return [
+        {
+            "label": label,
+            "manual": manual,
+            "automatic": automatic,
+            "manual_width": round(100 * manual / top, 1),
+            "automatic_width": round(100 * automatic / top, 1),
+        }
+        for label, (manual, automatic) in rows
+    ]
+
+
+def _chart_counts(findings: list[Finding], key) -> dict[str, list[int]]:
+    counts: dict[str, list[int]] = {}
+    for f in findings:
+        counts.setdefault(key(f), [0, 0])[f.fixed] += 1
+    return counts
+
+
 def _context(analysis: Analysis) -> dict:
     findings = analysis.findings
-    by_category = Counter(category(f.rule_id) for f in findings)
-    by_file = Counter(f.path for f in findings)
     complexity = next((r.data.get("complexity") for r in analysis.results if r.mode == "model"), None)
     cited = {f.rule_id for f in findings}
     return {
@@ -116,12 +172,14 @@ def _context(analysis: Analysis) -> dict:
         "results": analysis.results,
         "rules": documented_rules(),
         "cited": cited,
+        "groups": _rule_groups(findings),
         "complexity": complexity,
         "limit": REPORT_ROWS,
         "severity_counts": Counter("fixed" if f.fixed else f.severity.value for f in findings),
         "chart": {
-            "by_category": sorted(by_category.items(), key=lambda kv: (-kv[1], kv[0])),
-            "by_file": sorted(by_file.items(), key=lambda kv: (-kv[1], kv[0]))[:20],
+            "by_category": _bars(_chart_counts(findings, lambda f: category(f.rule_id))),
+            "by_file": _bars(_chart_counts(findings, lambda f: f.path), CHART_FILES),
+            "files": len({f.path for f in findings}),
         },
     }
 
@@ -138,14 +196,11 @@ def markdown(analysis: Analysis) -> str:
 
 
 def html(analysis: Analysis) -> str:
-    from markupsafe import Markup
-
     from npu_migrate.templating import environment
 
     env = environment().overlay(autoescape=True)
-    context = _context(analysis)
-    data = json.dumps(context["chart"]).replace("<", "\\u003c")
-    return env.get_template("report/report.html.j2").render(**context, chart_json=Markup(data))
+    env.filters["acted_on"] = lambda table: [r for r in table.rows if table.routine is None or not table.routine(r)]
+    return env.get_template("report/report.html.j2").render(**_context(analysis))
 
 
 def write_reports(analysis: Analysis, out: Path) -> list[Path]:
@@ -180,5 +235,5 @@ def render(analysis: Analysis, fmt: str) -> str:
         return html(analysis)
     if fmt == "csv":
         return findings_csv(analysis.findings)
-    lines = [format_finding(f) for f in analysis.findings]
+    lines = [format_finding(f, written=False) for f in analysis.findings]
     return "\n".join(lines) + ("\n" if lines else "")

@@ -132,6 +132,9 @@ class Table:
     title: str
     header: list[str]
     rows: list[list[Any]]
+    #: Rows nobody acts on (an API that runs on the NPU as it is): the HTML report folds them away; the CSV
+    #: and report.json keep every row.
+    routine: Callable[[list[Any]], bool] | None = None
 
 
 @dataclass

@@ -8,10 +8,8 @@
   RMSNorm, SwiGLU, rotary embedding, flash attention);
 * memory and input pipeline: DataLoader settings, host-device syncs inside loops, mixed precision,
   gradient checkpointing and accumulation;
-* a complexity rating (Low / Medium / High) with the facts that produced it, and an effort estimate.
-
-The effort estimate is a stated heuristic (the weights are in `EFFORT_DAYS`), meant for planning, not a
-measurement.
+* a complexity rating (Low / Medium / High) with the work items that produce it, and an effort estimate
+  (the heuristic is `npu_migrate.analyze.effort`'s).
 """
 
 from __future__ import annotations
@@ -19,9 +17,10 @@ from __future__ import annotations
 import ast
 from collections import Counter, defaultdict
 
+from npu_migrate.analyze import effort
 from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.modes.affinity_apis import fused_rule_targets, is_fused_site
-from npu_migrate.analyze.modes.third_party import package_table
+from npu_migrate.analyze.modes.third_party import cuda_package, package_table
 from npu_migrate.analyze.modes.torch_apis import UNSUPPORTED
 from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
 
@@ -136,21 +135,26 @@ _FUNCTIONAL_KIND = {
     "torch.sigmoid": "activation",
     "torch.tanh": "activation",
 }
-_FLASH = "flash_attn."
+#: What a CUDA-only package's function computes, by its name (`flash_attn_varlen_func`, `xformers.ops.SwiGLU`).
+_PACKAGE_OPERATOR_WORDS = (
+    ("attention", ("attn", "attention", "mha", "fmha")),
+    ("normalization", ("rms_norm", "rmsnorm", "layer_norm", "layernorm")),
+    ("loss", ("cross_entropy", "crossentropy")),
+    ("activation", ("swiglu", "gelu", "silu")),
+)
 
-#: Person-days per fact, for the effort estimate (low end; the high end doubles it).
-EFFORT_DAYS = {
-    "base": 1.0,
-    "custom_kernel": 3.0,
-    "native_build": 0.5,
-    "package_without_alternative": 2.0,
-    "package_with_alternative": 1.0,
-    "unsupported_api": 0.5,
-    "distributed": 1.0,
-    "dynamic_shape": 0.25,
-    "fused_declined": 0.25,
-    "sync_in_loop": 0.1,
-}
+
+def _package_operator(qualname: str) -> str | None:
+    """The heavy-operator kind of a call into a CUDA-only package, or None for its helpers: the version
+    (`flash_attn.__version__.split`), padding utilities, config classes."""
+    if cuda_package(qualname, package_table()) is None:
+        return None
+    parts = qualname.split(".")
+    if any(part.startswith("_") for part in parts[1:]):
+        return None
+    last = parts[-1].lower()
+    return next((kind for kind, words in _PACKAGE_OPERATOR_WORDS if any(w in last for w in words)), None)
+
 
 _SYNC_METHODS = {"item", "cpu", "numpy", "tolist"}
 _SYNC_CALLS = {"torch.cuda.synchronize", "torch.npu.synchronize"}
@@ -272,9 +276,11 @@ class _Scanner(ast.NodeVisitor):
         if qualname in _FUNCTIONAL_KIND:
             kind = _FUNCTIONAL_KIND[qualname]
             self.operators.append([kind, qualname.replace(_F, "F.").replace("torch.", "torch."), where])
-        elif qualname.startswith(_FLASH):
-            self.operators.append(["attention", qualname, where])
-            self.layers.append(["attention", qualname, where])
+        else:
+            kind = _package_operator(qualname)
+            if kind is not None:
+                self.operators.append([kind, qualname, where])
+                self.layers.append([kind, qualname, where])
         if qualname in (
             "torch.nn.parallel.DistributedDataParallel",
             "torch.nn.parallel.distributed.DistributedDataParallel",
@@ -440,65 +446,76 @@ def _module_classes(project: Project) -> list[dict]:
     return [c for c in classes if (c["module"], c["name"]) in modules]
 
 
-def complexity(project: Project, findings_by_rule: Counter, facts: dict) -> dict:
-    reasons, days = [], EFFORT_DAYS["base"]
-    level = 0
-    kernels, builds = facts["custom_kernels"], facts["native_builds"]
-    if kernels:
-        level = 2
-        reasons.append(f"{kernels} custom CUDA / triton kernels must be ported to Ascend C (custom_kernels)")
-        days += EFFORT_DAYS["custom_kernel"] * kernels
-    if builds:
-        level = max(level, 1)
-        reasons.append(f"{builds} CUDA extension builds and C++ bindings to move to NpuExtension")
-        days += EFFORT_DAYS["native_build"] * builds
-    without, with_alt = facts["packages_without_alternative"], facts["packages_with_alternative"]
-    if without:
-        level = 2
-        reasons.append(f"CUDA-only packages without an Ascend alternative: {', '.join(without)}")
-        days += EFFORT_DAYS["package_without_alternative"] * len(without)
-    if with_alt:
-        level = max(level, 1)
-        reasons.append(f"CUDA-only packages to replace with their Ascend alternative: {', '.join(with_alt)}")
-        days += EFFORT_DAYS["package_with_alternative"] * len(with_alt)
-    unsupported = facts["unsupported_apis"]
+def _count(n: int, thing: str, things: str) -> str:
+    return f"{n} {thing if n == 1 else things}"
+
+
+def complexity(findings_by_rule: Counter, facts: dict) -> dict:
+    """The rating and effort estimate (`effort.rate`) from what the modes found."""
+    items = []
+    for kind, count, thing, things in (
+        (
+            "complex_kernel",
+            facts["complex_kernels"],
+            "CUDA kernel using shared memory, shuffles, atomics or CUDA libraries",
+            "CUDA kernels using shared memory, shuffles, atomics or CUDA libraries",
+        ),
+        ("simple_kernel", facts["simple_kernels"], "plain CUDA kernel", "plain CUDA kernels"),
+        ("triton_kernel", facts["triton_kernels"], "triton kernel", "triton kernels"),
+        (
+            "native_build",
+            facts["native_builds"],
+            "CUDA extension build or C++ binding to build for the NPU",
+            "CUDA extension builds and C++ bindings to build for the NPU",
+        ),
+        (
+            "dynamic_shape",
+            facts["dynamic_shapes"],
+            "data-dependent shape to measure and pad to fixed sizes",
+            "data-dependent shapes to measure and pad to fixed sizes",
+        ),
+        (
+            "fused_declined",
+            findings_by_rule.get("declined", 0),
+            "fused-kernel candidate to apply by hand",
+            "fused-kernel candidates to apply by hand",
+        ),
+        (
+            "sync_in_loop",
+            findings_by_rule.get(R.HOST_SYNC.id, 0),
+            "host-device sync inside a loop",
+            "host-device syncs inside loops",
+        ),
+    ):
+        if count:
+            items.append(effort.item(kind, _count(count, thing, things), count))
+    for kind, packages, what in (
+        ("package_without_alternative", facts["packages_without_alternative"], "with no Ascend counterpart"),
+        ("package_with_alternative", facts["packages_with_alternative"], "to switch to an Ascend counterpart"),
+    ):
+        if packages:
+            label = "CUDA-only package" if len(packages) == 1 else "CUDA-only packages"
+            items.append(effort.item(kind, f"{label} {what}: {', '.join(packages)}", len(packages)))
+    unsupported = sorted(facts["unsupported_apis"])
     if unsupported:
-        level = max(level, 1)
-        reasons.append(
-            f"{len(unsupported)} distinct unsupported torch APIs: {', '.join(sorted(unsupported)[:6])}"
-            + (" ..." if len(unsupported) > 6 else "")
+        shown = ", ".join(unsupported[:6]) + (" ..." if len(unsupported) > 6 else "")
+        what = _count(len(unsupported), "torch API", "torch APIs") + f" with no NPU support: {shown}"
+        items.append(effort.item("unsupported_api", what, len(unsupported)))
+    library = facts["unsupported_library_functions"]
+    if library:
+        what = _count(len(library), "library function", "library functions")
+        items.append(
+            effort.item(
+                "unsupported_library_function",
+                f"{what} the code calls that cannot run on an NPU: "
+                + ", ".join(library[:4])
+                + (" ..." if len(library) > 4 else ""),
+                len(library),
+            )
         )
-        days += EFFORT_DAYS["unsupported_api"] * len(unsupported)
     if facts["distributed"]:
-        level = max(level, 1)
-        reasons.append(
-            f"distributed training ({', '.join(facts['distributed'])}): HCCL setup and multi-card validation"
-        )
-        days += EFFORT_DAYS["distributed"]
-    if facts["dynamic_shapes"]:
-        reasons.append(f"{facts['dynamic_shapes']} dynamic-shape sources to measure and bucket")
-        days += EFFORT_DAYS["dynamic_shape"] * facts["dynamic_shapes"]
-    declined = findings_by_rule.get("declined", 0)
-    if declined:
-        reasons.append(f"{declined} fused-kernel candidates the codemod declined (apply by hand)")
-        days += EFFORT_DAYS["fused_declined"] * declined
-    syncs = findings_by_rule.get(R.HOST_SYNC.id, 0)
-    if syncs:
-        reasons.append(f"{syncs} host-device syncs inside loops")
-        days += EFFORT_DAYS["sync_in_loop"] * syncs
-    fixed = findings_by_rule.get("fixed", 0)
-    if fixed:
-        reasons.append(f"{fixed} sites the codemod rewrites automatically (`npu-migrate apply`)")
-    if not reasons:
-        reasons.append("no CUDA-specific code found")
-    rating = ("Low", "Medium", "High")[level]
-    low = round(days * 2) / 2
-    return {
-        "rating": rating,
-        "reasons": reasons,
-        "effort_days": [low, low * 2],
-        "effort": f"{low:g}-{low * 2:g} person-days (heuristic: weights in {__name__}.EFFORT_DAYS)",
-    }
+        items.append(effort.item("distributed", f"distributed training ({', '.join(facts['distributed'])})"))
+    return effort.rate(items, findings_by_rule.get("fixed", 0))
 
 
 def collect(project: Project, result: ModeResult) -> None:
@@ -516,12 +533,17 @@ def collect(project: Project, result: ModeResult) -> None:
                 gathered["layers"].append([kind, f"{c['name']} (custom)", c["location"]])
                 break
 
+    table = package_table()
     layer_rows = _grouped(gathered["layers"])
     op_rows = []
     for (kind, api), locations in _group(gathered["operators"]).items():
         order, status = OPERATORS.get(kind, (9, "native"))
-        if api.startswith(_FLASH):
-            status = "not available: flash_attn is CUDA-only (use torch_npu.npu_fusion_attention)"
+        hit = cuda_package(api, table)
+        if hit is not None:
+            prefix, entry = hit
+            status = f"not available: {prefix} is CUDA-only" + (
+                f" (use {entry['alternative']})" if entry["alternative"] else ""
+            )
         op_rows.append(
             [order, kind, api, len(locations), status, " ".join(locations[:5]) + (" ..." if len(locations) > 5 else "")]
         )
@@ -572,9 +594,10 @@ def collect(project: Project, result: ModeResult) -> None:
         elif is_fused_site(f):
             by_rule["declined"] += 1
     packages = {row[2] for row in project.result("third_party").data["packages"]}
-    table = package_table()
     items = project.result("custom_kernels").data["items"]
-    kernels = sum(1 for i in items if i["kind"] in ("cuda_kernel", "triton_kernel", "cuda_source"))
+    cuda_kernels = [i for i in items if i["kind"] == "cuda_kernel"]
+    # A kernel's detail lists what its source leans on; "plain CUDA C++" and inline sources lean on nothing known.
+    simple = sum(1 for i in cuda_kernels if i["detail"] in ("plain CUDA C++", "inline CUDA source"))
     builds = sum(
         1
         for i in items
@@ -583,15 +606,22 @@ def collect(project: Project, result: ModeResult) -> None:
     apis = project.result("torch_apis").data["apis"]
     unsupported = {entry["api"] for entry in apis if entry["status"] == UNSUPPORTED}
     dynamic = len(project.result("dynamic_shape").data["sites"])
+    top_level = {p: p.split(".")[0] for p in packages}
     rating = complexity(
-        project,
         by_rule,
         {
-            "custom_kernels": kernels,
+            "complex_kernels": len(cuda_kernels) - simple,
+            "simple_kernels": simple,
+            "triton_kernels": sum(1 for i in items if i["kind"] == "triton_kernel"),
             "native_builds": builds,
-            "packages_without_alternative": sorted(p for p in packages if not table[p]["alternative"]),
-            "packages_with_alternative": sorted(p for p in packages if table[p]["alternative"]),
+            # Counted per installed package: apex and apex.optimizers are one package to replace.
+            "packages_without_alternative": sorted(
+                {top_level[p] for p in packages if not table[p]["alternative"]}
+                - {top_level[p] for p in packages if table[p]["alternative"]}
+            ),
+            "packages_with_alternative": sorted({top_level[p] for p in packages if table[p]["alternative"]}),
             "unsupported_apis": unsupported,
+            "unsupported_library_functions": sorted({call[1] for call in project.result("third_party").data["calls"]}),
             "distributed": sorted({d[0] for d in gathered["distributed"] if d[0] != "process group"}),
             "dynamic_shapes": dynamic,
         },
@@ -659,7 +689,7 @@ def collect(project: Project, result: ModeResult) -> None:
         f"distributed: {', '.join(sorted({d[0] + ' ' + d[1] for d in gathered['distributed']})) or 'none'}; "
         f"AMP: {', '.join(sorted({a[0] for a in gathered['amp']})) or 'none'}; "
         f"{len(sync_rows)} host-device syncs in loops; {len(loaders)} DataLoaders",
-        f"migration complexity: {rating['rating']} ({rating['effort']})",
+        f"migration complexity: {rating['rating']} ({rating['effort']}); the largest item: {rating['reasons'][0]}",
     ]
     result.data = {
         "classes": classes,
