@@ -35,7 +35,7 @@ import torch
 
 from npu_migrate.verify import reference
 
-PRELUDE_MARK = "_HAS_TORCH_NPU"
+PRELUDE_MARK = "def _is_npu("
 _SITE = re.compile(r"torch_npu\.(npu_\w+)\s*\(")
 _FACTORY_MODULE = "_npu_migrate_verify_factory"
 
@@ -78,7 +78,7 @@ class _Patcher(importlib.abc.MetaPathFinder):
         if module.__name__ in self.modules or not self.owns(getattr(module, "__file__", None)):
             return
         namespace = vars(module)
-        if PRELUDE_MARK not in namespace or not callable(namespace.get("_is_npu")):
+        if "torch_npu" not in namespace or not callable(namespace.get("_is_npu")):
             return
         try:
             with open(module.__file__, encoding="utf-8") as handle:
@@ -102,7 +102,6 @@ def _reference_installer(generator: torch.Generator):
     def install(module: types.ModuleType) -> collections.Counter:
         fake = reference.torch_npu_module(generator=generator)
         module.torch_npu = fake
-        module._HAS_TORCH_NPU = True
         module._is_npu = lambda x: isinstance(x, torch.Tensor)
         return fake.calls
 
