@@ -258,13 +258,13 @@ class FusedOpsChecker(TreeChecker):
         self._scan_calls = any(
             idiom.rule.id in self.enabled and index.uses(name.rsplit(".", 1)[-1]) for name, idiom in CALL_IDIOMS.items()
         )
-        self._walk(tree.body, owner=None, defs=())
+        self._walk(tree.body, owner=None)
         self._prelude(tree)
         return self.reports
 
-    # -- the walk: defs with their class, calls with their enclosing defs ------------------------------
+    # -- the walk: defs with their class, and calls ---------------------------------------------------
 
-    def _walk(self, nodes: list[ast.stmt], owner: ast.ClassDef | None, defs: tuple) -> None:
+    def _walk(self, nodes: list[ast.stmt], owner: ast.ClassDef | None) -> None:
         for node in nodes:
             # The expressions of the statement itself (a def's decorators and defaults, a class's bases),
             # then its blocks.
@@ -277,25 +277,24 @@ class FusedOpsChecker(TreeChecker):
                     ]
                     + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
                     + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
-                    defs,
                 )
             if isinstance(node, ast.ClassDef):
-                self._walk(node.body, owner=node, defs=defs)
+                self._walk(node.body, owner=node)
             elif isinstance(node, _DEFS) and node.name.startswith("_") and node.name in _own_helpers():
                 continue  # our helpers call SDPA and the kernels themselves
             elif isinstance(node, _DEFS):
                 self._function(node, owner)
-                self._walk(node.body, owner=None, defs=(*defs, node))
+                self._walk(node.body, owner=None)
             else:
                 blocks = [getattr(node, a, None) for a in ("body", "orelse", "finalbody")]
                 blocks += [h.body for h in getattr(node, "handlers", ())] + [c.body for c in getattr(node, "cases", ())]
-                self._walk([s for block in blocks if isinstance(block, list) for s in block], owner, defs)
+                self._walk([s for block in blocks if isinstance(block, list) for s in block], owner)
 
-    def _calls(self, nodes, defs) -> None:
+    def _calls(self, nodes) -> None:
         for root in nodes:
             for node in ast.walk(root):
                 if isinstance(node, ast.Call):
-                    self._call(node, defs)
+                    self._call(node)
 
     # -- matching --------------------------------------------------------------------------------------
 
@@ -313,7 +312,7 @@ class FusedOpsChecker(TreeChecker):
                 self._decide(node, outcome)
                 return
 
-    def _call(self, node: ast.Call, defs) -> None:
+    def _call(self, node: ast.Call) -> None:
         name = self._qualname(node.func)
         idiom = CALL_IDIOMS.get(name)
         if idiom is None or idiom.rule.id not in self.enabled:
