@@ -10,6 +10,7 @@ alignment, rotation mode) must be caught by the same comparisons.
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -204,9 +205,16 @@ def test_interleaved_rotary_needs_a_torch_npu_with_rotary_mode():
     assert any("rotary_mode='interleave'" in f.message and not f.fixed for f in findings)
     half = (RULES / "NPU703" / "hf_apply_rotary_pos_emb.in.py").read_text()
     text, _ = migrate_text(half, select=["NPU703"], torch_npu_version="2.1.0.post8")
-    assert (
-        "torch_npu.npu_rotary_mul(q, _npu_cos, _npu_sin)" in text
-        and "rotary_mode" not in text.split("def rotate_half")[1]
+    # The half rotation runs on a torch_npu whose npu_rotary_mul takes no rotary_mode at all.
+    namespace = {"__name__": "fixture"}
+    exec(compile(text, "migrated.py", "exec"), namespace)
+    old = types.SimpleNamespace(npu_rotary_mul=lambda x, r1, r2: reference.npu_rotary_mul(x, r1, r2))
+    namespace.update(_is_npu=lambda x: True, torch_npu=old)
+    q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    cos, sin = _tables(1, 5, 8)
+    torch.testing.assert_close(
+        namespace["apply_rotary_pos_emb"](q, k, cos, sin),
+        _load(RULES / "NPU703" / "hf_apply_rotary_pos_emb.in.py", forced=False)["apply_rotary_pos_emb"](q, k, cos, sin),
     )
 
 
@@ -358,7 +366,10 @@ def test_rotary_checks_catch_a_wrong_mode():
     original, migrated = _pair(
         "hf_apply_rotary_pos_emb",
         "NPU703",
-        mutate=("torch_npu.npu_rotary_mul(q, _npu_cos, _npu_sin)", "torch_npu.npu_rotary_mul(q, _npu_cos, -_npu_sin)"),
+        mutate=(
+            '_npu_rotary_mul(q, _npu_cos, _npu_sin, rotary_mode="half")',
+            '_npu_rotary_mul(q, _npu_cos, -_npu_sin, rotary_mode="half")',
+        ),
     )
     cos, sin = _tables(2, 5, 16)
     q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)

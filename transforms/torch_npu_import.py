@@ -1,8 +1,13 @@
 """`import torch_npu` for files the migration changed.
 
 `torch.npu`, `Tensor.npu()` and the `npu` device only exist once torch_npu has been imported, so every
-migrated file that uses torch imports it once, right after its first top-level torch import (or after
-the docstring and `__future__` imports when torch is only imported inside functions).
+migrated file that needs it imports it once, right after its first top-level torch import (or after
+the docstring and `__future__` imports when torch is only imported inside functions, or not at all
+but the file moves tensors it is given: `batch.npu()` needs torch_npu as much).
+
+One import policy: a file that calls torch.npu APIs imports torch_npu unconditionally (it cannot run
+without it); the fused branches alone never require it (their helpers import it guarded, and use this
+import instead where there is one).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ IMPORT_TORCH_NPU = Rule(
     id="NPU001",
     name="import-torch-npu",
     family="torch_npu_import",
-    summary="`import torch_npu` is added once to each migrated file that uses torch",
+    summary="`import torch_npu` is added once to each migrated file that needs it",
     what="""
     Adds `import torch_npu` after the file's first torch import, once, when another rule changed the
-    file in a way that needs torch_npu, the file imports torch, and it does not import torch_npu
-    already. The fused-operator branches do not count: they import torch_npu guarded.
+    file in a way that needs torch_npu, the file uses torch (or, without a torch import, moves tensors
+    to the NPU: `batch.npu()`), and it does not import torch_npu already. The fused-operator branches do not count: they import torch_npu guarded, or use
+    this import when the file has it. `--select` of rules that need torch_npu selects this rule too
+    unless it is ignored.
     """,
     why="""
     `torch.npu`, the "npu" device and the hccl backend exist only once torch_npu is imported; without
@@ -70,7 +77,26 @@ def _first_torch_import(module: cst.Module) -> int | None:
 
 
 def _insert(updated: cst.Module) -> cst.Module:
-    return add_module_import(updated, "torch_npu", after=_first_torch_import(updated))
+    after = _first_torch_import(updated)
+    module = add_module_import(updated, "torch_npu", after=after)
+    if after is not None:
+        return module
+    # No torch import to sit next to: the import stands alone, apart from a def or class after it.
+    body = list(module.body)
+    index = next(i for i, stmt in enumerate(body) if _is_torch_npu_import(stmt))
+    following = body[index + 1] if index + 1 < len(body) else None
+    if isinstance(following, (cst.FunctionDef, cst.ClassDef)) and not following.leading_lines:
+        blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
+        body[index + 1] = following.with_changes(leading_lines=[blank, blank])
+    return module.with_changes(body=body)
+
+
+def _is_torch_npu_import(stmt: cst.CSTNode) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and isinstance(stmt.body[0], cst.Import)
+        and dotted_name(stmt.body[0].names[0].name) == "torch_npu"
+    )
 
 
 class TorchNpuImportChecker(Checker):
@@ -80,5 +106,8 @@ class TorchNpuImportChecker(Checker):
 
     def finalize(self) -> None:
         imports = self.ctx.imports
-        if self.ctx.needs_torch_npu and imports.uses_torch and not imports.imports_torch_npu:
+        # Without a torch import a file still needs torch_npu for the tensors it is given (`batch.npu()`);
+        # a script that only sets environment variables does not.
+        tensors = imports.uses_torch or any(r.applied and r.rule.family == "device" for r in self.ctx.reports)
+        if self.ctx.needs_torch_npu and tensors and not imports.imports_torch_npu:
             self.report(IMPORT_TORCH_NPU, self.ctx.module, "`import torch_npu` added", fix=_insert)

@@ -464,14 +464,14 @@ def _settings(paths, config_file, select, ignore, torch_npu_version):
     """Configuration file merged with the command line (which wins), validated; exits 2 on any error."""
     from npu_migrate.api import NpuApi, UnknownVersionError
     from npu_migrate.config import ConfigError, discover_config
-    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules
+    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, with_torch_npu_import
 
     try:
         config = discover_config(paths, config_file)
         chosen_select = split_codes(select) or list(config.select or ["ALL"])
         chosen_ignore = split_codes(ignore) if ignore else list(config.ignore)
         chosen_ignore += config.fused_ignores(fused_rule_names())
-        enabled = select_rules(chosen_select, chosen_ignore)
+        enabled = with_torch_npu_import(select_rules(chosen_select, chosen_ignore), chosen_ignore)
         version = torch_npu_version or config.torch_npu_version
         NpuApi(version)
     except (ConfigError, SelectionError, UnknownVersionError) as exc:

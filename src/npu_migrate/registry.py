@@ -16,6 +16,7 @@ from npu_migrate.analyze.rules import RULES as ANALYSIS_RULES
 from npu_migrate.checkers import Checker, TextChecker
 from npu_migrate.rule import FixSafety, Rule
 from npu_migrate.transforms import CHECKERS, TEXT_CHECKERS
+from npu_migrate.transforms.torch_npu_import import IMPORT_TORCH_NPU
 
 #: The tags a rule may carry, and what each means to the code that selects by it.
 TAGS = {
@@ -120,6 +121,16 @@ def family_of(rule_id: str) -> str:
 
 def select_rules(select: list[str] | None = None, ignore: list[str] | None = None) -> frozenset[str]:
     return registry().select(select, ignore)
+
+
+def with_torch_npu_import(enabled: frozenset[str], ignore: list[str]) -> frozenset[str]:
+    """`enabled`, plus NPU001 when a rule in it writes code that needs torch_npu and NPU001 is not
+    ignored: `--select NPU1` alone must not write `torch.npu` calls into a file that never imports it."""
+    rules = {r.id: r for r in registry().rules}
+    ignored = any(_matches(IMPORT_TORCH_NPU, c.strip().upper()) for c in ignore)
+    if ignored or not any(rules[i].needs_torch_npu for i in enabled if i in rules):
+        return enabled
+    return enabled | {IMPORT_TORCH_NPU.id}
 
 
 def split_codes(values: list[str] | None) -> list[str]:

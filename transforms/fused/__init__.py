@@ -8,20 +8,25 @@ untouched original body:
 
     def forward(self, hidden_states):
         if _is_npu(hidden_states) and <the kernel's constraints>:
-            return torch_npu.npu_rms_norm(hidden_states, self.weight, epsilon=self.variance_epsilon)[0]
+            return _npu_rms_norm(hidden_states, self.weight, epsilon=self.variance_epsilon)[0]
         ...original code...
 
-and the file gets, once, a prelude after its imports: a guarded `import torch_npu` and `_is_npu(x)`,
-true only when torch_npu imported, an NPU is available and `x` is on it. Off an NPU nothing changes,
-bit for bit. The branch calls the kernels through the module-level name `torch_npu`, so a test (or a
-`verify` command) can substitute CPU reference implementations and force `_is_npu` true.
+and the file gets, once, the helpers after its imports (`helpers.py`): a guarded `import torch_npu` (unless
+the file imports it unconditionally), `_is_npu(x)`, true only when torch_npu imported and `x` is on an NPU,
+and a typed function `_npu_<kernel>` per kernel the branches call, the one place that reaches
+`torch_npu.npu_<kernel>`. Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
+working: `_is_npu` is False while TorchScript compiles (an early `torch.jit.is_scripting()` return) and
+for FX proxies, and the kernel functions are `@torch.jit.unused`, compiled as stubs. A test (or
+`verify`) substitutes CPU reference kernels through the module-level name `torch_npu` and forces
+`_is_npu` true.
 
 Module-level helpers the function calls (`rotate_half(q)`) are folded in too, so an idiom is known by
 what it computes, not by a name. Attention is the exception to the branch scheme: an
 `F.scaled_dot_product_attention` call sits among control flow and what decides the kernel's fit is
-only known at run time, so the call itself is wrapped (an idiom's `calls`, `attention.py`).
+only known at run time, so the call is renamed to a typed wrapper with SDPA's signature (an idiom's
+`calls`, `attention.py`).
 
-A second run recognises the branches (`if _is_npu(` opening a body), the wrapped calls and the helpers
+A second run recognises the branches (`if _is_npu(` opening a body), the renamed calls and the helpers
 by name.
 """
 
@@ -37,10 +42,19 @@ import libcst as cst
 
 from npu_migrate.astindex import AstIndex
 from npu_migrate.checkers import TreeChecker
+from npu_migrate.layout import fit, line_width
 from npu_migrate.names import Names
 from npu_migrate.scoped import Source, TreeReport
+from npu_migrate.transforms.fused.helpers import (
+    PRELUDE,
+    helper_code,
+    kernel_templates,
+    kernels_called,
+    rendered,
+    with_kernels,
+)
 from npu_migrate.transforms.fused.idiom import Idiom
-from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch, is_scripted
+from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch
 
 
 def _idioms() -> tuple[Idiom, ...]:
@@ -55,7 +69,7 @@ def _idioms() -> tuple[Idiom, ...]:
 
 
 def _helper_names(idioms: tuple[Idiom, ...]) -> dict[str, str]:
-    names = {PRELUDE: "_is_npu"}
+    names = {PRELUDE: "_is_npu", **{template: name for name, template in kernel_templates().items()}}
     for idiom in idioms:
         for template, name in idiom.helpers.items():
             if names.setdefault(template, name) != name:
@@ -64,7 +78,6 @@ def _helper_names(idioms: tuple[Idiom, ...]) -> dict[str, str]:
 
 
 IDIOMS = _idioms()
-PRELUDE = "fused/prelude.py.j2"
 #: The module-level definition each helper template provides: present means already inserted.
 HELPER_NAMES = _helper_names(IDIOMS)
 #: Qualified name of a function whose calls an idiom rewrites in place -> that idiom.
@@ -158,25 +171,50 @@ def _prelude_anchor(tree: ast.Module) -> tuple[ast.stmt, bool]:
     return (lines[index - 1][-1], True) if index else (lines[0][0], False)
 
 
-def _helpers_fix(templates: list[str], after: bool):
-    """A fix of the anchor statement: the anchor and the rendered helpers, two blank lines between."""
+def _helpers_fix(code: str, after: bool):
+    """A fix of the anchor statement: the anchor and the helpers' `code`, two blank lines between."""
 
     def fix(updated: cst.BaseStatement):
-        new = _helper_statements(tuple(templates))
+        new = _helper_statements(code)
         return cst.FlattenSentinel([updated, *new] if after else [*new, updated])
 
     return fix
 
 
 @functools.cache
-def _helper_statements(templates: tuple[str, ...]) -> tuple[cst.BaseStatement, ...]:
-    """The helpers' statements, rendered and parsed once per process (libcst nodes are immutable)."""
-    from npu_migrate.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
-
-    new = list(cst.parse_module("\n\n".join(render(t) for t in templates)).body)
+def _helper_statements(code: str) -> tuple[cst.BaseStatement, ...]:
+    """The helpers' statements, parsed once per process (libcst nodes are immutable)."""
+    new = list(cst.parse_module(code).body)
     blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
     new[0] = new[0].with_changes(leading_lines=[blank, blank])
     return tuple(new)
+
+
+@functools.cache
+def _own_helpers() -> frozenset[str]:
+    """Every name a helper template defines."""
+    return frozenset(
+        stmt.name
+        for template in HELPER_NAMES
+        for stmt in ast.parse(rendered(template)).body
+        if isinstance(stmt, (*_DEFS, ast.ClassDef))
+    )
+
+
+def _kernel_helpers(code: str, template: str) -> list[str]:
+    """The kernel functions a branch's `code` calls. A branch never names `torch_npu` itself: TorchScript
+    compiles the branch, and only a `@torch.jit.unused` kernel function can hold that name."""
+    if any(isinstance(node, ast.Name) and node.id == "torch_npu" for node in ast.walk(ast.parse(code))):
+        raise ValueError(f"{template} calls torch_npu directly: call its kernel function `_npu_<kernel>(...)`")
+    return kernels_called(code)
+
+
+def _imports_torch_npu(tree: ast.Module) -> bool:
+    """Whether the file imports torch_npu at module level, unguarded."""
+    return any(
+        isinstance(stmt, ast.Import) and any(a.name == "torch_npu" and a.asname is None for a in stmt.names)
+        for stmt in tree.body
+    )
 
 
 def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement) -> cst.FunctionDef:
@@ -220,13 +258,13 @@ class FusedOpsChecker(TreeChecker):
         self._scan_calls = any(
             idiom.rule.id in self.enabled and index.uses(name.rsplit(".", 1)[-1]) for name, idiom in CALL_IDIOMS.items()
         )
-        self._walk(tree.body, owner=None, defs=())
+        self._walk(tree.body, owner=None)
         self._prelude(tree)
         return self.reports
 
-    # -- the walk: defs with their class, calls with their enclosing defs ------------------------------
+    # -- the walk: defs with their class, and calls ---------------------------------------------------
 
-    def _walk(self, nodes: list[ast.stmt], owner: ast.ClassDef | None, defs: tuple) -> None:
+    def _walk(self, nodes: list[ast.stmt], owner: ast.ClassDef | None) -> None:
         for node in nodes:
             # The expressions of the statement itself (a def's decorators and defaults, a class's bases),
             # then its blocks.
@@ -239,23 +277,24 @@ class FusedOpsChecker(TreeChecker):
                     ]
                     + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
                     + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
-                    defs,
                 )
             if isinstance(node, ast.ClassDef):
-                self._walk(node.body, owner=node, defs=defs)
+                self._walk(node.body, owner=node)
+            elif isinstance(node, _DEFS) and node.name.startswith("_") and node.name in _own_helpers():
+                continue  # our helpers call SDPA and the kernels themselves
             elif isinstance(node, _DEFS):
                 self._function(node, owner)
-                self._walk(node.body, owner=None, defs=(*defs, node))
+                self._walk(node.body, owner=None)
             else:
                 blocks = [getattr(node, a, None) for a in ("body", "orelse", "finalbody")]
                 blocks += [h.body for h in getattr(node, "handlers", ())] + [c.body for c in getattr(node, "cases", ())]
-                self._walk([s for block in blocks if isinstance(block, list) for s in block], owner, defs)
+                self._walk([s for block in blocks if isinstance(block, list) for s in block], owner)
 
-    def _calls(self, nodes, defs) -> None:
+    def _calls(self, nodes) -> None:
         for root in nodes:
             for node in ast.walk(root):
                 if isinstance(node, ast.Call):
-                    self._call(node, defs)
+                    self._call(node)
 
     # -- matching --------------------------------------------------------------------------------------
 
@@ -273,7 +312,7 @@ class FusedOpsChecker(TreeChecker):
                 self._decide(node, outcome)
                 return
 
-    def _call(self, node: ast.Call, defs) -> None:
+    def _call(self, node: ast.Call) -> None:
         name = self._qualname(node.func)
         idiom = CALL_IDIOMS.get(name)
         if idiom is None or idiom.rule.id not in self.enabled:
@@ -287,9 +326,6 @@ class FusedOpsChecker(TreeChecker):
                 f"{function} not fused: the file does not `import torch` at module level, which the wrapper uses"
             )
             outcome.template = None
-        if outcome.template is not None and any(is_scripted(f, self._qualname) for f in defs):
-            outcome.message = f"{function} not fused: it is called from TorchScript, which cannot call the wrapper"
-            outcome.template = None
         self._decide(node, outcome, fix=idiom.wrap_call)
 
     def _decide(self, node: ast.FunctionDef | ast.Call, outcome: Outcome, fix=None) -> None:
@@ -302,33 +338,51 @@ class FusedOpsChecker(TreeChecker):
         if outcome.template is None:
             self.reports.append(TreeReport(outcome.rule, node, outcome.message))
             return
+        helpers = with_kernels(list(outcome.helpers))
         if fix is None:
-            from npu_migrate.templating import render
+            from npu_migrate.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
 
-            branch = cst.parse_statement(render(outcome.template, **outcome.context))
+            code = self._laid_out(node, render(outcome.template, **outcome.context))
+            helpers += _kernel_helpers(code, outcome.template)
+            branch = cst.parse_statement(code)
             fix = lambda updated: _insert_branch(updated, branch)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
-        self.applied.append((outcome, self.reports[-1]))
+        self.applied.append((helpers, self.reports[-1]))
+
+    def _laid_out(self, node: ast.FunctionDef, code: str) -> str:
+        """A branch's `code` (one statement a line, at column 0) within the file's width once indented as
+        the function's body, which it is inserted in, and in the file's indentation unit."""
+        body = self.source.lines[node.body[0].lineno - 1]
+        margin = body[: len(body) - len(body.lstrip(" \t"))]
+        header = self.source.lines[node.lineno - 1]
+        unit = margin[len(header) - len(header.lstrip(" \t")) :] or "    "
+        return fit(code, line_width(self.source.text) - len(margin), unit)
 
     # -- the prelude -----------------------------------------------------------------------------------
 
     def _prelude(self, tree: ast.Module) -> None:
         if not self.applied:
             return
-        templates = [PRELUDE, *dict.fromkeys(h for o, _ in self.applied for h in o.helpers)]
+        templates = [PRELUDE, *dict.fromkeys(h for helpers, _ in self.applied for h in helpers)]
+        kernels = set(kernel_templates().values())
+        templates.sort(key=lambda t: (t != PRELUDE, t not in kernels))  # stable: the rest in order of use
         existing = _defined_names(tree)
         missing = [t for t in templates if HELPER_NAMES[t] not in existing]
         if missing:
             names = ", ".join(f"`{HELPER_NAMES[t]}`" for t in missing)
+            # One import policy: a file that imports torch_npu unconditionally (it calls torch.npu APIs, so
+            # cannot run without it) keeps that one import; otherwise the helpers import it guarded.
+            guarded = PRELUDE in missing and not _imports_torch_npu(tree)
+            what = " (and a guarded `import torch_npu`)" if guarded else ""
             anchor, after = _prelude_anchor(tree)
             self.reports.append(
                 TreeReport(
-                    self.applied[0][0].rule,
+                    self.applied[0][1].rule,
                     tree,
-                    f"fused-op helpers {names} (and a guarded `import torch_npu`) added after the imports",
-                    fix=_helpers_fix(missing, after),
+                    f"fused-op helpers {names}{what} added after the imports",
+                    fix=_helpers_fix(helper_code(missing, guarded), after),
                     target=anchor,
-                    serves=tuple(r for _, r in self.applied),
+                    serves=tuple(report for _, report in self.applied),
                     # Not a site of the idiom: analyze's affinity report counts sites, not this.
                     data={"fused": "helpers"},
                 )

@@ -3,11 +3,11 @@
 Unlike the other fused ops this is a call, not a function body: it sits among control flow (HF's
 `sdpa_attention_forward`), and what decides whether the kernel computes the same (mask dtype and
 shape, dtypes, head counts, GQA) is only known at run time. So the call keeps its arguments, written
-and evaluated as before, and only gains a wrapper that receives the original function:
+and evaluated as before, and only gets renamed to a typed wrapper with SDPA's signature (scriptable):
 
-    F.scaled_dot_product_attention(q, k, v, attn_mask=m)  ->  _npu_sdpa(F.scaled_dot_product_attention, q, k, v, attn_mask=m)
+    F.scaled_dot_product_attention(q, k, v, attn_mask=m)  ->  _npu_sdpa(q, k, v, attn_mask=m)
 
-`_npu_sdpa` (templates/fused/sdpa.py.j2) calls the original with exactly those arguments unless the
+`_npu_sdpa` (templates/fused/sdpa.py.j2) calls SDPA with exactly those arguments unless the
 tensors are on an NPU and `_npu_fusion_sdpa` can map them, traps included (inverted bool mask, scale
 always passed, the compressed causal mask with sparse_mode 2, keep_prob = 1 - dropout_p).
 
@@ -32,9 +32,10 @@ ATTENTION = Rule(
     family="fused",
     summary="`F.scaled_dot_product_attention` calls get a guarded `torch_npu.npu_fusion_attention` path",
     what="""
-    Wraps every call of `torch.nn.functional.scaled_dot_product_attention` (however imported) in
-    `_npu_sdpa(<the original function>, <the original arguments>)`. Off an NPU, or wherever the kernel
-    would compute something else, `_npu_sdpa` calls the original function with the original arguments.
+    Renames every call of `torch.nn.functional.scaled_dot_product_attention` (however imported) to
+    `_npu_sdpa(<the original arguments>)`, a typed wrapper with SDPA's signature. Off an NPU, under
+    TorchScript or FX, or wherever the kernel would compute something else, `_npu_sdpa` calls SDPA with
+    the original arguments.
     On an NPU it calls `torch_npu.npu_fusion_attention(q, k, v, q.shape[1], "BNSD", ...)[0]` when:
     q, k, v are 4-D (B, N, S, D) of one dtype, fp16 or bf16; D <= 768; N <= 256; k and v have one
     shape; the kv heads equal the query heads, or divide them with `enable_gqa=True` (passed
@@ -48,7 +49,7 @@ ATTENTION = Rule(
     shapes and scaling differ. Reported without a rewrite: hand-written attention
     (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`, e.g. HF's `eager_attention_forward`, which
     also returns the probabilities the kernel does not compute) and flash-attn's `flash_attn_func`
-    (BSND layout, bottom-right causal: sparse_mode 3), calls inside TorchScript functions.
+    (BSND layout, bottom-right causal: sparse_mode 3).
     """,
     why="""
     `torch_npu.npu_fusion_attention` is the NPU's fused attention kernel, and its conventions differ from
@@ -72,41 +73,59 @@ ATTENTION = Rule(
 
             try:
                 import torch_npu
-            except ImportError:
+            except ImportError:  # not an Ascend host: the original code runs
                 torch_npu = None
-                _HAS_TORCH_NPU = False
-            else:
-                _HAS_TORCH_NPU = True
 
 
-            def _is_npu(x):
-                """True when the fused torch_npu kernels can run on `x`: torch_npu imported and `x` on an NPU."""
-                return _HAS_TORCH_NPU and torch.npu.is_available() and x.device.type == "npu"
+            def _is_npu(x: torch.Tensor) -> bool:
+                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
+                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
+                if torch.jit.is_scripting():
+                    return False
+                if torch_npu is None or isinstance(x, torch.fx.Proxy):
+                    return False
+                return x.device.type == "npu"
+
+
+            def _npu_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+                # type: (Tensor, Tensor, Tensor, Optional[Tensor], float, bool, Optional[float], bool) -> Tensor
+                """torch.nn.functional.scaled_dot_product_attention, by npu_fusion_attention where that computes the same."""
+                # Anything else runs SDPA itself, with the arguments it was given.
+                if _is_npu(query):
+                    fused = _npu_fusion_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+                    if fused is not None:
+                        return fused
+                if enable_gqa:
+                    return _sdpa_enable_gqa(query, key, value, attn_mask, dropout_p, is_causal, scale)
+                if scale is None:  # torch before 2.1 has no `scale`
+                    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal)
+                return torch.nn.functional.scaled_dot_product_attention(
+                    query, key, value, attn_mask, dropout_p, is_causal, scale=scale
+                )
+
+
+            @torch.jit.unused
+            def _sdpa_enable_gqa(query, key, value, attn_mask, dropout_p, is_causal, scale):
+                # type: (Tensor, Tensor, Tensor, Optional[Tensor], float, bool, Optional[float]) -> Tensor
+                """SDPA with enable_gqa=True, which torch before 2.5 does not know: out of TorchScript's reach."""
+                return torch.nn.functional.scaled_dot_product_attention(
+                    query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True
+                )
 
 
             _NPU_CAUSAL_MASKS = {}
 
 
-            def _npu_sdpa(sdpa, query, key, value, *args, **kwargs):
-                """`sdpa(query, key, value, ...)`, by `torch_npu.npu_fusion_attention` where it computes the same."""
-                # `sdpa` is the function the original code called: anything the kernel cannot take goes to it, as written.
-                if _is_npu(query):
-                    out = _npu_fusion_sdpa(query, key, value, *args, **kwargs)
-                    if out is not None:
-                        return out
-                return sdpa(query, key, value, *args, **kwargs)
-
-
-            def _npu_fusion_sdpa(
-                query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *extra, scale=None, enable_gqa=False, **unknown
-            ):
+            @torch.jit.unused
+            def _npu_fusion_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+                # type: (Tensor, Tensor, Tensor, Optional[Tensor], float, bool, Optional[float], bool) -> Optional[Tensor]
                 """SDPA by npu_fusion_attention, or None where the kernel would compute something else."""
-                # The kernel's traps (torch_npu facts 0 and 1.5): True in its mask means masked *out*; its scale
-                # defaults to 1.0, not 1/sqrt(D); without a mask every sparse_mode is full attention, so causal needs
-                # the 2048x2048 triu mask with sparse_mode 2, top-left aligned like SDPA's is_causal.
+                # Where the kernel differs from SDPA: True in its mask means masked *out*; its scale defaults to 1.0,
+                # not 1/sqrt(D); without a mask every sparse_mode is full attention, so causal needs the 2048x2048
+                # triu mask with sparse_mode 2, top-left aligned like SDPA's is_causal.
                 compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-                if extra or unknown or (compiling is not None and compiling()):
-                    return None  # arguments SDPA may know and the kernel does not; no graph mode for this kernel
+                if compiling is not None and compiling():
+                    return None  # the kernel path has no graph mode: torch.compile keeps SDPA
                 if not (query.dim() == key.dim() == value.dim() == 4):
                     return None
                 if not (query.dtype == key.dtype == value.dtype and query.dtype in (torch.float16, torch.bfloat16)):
@@ -149,7 +168,7 @@ ATTENTION = Rule(
 
 
             def attend(q, k, v, mask):
-                return _npu_sdpa(F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
+                return _npu_sdpa(q, k, v, attn_mask=mask)
         ''',
     ),
     fix_safety=FixSafety.NEEDS_REVIEW,
@@ -202,14 +221,9 @@ def match_call(name: str | None, api) -> Outcome | None:
 
 
 def wrap(call: cst.Call) -> cst.Call:
-    """`f(args)` -> `_npu_sdpa(f, args)`, the original function first, the layout of the arguments kept."""
-    after = call.whitespace_before_args
-    if not isinstance(after, cst.ParenthesizedWhitespace) and call.args:
-        after = cst.SimpleWhitespace(" ")
-    first = cst.Arg(
-        value=call.func, comma=cst.Comma(whitespace_after=after) if call.args else cst.MaybeSentinel.DEFAULT
-    )
-    return call.with_changes(func=cst.Name(WRAPPER), args=[first, *call.args])
+    """`f(args)` -> `_npu_sdpa(args)`: the typed wrapper takes SDPA's arguments, so the call is only renamed
+    (and stays scriptable)."""
+    return call.with_changes(func=cst.Name(WRAPPER))
 
 
 # -- hand-written attention: reported only ---------------------------------------------------------

@@ -75,16 +75,25 @@ RMS_NORM = Rule(
 
             try:
                 import torch_npu
-            except ImportError:
+            except ImportError:  # not an Ascend host: the original code runs
                 torch_npu = None
-                _HAS_TORCH_NPU = False
-            else:
-                _HAS_TORCH_NPU = True
 
 
-            def _is_npu(x):
-                """True when the fused torch_npu kernels can run on `x`: torch_npu imported and `x` on an NPU."""
-                return _HAS_TORCH_NPU and torch.npu.is_available() and x.device.type == "npu"
+            def _is_npu(x: torch.Tensor) -> bool:
+                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
+                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
+                if torch.jit.is_scripting():
+                    return False
+                if torch_npu is None or isinstance(x, torch.fx.Proxy):
+                    return False
+                return x.device.type == "npu"
+
+
+            @torch.jit.unused
+            def _npu_rms_norm(x, gamma, epsilon):
+                # type: (torch.Tensor, torch.Tensor, float) -> Tuple[torch.Tensor, torch.Tensor]
+                """torch_npu.npu_rms_norm, out of TorchScript's reach."""
+                return torch_npu.npu_rms_norm(x, gamma, epsilon=epsilon)
 
 
             class RMSNorm(nn.Module):
@@ -101,7 +110,7 @@ RMS_NORM = Rule(
                         and self.weight.dtype == x.dtype
                         and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
                     ):
-                        return torch_npu.npu_rms_norm(x, self.weight, epsilon=self.eps)[0]
+                        return _npu_rms_norm(x, self.weight, epsilon=self.eps)[0]
                     variance = x.pow(2).mean(-1, keepdim=True)
                     return self.weight * (x * torch.rsqrt(variance + self.eps))
         ''',

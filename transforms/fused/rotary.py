@@ -10,7 +10,7 @@ What the branch must preserve and the kernel cannot see is checked at run time b
 the original broadcasts `x * cos`, the kernel returns x's shape and dtype, so cos/sin may only
 broadcast *into* x (never grow it), in one of the shapes the kernel's table allows, with x's dtype (an
 fp32 table with bf16 activations would promote the original's result). The cos/sin expressions and
-the rotated tensors, where computed by a call, are bound once (`:=`) in the guard and reused.
+the rotated tensors, where computed by a call, are bound once at the top of the branch and reused.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from npu_migrate.transforms.fused.symbolic import (
     evaluates_twice,
     fold,
     inline_functions,
-    is_scripted,
     method_call,
     replace_nodes,
     same,
@@ -51,7 +50,8 @@ ROTARY = Rule(
     front of the untouched body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits`
     holds: 4-D, one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts
     (BNSD: 11SD/B1SD/BNSD, BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896.
-    What the original computes once (the unsqueezed tables, an upcast `q.float()`) is bound once (`:=`).
+    What the original computes once (the unsqueezed tables, an upcast `q.float()`) is bound once, in the
+    branch, before the checks and the kernel read it.
 
     Declined, with a finding saying why: the sign-flipped rotation `cat((x2, -x1))` or
     `x * cos - rotate_half(x) * sin` (the inverse rotation), complex-number rotary (`view_as_complex`,
@@ -82,55 +82,64 @@ ROTARY = Rule(
 
             try:
                 import torch_npu
-            except ImportError:
+            except ImportError:  # not an Ascend host: the original code runs
                 torch_npu = None
-                _HAS_TORCH_NPU = False
-            else:
-                _HAS_TORCH_NPU = True
 
 
-            def _is_npu(x):
-                """True when the fused torch_npu kernels can run on `x`: torch_npu imported and `x` on an NPU."""
-                return _HAS_TORCH_NPU and torch.npu.is_available() and x.device.type == "npu"
+            def _is_npu(x: torch.Tensor) -> bool:
+                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
+                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
+                if torch.jit.is_scripting():
+                    return False
+                if torch_npu is None or isinstance(x, torch.fx.Proxy):
+                    return False
+                return x.device.type == "npu"
 
 
-            def _npu_rotary_fits(cos, sin, *xs, mode="half"):
-                """True when `npu_rotary_mul(x, cos, sin, mode)` equals the broadcast `x * cos + rotate(x) * sin` for each x."""
+            @torch.jit.unused
+            def _npu_rotary_mul(x, r1, r2, rotary_mode):
+                # type: (torch.Tensor, torch.Tensor, torch.Tensor, str) -> torch.Tensor
+                """torch_npu.npu_rotary_mul, out of TorchScript's reach."""
+                if rotary_mode == "half":  # torch_npu versions before rotary_mode take no such argument
+                    return torch_npu.npu_rotary_mul(x, r1, r2)
+                return torch_npu.npu_rotary_mul(x, r1, r2, rotary_mode=rotary_mode)
+
+
+            @torch.jit.unused
+            def _npu_rotary_fits(cos, sin, x, mode):
+                # type: (torch.Tensor, torch.Tensor, torch.Tensor, str) -> bool
+                """Whether `npu_rotary_mul(x, cos, sin, mode)` equals the broadcast `x * cos + rotate(x) * sin`."""
                 # 4-D tensors of one dtype (the original would promote a mixed one), cos/sin of one shape that
                 # broadcasts into x without growing it, in a layout the kernel takes, an even head dim below 896.
                 if cos.dim() != 4 or cos.shape != sin.shape or cos.dtype != sin.dtype:
                     return False
                 if cos.dtype not in (torch.float16, torch.bfloat16, torch.float32):
                     return False
+                d = x.shape[-1]
+                if x.dim() != 4 or x.dtype != cos.dtype or cos.shape[-1] != d or d % 2 or d >= 896:
+                    return False
                 needs_grad = cos.requires_grad or sin.requires_grad
-                for x in xs:
-                    d = x.shape[-1]
-                    if x.dim() != 4 or x.dtype != cos.dtype or cos.shape[-1] != d or d % 2 or d >= 896:
-                        return False
-                    fits = False
-                    # x's (B, N) dims per layout (BNSD, BSND, SBND), and the cos/sin shapes the kernel takes for it,
-                    # as which of the first three dims are full-size (the others are 1): 11SD/B1SD/BNSD,
-                    # 1S1D/BS1D/BSND, S11D/SB1D/SBND; 'interleave' takes only the first of each.
-                    for (b, n), shapes in (
-                        ((0, 1), ((0, 0, 1), (1, 0, 1), (1, 1, 1))),
-                        ((0, 2), ((0, 1, 0), (1, 1, 0), (1, 1, 1))),
-                        ((1, 2), ((1, 0, 0), (1, 1, 0), (1, 1, 1))),
+                # x's (B, N) dims per layout (BNSD, BSND, SBND), and the cos/sin shapes the kernel takes for it, as
+                # which of the first three dims are full-size (the others are 1): 11SD/B1SD/BNSD, 1S1D/BS1D/BSND,
+                # S11D/SB1D/SBND; "interleave" takes only the first of each.
+                for (b, n), shapes in (
+                    ((0, 1), ((0, 0, 1), (1, 0, 1), (1, 1, 1))),
+                    ((0, 2), ((0, 1, 0), (1, 1, 0), (1, 1, 1))),
+                    ((1, 2), ((1, 0, 0), (1, 1, 0), (1, 1, 1))),
+                ):
+                    if mode == "interleave":
+                        shapes = shapes[:1]
+                        limits = x.shape[b] * x.shape[n] < 1000
+                    else:
+                        limits = x.shape[b] < 1000 and x.shape[n] < 1000
+                    if needs_grad and x.shape[b] * x.shape[n] > 1024:
+                        limits = False
+                    if limits and any(
+                        all(c == s if full else c == 1 for c, s, full in zip(cos.shape[:3], x.shape[:3], shape))
+                        for shape in shapes
                     ):
-                        if mode == "interleave":
-                            shapes = shapes[:1]
-                            limits = x.shape[b] * x.shape[n] < 1000
-                        else:
-                            limits = x.shape[b] < 1000 and x.shape[n] < 1000
-                        if needs_grad and x.shape[b] * x.shape[n] > 1024:
-                            limits = False
-                        if limits and any(
-                            all(c == s if full else c == 1 for c, s, full in zip(cos.shape[:3], x.shape[:3], shape))
-                            for shape in shapes
-                        ):
-                            fits = True
-                    if not fits:
-                        return False
-                return True
+                        return True
+                return False
 
 
             def rotate_half(x):
@@ -139,11 +148,8 @@ ROTARY = Rule(
 
 
             def apply_rotary(q, cos, sin):
-                if (
-                    _is_npu(q)
-                    and _npu_rotary_fits(cos, sin, q)
-                ):
-                    return torch_npu.npu_rotary_mul(q, cos, sin)
+                if _is_npu(q) and _npu_rotary_fits(cos, sin, q, mode="half"):
+                    return _npu_rotary_mul(q, cos, sin, rotary_mode="half")
                 return q * cos + rotate_half(q) * sin
         ''',
     ),
@@ -423,8 +429,6 @@ def match(fn: Function) -> Outcome | None:
             ROTARY,
             f"interleaved rotary embedding not fused: npu_rotary_mul in torch_npu {version} has no rotary_mode='interleave'",
         )
-    if is_scripted(fn.tree, fn.qualname):
-        return Outcome(ROTARY, "rotary embedding not fused: the function is TorchScript, which cannot call torch_npu")
     return _rewrite(fn, result, found, mode)
 
 
@@ -439,33 +443,32 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
         return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")
     replacements: dict[int, ast.AST] = {}
-    tables = []  # the guard's first arguments: cos and sin, bound where they are computed
+    # What the guard and the kernel share and the original computes by a call (`cos.unsqueeze(1)`,
+    # `q.float()`) is bound once, first thing in the branch, in the original's order.
+    bindings: list[tuple[str, ast.expr]] = []
     for table, name in ((cos, _NAMES[0]), (sin, _NAMES[1])):
         if contains_call(table):
             replacements[id(table)] = ast.Name(name, ast.Load())
-            tables.append(ast.NamedExpr(ast.Name(name, ast.Store()), table))
-        else:
-            tables.append(table)
+            bindings.append((name, table))
     r1, r2 = (replacements.get(id(t), t) for t in (cos, sin))
-    xs = []  # the guard's other arguments: each rotated tensor, bound where it is computed (`q.float()`)
+    xs = []  # the tensors the guard checks: each rotated tensor, or its binding
     fused: dict[int, ast.AST] = {}
     for site in found:
         x = replace_nodes(site.x, replacements)
         if contains_call(x):
             if id(site.x) not in replacements:
-                name = ast.Name(f"_npu_x{len(xs)}", ast.Load())
-                replacements[id(site.x)] = name
-                xs.append(ast.NamedExpr(ast.Name(name.id, ast.Store()), x))
+                name = f"_npu_x{sum(n.startswith('_npu_x') for n, _ in bindings)}"
+                replacements[id(site.x)] = ast.Name(name, ast.Load())
+                bindings.append((name, x))
             x = replacements[id(site.x)]
-        else:
-            xs.append(x)
+        xs.append(x)
         fused[id(site.node)] = ast.Call(
-            ast.Attribute(ast.Name("torch_npu", ast.Load()), "npu_rotary_mul", ast.Load()),
+            ast.Name("_npu_rotary_mul", ast.Load()),
             [x, r1, r2],
-            [ast.keyword("rotary_mode", ast.Constant("interleave"))] if mode == "interleave" else [],
+            [ast.keyword("rotary_mode", ast.Constant(mode))],
         )
     rewritten = replace_nodes(result, {**replacements, **fused})
-    evaluated = [t.value for t in (*tables, *xs) if isinstance(t, ast.NamedExpr)]
+    evaluated = [value for _, value in bindings]
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
         return Outcome(ROTARY, "rotary embedding not fused: the branch would evaluate a call of the original twice")
     x_param = next(
@@ -474,14 +477,25 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     )
     if x_param is None:
         return Outcome(ROTARY, "rotary embedding not fused: the rotated tensor is not computed from a parameter")
-    # cos and sin come first: an x such as Phi-3's `q[..., : cos.shape[-1]]` reads the bound table.
-    fits = ast.Call(
-        ast.Name("_npu_rotary_fits", ast.Load()),
-        [*tables, *_unique(xs)],
-        [ast.keyword("mode", ast.Constant("interleave"))] if mode == "interleave" else [],
-    )
+    # One check per rotated tensor, in the order the original computes them.
+    checks = [
+        source(
+            ast.Call(
+                ast.Name("_npu_rotary_fits", ast.Load()),
+                [r1, r2, x],
+                [ast.keyword("mode", ast.Constant(mode))],
+            )
+        )
+        for x in _unique(xs)
+    ]
     what = "interleaved rotary embedding" if mode == "interleave" else "rotary embedding"
-    context = {"x": x_param, "guards": [source(fits)], "result": source(rewritten)}
+    context = {
+        "x": x_param,
+        "guards": [] if bindings else checks,
+        "bindings": [(name, source(value)) for name, value in bindings],
+        "checks": checks if bindings else [],
+        "result": source(rewritten),
+    }
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
 
 

@@ -70,16 +70,33 @@ SWIGLU = Rule(
 
             try:
                 import torch_npu
-            except ImportError:
+            except ImportError:  # not an Ascend host: the original code runs
                 torch_npu = None
-                _HAS_TORCH_NPU = False
-            else:
-                _HAS_TORCH_NPU = True
 
 
-            def _is_npu(x):
-                """True when the fused torch_npu kernels can run on `x`: torch_npu imported and `x` on an NPU."""
-                return _HAS_TORCH_NPU and torch.npu.is_available() and x.device.type == "npu"
+            def _is_npu(x: torch.Tensor) -> bool:
+                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
+                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
+                if torch.jit.is_scripting():
+                    return False
+                if torch_npu is None or isinstance(x, torch.fx.Proxy):
+                    return False
+                return x.device.type == "npu"
+
+
+            @torch.jit.unused
+            def _npu_swiglu(x, dim):
+                # type: (torch.Tensor, int) -> torch.Tensor
+                """torch_npu.npu_swiglu, out of TorchScript's reach."""
+                return torch_npu.npu_swiglu(x, dim=dim)
+
+
+            def _npu_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+                """`silu(gate) * up`, by npu_swiglu on the two concatenated where they have one shape and dtype."""
+                # `torch.cat` would neither broadcast them nor keep the dtype a mixed product promotes to.
+                if gate.shape == up.shape and gate.dtype == up.dtype:
+                    return _npu_swiglu(torch.cat((gate, up), dim=-1), dim=-1)
+                return torch.nn.functional.silu(gate) * up
 
 
             class MLP(nn.Module):
@@ -90,11 +107,10 @@ SWIGLU = Rule(
                     self.down_proj = nn.Linear(hidden, dim, bias=False)
 
                 def forward(self, x):
-                    if (
-                        _is_npu(x)
-                        and (_npu_gate := self.gate_proj(x)).shape == (_npu_up := self.up_proj(x)).shape
-                    ):
-                        return self.down_proj(torch_npu.npu_swiglu(torch.cat((_npu_gate, _npu_up), dim=-1), dim=-1))
+                    if _is_npu(x):
+                        return self.down_proj(
+                            _npu_silu_mul(self.gate_proj(x), self.up_proj(x))
+                        )
                     return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         ''',
     ),
@@ -112,6 +128,8 @@ SWIGLU = Rule(
 TEMPLATE = "fused/swiglu.py.j2"
 #: `_is_silu(act)`: whether a configurable activation is SiLU, checked at run time.
 IS_SILU = "fused/is_silu.py.j2"
+#: `_npu_silu_mul(gate, up)`: the kernel on two operands concatenated, where their shapes allow.
+SILU_MUL = "fused/silu_mul.py.j2"
 _ACTIVATION_FACTORIES = ("ACT2FN", "get_activation", "ACT2CLS")
 
 
@@ -183,8 +201,7 @@ def match(fn: Function) -> Outcome | None:
     if x is None:
         return Outcome(SWIGLU, "SwiGLU not fused: no tensor parameter to test for the NPU")
     guards = [check] if check else []
-
-    evaluated = []  # what the guard and the fused call evaluate, besides the kept part of the expression
+    helpers = (IS_SILU,) if check else ()
     gate_half, up_half = _chunk_half(gate), _chunk_half(up)
     if gate_half and up_half and gate_half[0] is up_half[0]:
         if (gate_half[1], up_half[1]) != (0, 1):
@@ -194,28 +211,25 @@ def match(fn: Function) -> Outcome | None:
             )
         tensor, dim = _chunked_tensor(gate_half[0], fn)
         fused = ast.Call(
-            func=ast.Attribute(ast.Name("torch_npu", ast.Load()), "npu_swiglu", ast.Load()),
+            func=ast.Name("_npu_swiglu", ast.Load()),
             args=[tensor],
             keywords=[ast.keyword("dim", dim)],
         )
     else:
         if _chunk_half(gate) or _chunk_half(up):
             return Outcome(SWIGLU, "SwiGLU not fused: only one operand is a chunk")
-        evaluated += [gate, up]
-        guards.append(f"(_npu_gate := {source(gate)}).shape == (_npu_up := {source(up)}).shape")
-        fused = ast.parse("torch_npu.npu_swiglu(torch.cat((_npu_gate, _npu_up), dim=-1), dim=-1)", mode="eval").body
-        for operand in (gate, up):
-            if any(isinstance(n, ast.Name) and n.id in ("_npu_gate", "_npu_up") for n in ast.walk(operand)):
-                return Outcome(SWIGLU, "SwiGLU not fused: the code already uses the names the branch needs")
+        # Two operands of one shape and dtype concatenate for the kernel; `_npu_silu_mul` checks that at
+        # run time, and computes the original product otherwise.
+        fused = ast.Call(ast.Name("_npu_silu_mul", ast.Load()), [gate, up], [])
+        helpers += (SILU_MUL,)
 
     def replace(node: ast.AST) -> ast.AST:
         return fused if node is product else substitute_children(node, replace)
 
     rewritten = replace(result)
-    if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
+    if evaluates_twice(rewritten):
         return Outcome(SWIGLU, "SwiGLU not fused: the branch would evaluate a projection twice")
     context = {"x": x, "guards": guards, "result": source(rewritten)}
-    helpers = (IS_SILU,) if check else ()
     return Outcome(SWIGLU, "SwiGLU gets a fused `torch_npu.npu_swiglu` branch", TEMPLATE, context, helpers)
 
 
@@ -226,5 +240,5 @@ IDIOM = Idiom(
     kernels=("npu_swiglu",),
     match=match,
     template=TEMPLATE,
-    helpers={IS_SILU: "_is_silu"},
+    helpers={IS_SILU: "_is_silu", SILU_MUL: "_npu_silu_mul"},
 )

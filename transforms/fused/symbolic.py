@@ -107,11 +107,6 @@ class Function:
         return found[0] if len(found) == 1 else None
 
 
-def is_scripted(tree: ast.FunctionDef, qualname: Callable[[ast.expr], str | None]) -> bool:
-    """Whether `tree` is compiled by TorchScript, which cannot call torch_npu or the fused helpers."""
-    return any(qualname(d) in ("torch.jit.script", "torch.jit.script_method") for d in tree.decorator_list)
-
-
 def body_statements(tree: ast.FunctionDef) -> list[ast.stmt]:
     """The statements after the docstring."""
     body = tree.body

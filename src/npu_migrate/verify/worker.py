@@ -35,7 +35,8 @@ import torch
 
 from npu_migrate.verify import reference
 
-PRELUDE_MARK = "_HAS_TORCH_NPU"
+#: In a migrated module's source: its own fused-op prelude (not names imported from elsewhere).
+PRELUDE_MARK = "def _is_npu("
 _SITE = re.compile(r"torch_npu\.(npu_\w+)\s*\(")
 _FACTORY_MODULE = "_npu_migrate_verify_factory"
 
@@ -77,8 +78,7 @@ class _Patcher(importlib.abc.MetaPathFinder):
     def patch(self, module: types.ModuleType) -> None:
         if module.__name__ in self.modules or not self.owns(getattr(module, "__file__", None)):
             return
-        namespace = vars(module)
-        if PRELUDE_MARK not in namespace or not callable(namespace.get("_is_npu")):
+        if not _has_prelude(module):
             return
         try:
             with open(module.__file__, encoding="utf-8") as handle:
@@ -98,11 +98,16 @@ class _Patcher(importlib.abc.MetaPathFinder):
                 self.patch(module)
 
 
+def _has_prelude(module: types.ModuleType) -> bool:
+    """Whether the module has the names of the fused-op prelude: `torch_npu` and `_is_npu`."""
+    namespace = vars(module)
+    return "torch_npu" in namespace and callable(namespace.get("_is_npu"))
+
+
 def _reference_installer(generator: torch.Generator):
     def install(module: types.ModuleType) -> collections.Counter:
         fake = reference.torch_npu_module(generator=generator)
         module.torch_npu = fake
-        module._HAS_TORCH_NPU = True
         module._is_npu = lambda x: isinstance(x, torch.Tensor)
         return fake.calls
 
@@ -270,9 +275,7 @@ def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str) ->
             stale = [
                 m.__name__
                 for m in list(sys.modules.values())
-                if isinstance(m, types.ModuleType)
-                and patcher.owns(getattr(m, "__file__", None))
-                and PRELUDE_MARK in vars(m)
+                if isinstance(m, types.ModuleType) and patcher.owns(getattr(m, "__file__", None)) and _has_prelude(m)
             ]
             if stale:
                 result["warnings"].append(

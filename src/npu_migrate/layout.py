@@ -1,0 +1,187 @@
+"""Code that rules write into a user's file, laid out as the file's own code is: within its line width,
+long statements split the way black and ruff's formatter split them, strings in double quotes.
+
+Templates and matchers write each generated statement on one line (`ast.unparse` of what they build);
+`fit` then splits the statements that are too wide for the file. The width is the file's
+longest line, taken as at least 79 and at most 120 columns (`configured`, a project's line length, wins).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+
+#: Without a configured line length: no narrower than PEP 8's 79 columns, no wider than 120.
+NARROWEST, WIDEST = 79, 120
+
+
+def line_width(text: str, configured: int | None = None) -> int:
+    """The width generated code must fit in a file with this text."""
+    if configured is not None:
+        return configured
+    longest = max((len(line) for line in text.splitlines()), default=0)
+    return max(NARROWEST, min(longest, WIDEST))
+
+
+def fit(code: str, width: int, indent: str = "    ") -> str:
+    """`code` (statements written at column 0) with double-quoted strings, and each statement or block
+    header wider than `width` split: conditions one per line, calls and collections one item per line
+    (all items on one line first, when they fit there), black's way."""
+    code = double_quotes(code)
+    tree = ast.parse(code)
+    lines = code.splitlines(keepends=True)
+    replaced: list[tuple[int, int, str]] = []  # (first line, last line, new text), 1-based
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt):
+            continue
+        first = node.lineno
+        last = node.body[0].lineno - 1 if isinstance(node, (ast.If, ast.While)) else node.end_lineno
+        if max(len(line.rstrip("\r\n")) for line in lines[first - 1 : last]) <= width:
+            continue
+        text = _statement(node, " " * node.col_offset, width, indent)
+        if text is not None:
+            newline = lines[last - 1][len(lines[last - 1].rstrip("\r\n")) :] or "\n"
+            replaced.append((first, last, text + newline))
+    for first, last, text in sorted(replaced, reverse=True):
+        lines[first - 1 : last] = [text]
+    return "".join(lines)
+
+
+def double_quotes(code: str) -> str:
+    """Single-quoted string literals (as `ast.unparse` writes them) in double quotes, where that needs
+    no escaping."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return code
+    lines = code.splitlines(keepends=True)
+    for token in reversed(tokens):
+        text = token.string
+        if token.type != tokenize.STRING or not text.startswith("'") or text.startswith("'''"):
+            continue
+        body = text[1:-1]
+        if '"' in body or "\\" in body or token.start[0] != token.end[0]:
+            continue
+        row, start = token.start
+        line = lines[row - 1]
+        lines[row - 1] = f'{line[:start]}"{body}"{line[token.end[1] :]}'
+    return "".join(lines)
+
+
+def _statement(node: ast.stmt, margin: str, width: int, indent: str) -> str | None:
+    """The statement's (or block header's) code laid out to `width`, or None for kinds left as they are."""
+    if isinstance(node, (ast.If, ast.While)):
+        keyword = "if" if isinstance(node, ast.If) else "while"
+        return f"{margin}{keyword} {_condition(node.test, margin, width, indent, len(keyword) + 2)}:"
+    if isinstance(node, ast.Return) and node.value is not None:
+        return margin + "return " + _expression(node.value, margin, width, indent, len(margin) + 7)
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target = _flat(node.targets[0]) + " = "
+        return margin + target + _expression(node.value, margin, width, indent, len(margin) + len(target))
+    if isinstance(node, ast.Expr):
+        return margin + _expression(node.value, margin, width, indent, len(margin))
+    if isinstance(node, ast.ImportFrom):
+        head = f"from {'.' * node.level}{node.module or ''} import "
+        names = [_flat_alias(a) for a in node.names]
+        return margin + head + _bracketed("(", ")", names, margin, width, indent, len(margin) + len(head))
+    return None
+
+
+def _condition(test: ast.expr, margin: str, width: int, indent: str, taken: int) -> str:
+    """An `if` condition: on the header line if it fits, else parenthesized, one operand of a top-level
+    `and` / `or` a line."""
+    flat = _flat(test)
+    if len(margin) + taken + len(flat) <= width:
+        return flat
+    inner = margin + indent
+    if isinstance(test, ast.BoolOp):
+        word = "and" if isinstance(test.op, ast.And) else "or"
+        parts = [_expression(v, inner, width, indent, len(inner), operand=True) for v in test.values]
+        body = f"\n{inner}{word} ".join(parts)
+    else:
+        body = _expression(test, inner, width, indent, len(inner))
+    return f"(\n{inner}{body}\n{margin})"
+
+
+def _expression(node: ast.expr, margin: str, width: int, indent: str, column: int, operand: bool = False) -> str:
+    """`node` starting at `column` on a line indented by `margin`, split at its outermost brackets when it
+    does not fit. `operand`: it stands in an `and` / `or`, so a lower-precedence expression keeps parens."""
+    flat = _flat(node)
+    if operand and isinstance(node, (ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr)):
+        flat = f"({flat})"
+    if column + len(flat) <= width:
+        return flat
+    if isinstance(node, ast.Call):
+        func = node.func
+        head = _flat(func) + "("
+        # `f(...).to(dtype)`: split the inner call when what follows it is short, as black does, or when
+        # the line cannot even hold the outer call's name.
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call):
+            tail = f".{func.attr}({', '.join(_flat(a) for a in _arguments(node))})"
+            if len(tail) <= width // 4 or column + len(head) > width:
+                return _expression(func.value, margin, width, indent, column) + tail
+        items = [_argument(a) for a in _arguments(node)]
+        return head + _bracketed("", ")", items, margin, width, indent, column + len(head), _arguments(node))
+    if isinstance(node, ast.Tuple):
+        items = [_flat(e) for e in node.elts]
+        return _bracketed("(", ")", items, margin, width, indent, column, node.elts, tuple_of_one=len(items) == 1)
+    if isinstance(node, (ast.List, ast.Set)):
+        opening, closing = ("[", "]") if isinstance(node, ast.List) else ("{", "}")
+        return _bracketed(opening, closing, [_flat(e) for e in node.elts], margin, width, indent, column, node.elts)
+    if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.value, ast.Call):
+        tail = flat[len(_flat(node.value)) :] if flat.startswith(_flat(node.value)) else None
+        if tail is not None:
+            return _expression(node.value, margin, width, indent, column) + tail
+    return flat
+
+
+def _bracketed(
+    opening: str,
+    closing: str,
+    items: list[str],
+    margin: str,
+    width: int,
+    indent: str,
+    column: int,
+    nodes: list | None = None,
+    tuple_of_one: bool = False,
+) -> str:
+    """Items in brackets: on the line if they fit; else all on one indented line; else one a line, each
+    split further where it needs to be, with a trailing comma."""
+    joined = ", ".join(items) + ("," if tuple_of_one else "")
+    if column + len(opening) + len(joined) + len(closing) <= width:
+        return opening + joined + closing
+    inner = margin + indent
+    if len(inner) + len(joined) <= width and not tuple_of_one:
+        return f"{opening}\n{inner}{joined}\n{margin}{closing}"
+    parts = []
+    for index, item in enumerate(items):
+        node = nodes[index] if nodes is not None else None
+        if isinstance(node, ast.keyword):
+            prefix = f"{node.arg}=" if node.arg else "**"
+            item = prefix + _expression(node.value, inner, width, indent, len(inner) + len(prefix))
+        elif isinstance(node, ast.Starred):
+            item = "*" + _expression(node.value, inner, width, indent, len(inner) + 1)
+        elif isinstance(node, ast.expr):
+            item = _expression(node, inner, width, indent, len(inner))
+        parts.append(f"{inner}{item},\n")
+    return f"{opening}\n{''.join(parts)}{margin}{closing}"
+
+
+def _arguments(call: ast.Call) -> list[ast.AST]:
+    return [*call.args, *call.keywords]
+
+
+def _argument(node: ast.AST) -> str:
+    if isinstance(node, ast.keyword):
+        return f"{node.arg}={_flat(node.value)}" if node.arg else f"**{_flat(node.value)}"
+    return _flat(node)
+
+
+def _flat_alias(alias: ast.alias) -> str:
+    return f"{alias.name} as {alias.asname}" if alias.asname else alias.name
+
+
+def _flat(node: ast.AST) -> str:
+    return double_quotes(ast.unparse(node))

@@ -1,0 +1,64 @@
+"""The module-level helpers fused branches call, as the code written once per file after its imports.
+
+A branch calls `_is_npu(x)` (the prelude) and, for each torch_npu kernel, the typed function
+`_npu_<kernel>` of `kernels/npu_<kernel>.py.j2`, whose signature is the kernel's own: the one place
+that reaches `torch_npu.npu_<kernel>`, marked `@torch.jit.unused` so that TorchScript, for which
+`_is_npu` is always False, compiles it as a stub. Idioms add helpers of their own (`_npu_rotary_fits`,
+`_npu_sdpa`), declared in their `Idiom.helpers`. Which kernel functions a branch needs is read from the
+names its code calls.
+
+Signatures TorchScript must read without compiling the body are type comments (`# type: (Tensor) -> bool`):
+TorchScript cannot resolve the string annotations of a `@torch.jit.unused` function in a file with
+`from __future__ import annotations`, and in a type comment it knows `Tensor`, `Optional`, `Tuple` and
+`Any` without a `typing` import in the user's file.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from importlib import resources
+
+PRELUDE = "fused/prelude.py.j2"
+#: One template per kernel, `kernels/npu_<kernel>.py.j2`, defining `_npu_<kernel>`.
+_KERNELS = "fused/kernels"
+
+
+def kernel_function(kernel: str) -> str:
+    """The function a branch calls to run torch_npu's `kernel` (`npu_rms_norm` -> `_npu_rms_norm`)."""
+    return f"_{kernel}"
+
+
+@functools.cache
+def kernel_templates() -> dict[str, str]:
+    """Kernel function name -> its template."""
+    folder = resources.files("npu_migrate.templates").joinpath(*_KERNELS.split("/"))
+    return {
+        kernel_function(entry.name.removesuffix(".py.j2")): f"{_KERNELS}/{entry.name}"
+        for entry in folder.iterdir()
+        if entry.name.endswith(".py.j2")
+    }
+
+
+@functools.cache
+def rendered(template: str, import_torch_npu: bool = False) -> str:
+    from npu_migrate.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
+
+    return render(template, import_torch_npu=import_torch_npu).strip() + "\n"
+
+
+def kernels_called(code: str) -> list[str]:
+    """The templates of the kernel functions `code` calls."""
+    names = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
+    return [template for name, template in kernel_templates().items() if name in names]
+
+
+def with_kernels(templates: list[str]) -> list[str]:
+    """`templates` and the kernel functions their helpers call (`_npu_silu_mul` calls `_npu_swiglu`)."""
+    return list(dict.fromkeys([*templates, *(k for t in templates for k in kernels_called(rendered(t)))]))
+
+
+def helper_code(templates: list[str], import_torch_npu: bool) -> str:
+    """The block a file gets after its imports: the helpers, two blank lines apart, the prelude's guarded
+    torch_npu import included if `import_torch_npu`."""
+    return "\n\n".join(rendered(t, import_torch_npu=import_torch_npu and t == PRELUDE) for t in templates)
