@@ -15,10 +15,11 @@ import sys
 import types
 
 import pytest
+import torch
+import torch.nn.functional as F
+from conftest import FIXTURES
 
-torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # noqa: E402
-from conftest import FIXTURES  # noqa: E402
+pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
 
 RULES = FIXTURES / "rules"
 
