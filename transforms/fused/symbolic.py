@@ -63,6 +63,9 @@ class Function:
     functions: dict[str, ast.FunctionDef] = field(default_factory=dict)  # module-level defs, by name
     api: object | None = None  # the NpuApi of the chosen torch_npu version
 
+    #: The tensors whose CUDA-only fast paths `fold` skipped at the top of the body.
+    fast_path_tensors: list[str] = field(default_factory=list)
+
     #: Every identifier of the file (`AstIndex.names`), when known: a matcher may skip looking for a call
     #: whose name is not among them.
     names: frozenset[str] | set[str] | None = None
@@ -160,14 +163,75 @@ def _chunk_call(value: ast.expr, qualname) -> bool:
     return isinstance(first, ast.Constant) and first.value == 2
 
 
-def fold(fn: Function, depth: int = 0) -> ast.expr:
-    """The return expression of `fn` with its locals (and inlinable sibling calls) substituted."""
+def cuda_only_tensor(test: ast.expr, fn: Function) -> str | None:
+    """The parameter `p` when `test` can only hold for a CUDA tensor `p`: `p.is_cuda`, `p.device.type ==
+    "cuda"`, alone or in an `and` of side-effect-free conditions (`fast_kernel is not None and p.is_cuda`)."""
+    conditions = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    tested = None
+    for condition in conditions:
+        if (
+            isinstance(condition, ast.Attribute)
+            and condition.attr == "is_cuda"
+            and isinstance(condition.value, ast.Name)
+            and condition.value.id in fn.params
+        ):
+            tested = condition.value.id
+        elif (
+            isinstance(condition, ast.Compare)
+            and len(condition.ops) == 1
+            and isinstance(condition.ops[0], ast.Eq)
+            and isinstance(condition.comparators[0], ast.Constant)
+            and condition.comparators[0].value == "cuda"
+            and isinstance(condition.left, ast.Attribute)
+            and condition.left.attr == "type"
+            and isinstance(condition.left.value, ast.Attribute)
+            and condition.left.value.attr == "device"
+            and isinstance(condition.left.value.value, ast.Name)
+            and condition.left.value.value.id in fn.params
+        ):
+            tested = condition.left.value.value.id
+        elif not (
+            is_pure(condition)
+            or isinstance(condition, ast.Compare)
+            and all(is_pure(c) for c in (condition.left, *condition.comparators))
+        ):
+            return None
+    return tested
+
+
+def cuda_fast_paths(fn: Function) -> tuple[list[str], list[ast.stmt]]:
+    """(the tensors tested, the rest of the body) for a body that opens with CUDA-only fast paths,
+    `if fast_kernel is not None and x.is_cuda: return fast_kernel(x, ...)`: on an NPU their tests are
+    false, so the function computes what follows them, and a fused branch put first keeps them for CUDA."""
+    body = body_statements(fn.tree)
+    tested = []
+    while (
+        body
+        and isinstance(body[0], ast.If)
+        and not body[0].orelse
+        and isinstance(body[0].body[-1], ast.Return)
+        and (tensor := cuda_only_tensor(body[0].test, fn)) is not None
+    ):
+        tested.append(tensor)
+        body = body[1:]
+    return tested, body
+
+
+def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
+    """The return expression of `fn` with its locals (and inlinable sibling calls) substituted. Leading
+    CUDA-only fast paths are skipped (`cuda_fast_paths`): a matcher must check they test the tensor its
+    branch tests (`Function.fast_path_tensors`). An `inlined` function's are not: its parameters stand
+    for its caller's expressions, which the caller's branch does not test."""
     env: dict[str, ast.expr] = {}
-    for stmt in body_statements(fn.tree):
+    if inlined:
+        body = body_statements(fn.tree)
+    else:
+        fn.fast_path_tensors, body = cuda_fast_paths(fn)
+    for stmt in body:
         if isinstance(stmt, ast.Pass):
             continue
         if isinstance(stmt, ast.Return) and stmt.value is not None:
-            if stmt is not body_statements(fn.tree)[-1]:
+            if stmt is not body[-1]:
                 raise NotStraightLine("it returns before its last statement")
             return _inline_siblings(fn, substitute(stmt.value, env), depth)
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
@@ -229,7 +293,7 @@ def _inline_siblings(fn: Function, expr: ast.expr, depth: int) -> ast.expr:
             sibling = Function(fn.siblings[node.func.attr], True, fn.qualname, fn.siblings, fn.functions, fn.api)
             if len(sibling.params) == len(node.args) and sibling.self_name is not None:
                 try:
-                    body = fold(sibling, depth + 1)
+                    body = fold(sibling, depth + 1, inlined=True)
                 except NotStraightLine:
                     return node
                 env = dict(zip(sibling.params, (visit(a) for a in node.args)))
@@ -337,7 +401,7 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
             args = callee.tree.args
             if len(callee.params) == len(node.args) and not (args.vararg or args.kwarg or args.kwonlyargs):
                 try:
-                    body = inline_functions(callee, fold(callee), depth + 1)
+                    body = inline_functions(callee, fold(callee, inlined=True), depth + 1)
                 except NotStraightLine:
                     return substitute_children(node, visit)
                 return substitute(body, dict(zip(callee.params, (visit(a) for a in node.args))))
