@@ -13,6 +13,7 @@ must agree with the original, and `analyze --mode affinity_apis` must count its 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -147,6 +148,29 @@ CASES = {
 }
 
 
+def _qwen_tables(seq, rot_dim):
+    """Qwen's float32 tables, (1, S, 1, rot_dim) against BSND tensors, as a list [cos, sin]."""
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, rot_dim, 2).float() / rot_dim)
+    emb = torch.outer(torch.arange(seq).float(), inv_freq)
+    emb = torch.cat((emb, emb), dim=-1)[None, :, None, :]
+    return [emb.cos(), emb.sin()]
+
+
+def _rotate_bsnd(fn, x):
+    """Rotate the first half of each head of a (B, S, N, 16) view of x: a tail of 8 passes through."""
+    return fn(x.reshape(2, 5, 2, 8).repeat(1, 1, 1, 2) * 3, _qwen_tables(5, 8))
+
+
+if importlib.util.find_spec("einops") is not None:  # Qwen spells rotate_half with einops
+    CASES["qwen_partial_rotary"] = (
+        "NPU703",
+        "qwen_partial_rotary",
+        lambda namespace: namespace["apply_rotary_pos_emb"],
+        _rotate_bsnd,
+        ("freqs[0], freqs[1])", "freqs[0], -freqs[1])"),
+    )
+
+
 @pytest.mark.parametrize("dtype, floor", [(torch.float32, 0.999), (torch.bfloat16, 0.99)], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", CASES)
 def test_branch_agrees_with_the_original_and_the_fallback_is_untouched(name, dtype, floor):
@@ -178,12 +202,12 @@ def test_a_dim_other_than_the_last_keeps_the_original_code():
 # -- our own Qwen-7B-shaped model, migrated as a user would ------------------------------------------
 
 PROJECT = FIXTURES / "projects" / "qwen_like"
-#: Sites of `qwen_like/modeling.py` by op and status: both norms' class, both MLPs fused; the rotary
-#: helper (a list of tables unpacked in the body) and `_attn` (it returns the probabilities) declined.
+#: Sites of `qwen_like/modeling.py` by op and status: the norm class, both MLPs and the partial rotary
+#: fused; `_attn` (it returns the probabilities) declined.
 EXPECTED_SITES = {
     ("torch_npu.npu_rms_norm", "applied"): 1,
     ("torch_npu.npu_swiglu", "applied"): 2,
-    ("torch_npu.npu_rotary_mul", "declined"): 1,
+    ("torch_npu.npu_rotary_mul", "applied"): 1,
     ("torch_npu.npu_fusion_attention", "declined"): 1,
 }
 
@@ -230,7 +254,7 @@ def test_qwen_like_block_migrated_with_apply_output(tmp_path, monkeypatch, dtype
     def run(namespace_block, x):
         torch.manual_seed(0)
         block = _perturb(namespace_block(), torch.Generator().manual_seed(1)).to(dtype)
-        return block(x, [t.to(dtype) for t in original["rotary_tables"](5, 8)])
+        return block(x, original["rotary_tables"](5, 8))  # float32 tables, as Qwen keeps them
 
     x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
     expected = run(original["QBlock"], x)
@@ -239,6 +263,6 @@ def test_qwen_like_block_migrated_with_apply_output(tmp_path, monkeypatch, dtype
     monkeypatch.setattr(migrated, "torch_npu", TORCH_NPU)
     before = dict(TORCH_NPU.calls)
     got = run(migrated.QBlock, x)
-    calls = {k: TORCH_NPU.calls[k] - before.get(k, 0) for k in ("npu_rms_norm", "npu_swiglu")}
-    assert calls == {"npu_rms_norm": 2, "npu_swiglu": 2}
+    calls = {k: TORCH_NPU.calls[k] - before.get(k, 0) for k in ("npu_rms_norm", "npu_swiglu", "npu_rotary_mul")}
+    assert calls == {"npu_rms_norm": 2, "npu_swiglu": 2, "npu_rotary_mul": 2}
     assert _cosine(got, expected) >= floor

@@ -16,6 +16,7 @@ the rotated tensors, where computed by a call, are bound once (`:=`) in the guar
 from __future__ import annotations
 
 import ast
+import re
 
 from npu_migrate.api import load_table
 from npu_migrate.rule import Example, FixSafety, Rule
@@ -46,7 +47,10 @@ ROTARY = Rule(
     Recognises `x * cos + rotate_half(x) * sin` (either operand order), where `rotate_half` is any
     module-level function, method or inline expression computing `torch.cat((-x2, x1), dim=-1)` of the
     halves `x[..., : x.shape[-1] // 2]`, `x[..., x.shape[-1] // 2 :]` (or `x.chunk(2, -1)`), as in HF's
-    `apply_rotary_pos_emb`, partial rotary on a leading slice included (Phi-3). GPT-J's interleaved
+    `apply_rotary_pos_emb`, partial rotary on a leading slice included (Phi-3, and Qwen's
+    `t_float[..., :rot_dim]` of one upcast with the tail passed through), einops halves
+    (`rearrange(x, "... (j d) -> ... j d", j=2).unbind(-2)`), tables passed as a list (`cos, sin = freqs`),
+    a CUDA-only fast path in front (kept for CUDA, the branch goes first). GPT-J's interleaved
     `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it. A branch in
     front of the untouched body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits`
     holds: 4-D, one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts
@@ -213,6 +217,10 @@ def _last_dim_slice(node: ast.expr) -> tuple[ast.expr, ast.Slice] | None:
 def _half(node: ast.expr, fn: Function) -> tuple[ast.expr, int] | None:
     """(x, 0 or 1) when `node` is the first or second half of x's last dim."""
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in (0, 1):
+        split = _einops_halves(node.value, fn)
+        if split is not None:
+            return split, node.slice.value
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in (0, 1):
         chunk = node.value
         if isinstance(chunk, ast.Call):
             if fn.qualname(chunk.func) == "torch.chunk":
@@ -239,6 +247,31 @@ def _half(node: ast.expr, fn: Function) -> tuple[ast.expr, int] | None:
     if part.upper is None and _last_dim_half(part.lower, x):
         return x, 1
     return None
+
+
+def _einops_halves(node: ast.expr, fn: Function) -> ast.expr | None:
+    """x for `rearrange(x, "... (j d) -> ... j d", j=2).unbind(dim=-2)`: the halves of x's last dim, as
+    Qwen's `_rotate_half` splits them."""
+    unbind = method_call(node, "unbind")
+    if unbind is None or len(unbind.args) + len(unbind.keywords) != 1 or not _negative(argument(unbind, 0, "dim"), 2):
+        return None
+    split = unbind.func.value
+    if not (isinstance(split, ast.Call) and fn.qualname(split.func) == "einops.rearrange" and len(split.args) == 2):
+        return None
+    pattern = split.args[1]
+    if not (isinstance(pattern, ast.Constant) and isinstance(pattern.value, str)) or len(split.keywords) != 1:
+        return None
+    grouped = re.fullmatch(r"\s*\.\.\.\s*\(\s*(\w+)\s+(\w+)\s*\)\s*->\s*\.\.\.\s+(\w+)\s+(\w+)\s*", pattern.value)
+    halves = split.keywords[0]
+    if not (
+        grouped is not None
+        and grouped.group(1, 2) == grouped.group(3, 4)
+        and halves.arg == grouped.group(1)
+        and isinstance(halves.value, ast.Constant)
+        and halves.value.value == 2
+    ):
+        return None
+    return split.args[0]
 
 
 def _every_other(node: ast.expr) -> tuple[ast.expr, int] | None:
@@ -450,6 +483,19 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     xs = []  # the guard's other arguments: each rotated tensor, bound where it is computed (`q.float()`)
     fused: dict[int, ast.AST] = {}
     for site in found:
+        base = site.x
+        while isinstance(base, ast.Subscript):
+            base = base.value
+        if base is not site.x and contains_call(base) and id(base) not in replacements:
+            # Qwen's partial rotary slices one upcast `t.float()` into the rotated part and the tail: bind
+            # the upcast, not the slice, so that the tail reads it too instead of computing it again.
+            name = ast.Name(f"_npu_x{len(xs)}", ast.Load())
+            xs.append(
+                replace_nodes(site.x, {**replacements, id(base): ast.NamedExpr(ast.Name(name.id, ast.Store()), base)})
+            )
+            replacements[id(base)] = name
+            fused[id(site.node)] = _kernel_call(replace_nodes(site.x, replacements), r1, r2, mode)
+            continue
         x = replace_nodes(site.x, replacements)
         if contains_call(x):
             if id(site.x) not in replacements:
@@ -459,11 +505,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             x = replacements[id(site.x)]
         else:
             xs.append(x)
-        fused[id(site.node)] = ast.Call(
-            ast.Attribute(ast.Name("torch_npu", ast.Load()), "npu_rotary_mul", ast.Load()),
-            [x, r1, r2],
-            [ast.keyword("rotary_mode", ast.Constant("interleave"))] if mode == "interleave" else [],
-        )
+        fused[id(site.node)] = _kernel_call(x, r1, r2, mode)
     rewritten = replace_nodes(result, {**replacements, **fused})
     evaluated = [t.value for t in (*tables, *xs) if isinstance(t, ast.NamedExpr)]
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
@@ -474,6 +516,8 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     )
     if x_param is None:
         return Outcome(ROTARY, "rotary embedding not fused: the rotated tensor is not computed from a parameter")
+    if not set(fn.fast_path_tensors) <= {x_param}:
+        return Outcome(ROTARY, "rotary embedding not fused: its CUDA fast path tests another tensor than it rotates")
     # cos and sin come first: an x such as Phi-3's `q[..., : cos.shape[-1]]` reads the bound table.
     fits = ast.Call(
         ast.Name("_npu_rotary_fits", ast.Load()),
@@ -483,6 +527,14 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     what = "interleaved rotary embedding" if mode == "interleave" else "rotary embedding"
     context = {"x": x_param, "guards": [source(fits)], "result": source(rewritten)}
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+def _kernel_call(x: ast.expr, r1: ast.expr, r2: ast.expr, mode: str) -> ast.Call:
+    return ast.Call(
+        ast.Attribute(ast.Name("torch_npu", ast.Load()), "npu_rotary_mul", ast.Load()),
+        [x, r1, r2],
+        [ast.keyword("rotary_mode", ast.Constant("interleave"))] if mode == "interleave" else [],
+    )
 
 
 def _unique(nodes: list[ast.expr]) -> list[ast.expr]:

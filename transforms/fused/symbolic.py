@@ -199,39 +199,27 @@ def cuda_only_tensor(test: ast.expr, fn: Function) -> str | None:
     return tested
 
 
-def cuda_fast_paths(fn: Function) -> tuple[list[str], list[ast.stmt]]:
-    """(the tensors tested, the rest of the body) for a body that opens with CUDA-only fast paths,
-    `if fast_kernel is not None and x.is_cuda: return fast_kernel(x, ...)`: on an NPU their tests are
-    false, so the function computes what follows them, and a fused branch put first keeps them for CUDA."""
-    body = body_statements(fn.tree)
-    tested = []
-    while (
-        body
-        and isinstance(body[0], ast.If)
-        and not body[0].orelse
-        and isinstance(body[0].body[-1], ast.Return)
-        and (tensor := cuda_only_tensor(body[0].test, fn)) is not None
-    ):
-        tested.append(tensor)
-        body = body[1:]
-    return tested, body
-
-
 def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
-    """The return expression of `fn` with its locals (and inlinable sibling calls) substituted. Leading
-    CUDA-only fast paths are skipped (`cuda_fast_paths`): a matcher must check they test the tensor its
-    branch tests (`Function.fast_path_tensors`). An `inlined` function's are not: its parameters stand
+    """The return expression of `fn` with its locals (and inlinable sibling calls) substituted. CUDA-only
+    fast paths (`if fast_kernel is not None and x.is_cuda: return fast_kernel(x)`, an `else` or not) are
+    skipped: their tests are false on an NPU, so a fused branch put first keeps them for CUDA. A matcher
+    must check that they test the tensor its branch tests (`Function.fast_path_tensors`). An `inlined` function's are not: its parameters stand
     for its caller's expressions, which the caller's branch does not test."""
     env: dict[str, ast.expr] = {}
-    if inlined:
-        body = body_statements(fn.tree)
-    else:
-        fn.fast_path_tensors, body = cuda_fast_paths(fn)
-    for stmt in body:
+    body = list(body_statements(fn.tree))
+    fn.fast_path_tensors = []
+    while body:
+        stmt = body.pop(0)
         if isinstance(stmt, ast.Pass):
             continue
+        tested = None if inlined or not isinstance(stmt, ast.If) else cuda_only_tensor(stmt.test, fn)
+        if tested is not None and tested not in env and isinstance(stmt.body[-1], ast.Return):
+            # A CUDA-only fast path: false on an NPU, so what runs there is its `else` and what follows.
+            fn.fast_path_tensors.append(tested)
+            body[:0] = stmt.orelse
+            continue
         if isinstance(stmt, ast.Return) and stmt.value is not None:
-            if stmt is not body[-1]:
+            if body:
                 raise NotStraightLine("it returns before its last statement")
             return _inline_siblings(fn, substitute(stmt.value, env), depth)
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
@@ -254,12 +242,15 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
                 for element, part in zip(target.elts, value.elts):
                     env[element.id] = part
                 continue
-            if (
-                isinstance(target, ast.Tuple)
-                and len(target.elts) == 2
-                and all(isinstance(e, ast.Name) for e in target.elts)
+            names = isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts)
+            if names and (
+                len(target.elts) == 2
                 and _chunk_call(value, fn.qualname)
+                or isinstance(stmt.value, ast.Name)
+                or method_call(value, "unbind") is not None
             ):
+                # `a, b = t.chunk(2)`, `a, b = t.unbind(-2)` or `cos, sin = freqs` (a list of tables): the
+                # parts by index, sharing the unpacked value, which the original evaluates once.
                 for index, element in enumerate(target.elts):
                     env[element.id] = ast.Subscript(value=value, slice=ast.Constant(index), ctx=ast.Load())
                 continue
