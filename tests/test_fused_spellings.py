@@ -266,3 +266,15 @@ def test_qwen_like_block_migrated_with_apply_output(tmp_path, monkeypatch, dtype
     calls = {k: TORCH_NPU.calls[k] - before.get(k, 0) for k in ("npu_rms_norm", "npu_swiglu", "npu_rotary_mul")}
     assert calls == {"npu_rms_norm": 2, "npu_swiglu": 2, "npu_rotary_mul": 2}
     assert _cosine(got, expected) >= floor
+
+
+def test_hand_written_attention_is_reported_once_with_its_true_reason():
+    from npu_migrate.pipeline import migrate_text
+
+    case = RULES / "NPU704" / "hand_written_reasons.in.py"
+    _, findings = migrate_text(case.read_text(encoding="utf-8"), path="attention.py", select=["NPU704"])
+    by_line = {f.line: f.message for f in findings if f.rule_id == "NPU704"}
+    assert "only `F.scaled_dot_product_attention` calls are rewritten" in by_line[8]
+    assert "also returns the attention probabilities" in by_line[16]
+    # Line 1: the helpers; line 30: the class's SDPA call, wrapped. Its fallback body gets no finding.
+    assert sorted(by_line) == [1, 8, 16, 30]

@@ -238,6 +238,10 @@ def match(fn: Function) -> Outcome | None:
     # and again.
     if not any(_softmax_input(n, fn) is not None for n in fn.nodes) or not any(_is_matmul(n, fn) for n in fn.nodes):
         return None
+    # The hand-written fallback of a function that also calls SDPA (`if self.fused_attn: ... else: ...`):
+    # that call is the site, wrapped or reported; the fallback is not a second one.
+    if any(fn.qualname(c.func) == SDPA or (isinstance(c.func, ast.Name) and c.func.id == WRAPPER) for c in fn.calls):
+        return None
     scores: set[str] = set()  # names bound to something computed from a matmul
     probabilities: set[str] = set()  # names bound to a softmax of scores (or computed from one)
     applied = False  # the probabilities reach a matmul
@@ -246,11 +250,19 @@ def match(fn: Function) -> Outcome | None:
         return any(_is_matmul(n, fn) or (isinstance(n, ast.Name) and n.id in scores) for n in ast.walk(node))
 
     def is_probabilities(node: ast.AST) -> bool:
-        return any(
-            (isinstance(n, ast.Name) and n.id in probabilities)
-            or ((inner := _softmax_input(n, fn)) is not None and from_scores(inner))
-            for n in ast.walk(node)
-        )
+        """A softmax of scores, or computed from one elementwise (dropout, a cast, a head mask): a matmul
+        with the probabilities (`attn @ v`) is the attention's output, not probabilities."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if _is_matmul(n, fn):
+                continue
+            if (isinstance(n, ast.Name) and n.id in probabilities) or (
+                (inner := _softmax_input(n, fn)) is not None and from_scores(inner)
+            ):
+                return True
+            stack.extend(ast.iter_child_nodes(n))
+        return False
 
     statements = [
         stmt
