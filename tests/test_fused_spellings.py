@@ -161,6 +161,49 @@ def _rotate_bsnd(fn, x):
     return fn(x.reshape(2, 5, 2, 8).repeat(1, 1, 1, 2) * 3, _qwen_tables(5, 8))
 
 
+def _half_tables(x_shape=(1, 5, 1, 8)):
+    angles = torch.arange(5).float()[None, :, None, None] * torch.linspace(0.1, 1.5, x_shape[-1])
+    return angles.expand(x_shape).cos(), angles.expand(x_shape).sin()
+
+
+def _rotate_with_half_tables(fn, x):
+    return fn(x.reshape(2, 5, 2, 8).repeat(1, 1, 1, 2) * 3, *(t.to(x.dtype) for t in _half_tables()))
+
+
+def _rotate_with_sd_tables(fn, x):
+    cos, sin = (t[0, :, 0].repeat(1, 2).to(x.dtype) for t in _half_tables())  # (S, D)
+    return fn(x.reshape(2, 5, 2, 8).repeat(1, 1, 1, 2) * 3, cos, sin)
+
+
+CASES.update(
+    {
+        "split_halves_minus_theta": (
+            "NPU703",
+            "split_halves",
+            lambda namespace: namespace["rotate_split_halves"],
+            _rotate_with_half_tables,
+            ("(_npu_sin := (-torch.cat((sin, sin), dim=-1)))", "(_npu_sin := torch.cat((sin, sin), dim=-1))"),
+        ),
+        "split_halves_plus_theta": (
+            "NPU703",
+            "split_halves",
+            lambda namespace: namespace["rotate_plus_theta"],
+            _rotate_with_half_tables,
+            ("(_npu_sin := torch.cat((sin, sin), dim=-1))", "(_npu_sin := -torch.cat((sin, sin), dim=-1))"),
+        ),
+        "viewed_tables": (
+            "NPU703",
+            "split_halves",
+            lambda namespace: namespace["rotate_viewed_tables"],
+            _rotate_with_sd_tables,
+            (
+                "npu_rotary_mul(x, _npu_cos, _npu_sin)\n    cos = cos.view",
+                "npu_rotary_mul(x, _npu_sin, _npu_cos)\n    cos = cos.view",
+            ),
+        ),
+    }
+)
+
 if importlib.util.find_spec("einops") is not None:  # Qwen spells rotate_half with einops
     CASES["qwen_partial_rotary"] = (
         "NPU703",

@@ -26,6 +26,7 @@ from npu_migrate.transforms.fused.symbolic import (
     NotStraightLine,
     Outcome,
     argument,
+    body_statements,
     contains_call,
     evaluates_twice,
     fold,
@@ -50,7 +51,10 @@ ROTARY = Rule(
     `apply_rotary_pos_emb`, partial rotary on a leading slice included (Phi-3, and Qwen's
     `t_float[..., :rot_dim]` of one upcast with the tail passed through), einops halves
     (`rearrange(x, "... (j d) -> ... j d", j=2).unbind(-2)`), tables passed as a list (`cos, sin = freqs`),
-    a CUDA-only fast path in front (kept for CUDA, the branch goes first). GPT-J's interleaved
+    a CUDA-only fast path in front (kept for CUDA, the branch goes first), and the split-halves spelling
+    `cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin))` with half-width tables (the kernel on the tables
+    doubled, `cat((cos, cos))`; with the signs the other way round a rotation by -theta, the sin table
+    negated). GPT-J's interleaved
     `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it. A branch in
     front of the untouched body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits`
     holds: 4-D, one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts
@@ -361,9 +365,24 @@ def _factor(product: ast.expr, test) -> tuple[ast.expr, object] | None:
     return None
 
 
+def _doubled(table: ast.expr, negate: bool) -> ast.expr:
+    """`torch.cat((t, t), dim=-1)` (negated): a half-width table made the kernel's full-width one."""
+    doubled = ast.Call(
+        ast.Attribute(ast.Name("torch", ast.Load()), "cat", ast.Load()),
+        [ast.Tuple([table, table], ast.Load())],
+        [ast.keyword("dim", ast.UnaryOp(ast.USub(), ast.Constant(1)))],
+    )
+    return ast.UnaryOp(ast.USub(), doubled) if negate else doubled
+
+
 def sites(expr: ast.AST, fn: Function) -> list[Site]:
     found = []
     for node in walk_shared(expr):
+        split = _split_halves(node, fn)
+        if split is not None:
+            x, cos, sin, negative = split
+            found.append(Site(node, x, _doubled(cos, False), _doubled(sin, negative), "half", False))
+            continue
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
             continue
         pairs = (
@@ -383,6 +402,66 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
             found.append(Site(node, x, cos[0], sin, mode, flipped != isinstance(node.op, ast.Sub)))
             break
     return found
+
+
+def _terms(node: ast.expr) -> list[tuple[int, ast.expr]] | None:
+    """The two signed terms of `a + b`, `a - b` (a sign of -1 for `-b`, or for a factor `(-s)`)."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
+        return None
+    terms = [(1, node.left), (1 if isinstance(node.op, ast.Add) else -1, node.right)]
+    found = []
+    for sign, term in terms:
+        inner = _negated(term)
+        if inner is not None:
+            sign, term = -sign, inner
+        found.append((sign, term))
+    return found
+
+
+def _scaled(term: ast.expr, half: ast.expr) -> tuple[int, ast.expr] | None:
+    """(sign, table) when `term` is `half * table`, `table * half`, or either with a negated table."""
+    found = _factor(term, lambda e: same(e, half))
+    if found is None:
+        return None
+    table = found[0]
+    inner = _negated(table)
+    return (-1, inner) if inner is not None else (1, table)
+
+
+def _split_halves(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr, ast.expr, bool] | None:
+    """(x, cos, sin, by -theta) for `cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)` on the halves
+    x1, x2 of x's last dim, with half-width tables: the rotation by +theta, the kernel's on
+    `cat((cos, cos))` and `cat((sin, sin))`. With the signs the other way round (`x1 * cos + x2 * sin`,
+    `x2 * cos - x1 * sin`) it rotates by -theta: the kernel's with the sin table negated."""
+    if not isinstance(node, ast.Call):
+        return None
+    operands = _pair(node, _CAT, fn)
+    if operands is None:
+        return None
+    first, second = (_terms(o) for o in operands)
+    if first is None or second is None:
+        return None
+
+    def half_factor(term: ast.expr, index: int) -> ast.expr | None:
+        if not (isinstance(term, ast.BinOp) and isinstance(term.op, ast.Mult)):
+            return None
+        return next((f for f in (term.left, term.right) if (_half(f, fn) or (None, -1))[1] == index), None)
+
+    for (sign_cos, cos_term), (sign_sin, sin_term) in (first, first[::-1]):
+        x1, x2 = half_factor(cos_term, 0), half_factor(sin_term, 1)
+        if x1 is None or x2 is None or not same(_half(x1, fn)[0], _half(x2, fn)[0]):
+            continue
+        cos, sin = _scaled(cos_term, x1), _scaled(sin_term, x2)
+        if sign_cos * cos[0] != 1:
+            continue
+        sign = sign_sin * sin[0]  # -1: `x1 * cos - x2 * sin`, the rotation by +theta
+        for (sign_cos2, cos_term2), (sign_sin2, sin_term2) in (second, second[::-1]):
+            cos2, sin2 = _scaled(cos_term2, x2), _scaled(sin_term2, x1)
+            if cos2 is None or sin2 is None or sign_cos2 * cos2[0] != 1 or sign_sin2 * sin2[0] != -sign:
+                continue
+            if same(cos2[1], cos[1]) and same(sin2[1], sin[1]):
+                return _half(x1, fn)[0], cos[1], sin[1], sign == 1
+    return None
 
 
 def _calls(fn: Function, names: tuple[str, ...]) -> bool:
@@ -411,7 +490,29 @@ def _rotary_modes(fn: Function) -> tuple[bool, bool]:
     return "npu_rotary_mul" in fn.api.fused_ops, bool(entry.get("rotary_mul_has_rotary_mode", False))
 
 
+def _complex_only_in_a_branch(fn: Function) -> ast.If | None:
+    """The top-level `if` whose one side holds the complex rotation, when the other side does not:
+    diffusers' `if use_real: <real rotation> else: <view_as_complex>`."""
+    complex_names = ("torch.view_as_complex", "torch.polar")
+    for stmt in body_statements(fn.tree):
+        calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and fn.qualname(n.func) in complex_names]
+        if not calls:
+            continue
+        if not isinstance(stmt, ast.If):
+            return None
+        sides = [any(n in calls for part in side for n in ast.walk(part)) for side in (stmt.body, stmt.orelse)]
+        return stmt if sides.count(True) == 1 else None
+    return None
+
+
 def match(fn: Function) -> Outcome | None:
+    branch = _complex_only_in_a_branch(fn) if _calls(fn, ("torch.view_as_complex", "torch.polar")) else None
+    if branch is not None:
+        return Outcome(
+            ROTARY,
+            f"complex-number rotary on one side of `if {source(branch.test)}:` left alone (npu_rotary_mul takes"
+            " real cos/sin tables); the real side is not fused either: the function is not straight-line code",
+        )
     if _calls(fn, ("torch.view_as_complex",)):
         return Outcome(
             ROTARY,
