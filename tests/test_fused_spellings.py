@@ -321,3 +321,16 @@ def test_hand_written_attention_is_reported_once_with_its_true_reason():
     assert "also returns the attention probabilities" in by_line[16]
     # Line 1: the helpers; line 30: the class's SDPA call, wrapped. Its fallback body gets no finding.
     assert sorted(by_line) == [1, 8, 16, 30]
+
+
+def test_a_file_with_its_own_npu_attention_path_gets_no_second_one():
+    from npu_migrate.pipeline import migrate_text
+
+    case = RULES / "NPU704" / "own_npu_backend.in.py"
+    source = case.read_text(encoding="utf-8")
+    migrated, findings = migrate_text(source, path="attention_dispatch.py", select=["NPU704"])
+    assert migrated == source
+    assert [f.message for f in findings if f.rule_id == "NPU704"] == [
+        "scaled_dot_product_attention not wrapped: this file already calls torch_npu's npu_fusion_attention "
+        "(its own NPU path); select that path on an NPU"
+    ]

@@ -176,8 +176,9 @@ _SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softm
 _MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
 
 
-def match_call(name: str | None, api) -> Outcome | None:
-    """What to do with a call of the function `name` (a resolved qualified name)."""
+def match_call(name: str | None, api, names=None) -> Outcome | None:
+    """What to do with a call of the function `name` (a resolved qualified name), in a file whose
+    identifiers are `names` (when known)."""
     if name in FLASH_ATTN:
         return Outcome(
             ATTENTION,
@@ -188,6 +189,13 @@ def match_call(name: str | None, api) -> Outcome | None:
         )
     if name != SDPA:
         return None
+    if names is not None and "npu_fusion_attention" in names:
+        # diffusers' attention dispatcher: its own NPU backend calls the kernel; a second path would compete.
+        return Outcome(
+            ATTENTION,
+            "scaled_dot_product_attention not wrapped: this file already calls torch_npu's npu_fusion_attention "
+            "(its own NPU path); select that path on an NPU",
+        )
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
         return Outcome(
             ATTENTION, f"scaled_dot_product_attention not fused: torch_npu {api.version} has no npu_fusion_attention"
