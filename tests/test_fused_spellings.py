@@ -204,6 +204,29 @@ CASES.update(
     }
 )
 
+
+def _rotate_pairs_with_element_tables(fn, x):
+    # (1, S, 1, D) float32, per pair: the original rotates `x.float()`, as diffusers does.
+    cos, sin = (t.repeat_interleave(2, -1) for t in _half_tables())
+    return fn(x.reshape(2, 5, 2, 8).repeat(1, 1, 1, 2) * 3, cos, sin)
+
+
+CASES["real_pairs_interleaved"] = (
+    "NPU703",
+    "real_pairs",
+    lambda namespace: namespace["rotate_unbound_pairs"],
+    _rotate_pairs_with_element_tables,
+    ("cos, sin, rotary_mode='interleave')", "cos, sin)"),
+)
+
+CASES["pair_formulas"] = (
+    "NPU703",
+    "real_pairs",
+    lambda namespace: namespace["rotate_pair_formulas"],
+    _rotate_with_half_tables,
+    ("(_npu_sin := sin.repeat_interleave(2, dim=-1))", "(_npu_sin := -sin.repeat_interleave(2, dim=-1))"),
+)
+
 if importlib.util.find_spec("einops") is not None:  # Qwen spells rotate_half with einops
     CASES["qwen_partial_rotary"] = (
         "NPU703",

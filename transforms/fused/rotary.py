@@ -54,7 +54,9 @@ ROTARY = Rule(
     a CUDA-only fast path in front (kept for CUDA, the branch goes first), and the split-halves spelling
     `cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin))` with half-width tables (the kernel on the tables
     doubled, `cat((cos, cos))`; with the signs the other way round a rotation by -theta, the sin table
-    negated). GPT-J's interleaved
+    negated). Interleaved rotary on real pairs (`x.reshape(*x.shape[:-1], -1, 2)`, unbound and stacked
+    back as `stack((-x1, x0), -1).flatten(3)`, or the pair formulas `x0 * c - x1 * s`, `x1 * c + x0 * s` with
+    tables per pair, repeated per element for the kernel) and GPT-J's interleaved
     `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it. A branch in
     front of the untouched body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits`
     holds: 4-D, one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts
@@ -278,8 +280,54 @@ def _einops_halves(node: ast.expr, fn: Function) -> ast.expr | None:
     return split.args[0]
 
 
+def _real_pairs(node: ast.expr) -> ast.expr | None:
+    """x for `x.reshape(*x.shape[:-1], -1, 2)` (or `.view`): x's last dim as (real, imaginary) pairs."""
+    call = method_call(node, "reshape") or method_call(node, "view")
+    if call is None or call.keywords or len(call.args) != 3:
+        return None
+    lead, pairs, two = call.args
+    x = call.func.value
+    # `x.float().reshape(*x.shape[:-1], -1, 2)`: the shape read from x before its upcast.
+    shaped = x.func.value if method_call(x, "float") is not None and not x.args else x
+    leading = ast.Starred(
+        ast.Subscript(
+            ast.Attribute(shaped, "shape", ast.Load()),
+            ast.Slice(None, ast.UnaryOp(ast.USub(), ast.Constant(1)), None),
+            ast.Load(),
+        ),
+        ast.Load(),
+    )
+    if same(lead, leading) and _minus_one(pairs) and isinstance(two, ast.Constant) and two.value == 2:
+        return x
+    return None
+
+
+def _pair_part(node: ast.expr) -> tuple[ast.expr, int] | None:
+    """(x, 0 or 1) for the even or odd elements of x's last dim taken as pairs: `pairs[..., 0]`, or
+    `pairs.unbind(-1)[0]`, where `pairs = x.reshape(*x.shape[:-1], -1, 2)`."""
+    if not isinstance(node, ast.Subscript):
+        return None
+    index = node.slice
+    if isinstance(index, ast.Tuple) and len(index.elts) == 2 and isinstance(index.elts[0], ast.Constant):
+        if index.elts[0].value is not Ellipsis:
+            return None
+        pairs, index = node.value, index.elts[1]
+    else:
+        unbind = method_call(node.value, "unbind")
+        if unbind is None or len(unbind.args) + len(unbind.keywords) != 1 or not _minus_one(argument(unbind, 0, "dim")):
+            return None
+        pairs = unbind.func.value
+    if not (isinstance(index, ast.Constant) and index.value in (0, 1)):
+        return None
+    x = _real_pairs(pairs)
+    return None if x is None else (x, index.value)
+
+
 def _every_other(node: ast.expr) -> tuple[ast.expr, int] | None:
-    """(x, 0 or 1) for `x[..., ::2]` / `x[..., 1::2]`."""
+    """(x, 0 or 1) for `x[..., ::2]` / `x[..., 1::2]`, or the parts of `x` reshaped into pairs."""
+    paired = _pair_part(node)
+    if paired is not None:
+        return paired
     sliced = _last_dim_slice(node)
     if sliced is None:
         return None
@@ -338,7 +386,9 @@ def rotation(node: ast.expr, fn: Function) -> tuple[str, ast.expr, bool] | None:
         stacked, start, count = node.func.value, argument(node, 0, "start_dim"), 1
     else:
         return None
-    if len(node.args) + len(node.keywords) != count or not _negative(start, 2) or not isinstance(stacked, ast.Call):
+    # flatten(3): the 5-D stack of a 4-D x (the guard checks 4-D), as torchtune and diffusers write it.
+    start_ok = _negative(start, 2) or isinstance(start, ast.Constant) and start.value == 3
+    if len(node.args) + len(node.keywords) != count or not start_ok or not isinstance(stacked, ast.Call):
         return None
     operands = _pair(stacked, ("torch.stack",), fn)
     if operands is None:
@@ -375,6 +425,18 @@ def _doubled(table: ast.expr, negate: bool) -> ast.expr:
     return ast.UnaryOp(ast.USub(), doubled) if negate else doubled
 
 
+def _upcast_rotation(node: ast.expr, fn: Function) -> tuple[str, ast.expr, bool] | None:
+    """`rotate(x).float()`: the rotation of `x.float()` (a rotation only moves and negates elements)."""
+    call = method_call(node, "float")
+    if call is None or call.args or call.keywords:
+        return None
+    found = rotation(call.func.value, fn)
+    if found is None:
+        return None
+    mode, x, flipped = found
+    return mode, ast.Call(ast.Attribute(x, "float", ast.Load()), [], []), flipped
+
+
 def sites(expr: ast.AST, fn: Function) -> list[Site]:
     found = []
     for node in walk_shared(expr):
@@ -382,6 +444,11 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
         if split is not None:
             x, cos, sin, negative = split
             found.append(Site(node, x, _doubled(cos, False), _doubled(sin, negative), "half", False))
+            continue
+        pairs = _pair_formulas(node, fn)
+        if pairs is not None:
+            x, cos, sin = pairs
+            found.append(Site(node, x, _repeated(cos), _repeated(sin), "interleave", False))
             continue
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
             continue
@@ -391,7 +458,7 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
             else ((node.left, node.right),)
         )
         for plain, rotated in pairs:
-            rot = _factor(rotated, lambda e: rotation(e, fn))
+            rot = _factor(rotated, lambda e: rotation(e, fn) or _upcast_rotation(e, fn))
             if rot is None:
                 continue
             sin, (mode, x, flipped) = rot
@@ -462,6 +529,55 @@ def _split_halves(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr, ast
             if same(cos2[1], cos[1]) and same(sin2[1], sin[1]):
                 return _half(x1, fn)[0], cos[1], sin[1], sign == 1
     return None
+
+
+def _pair_formulas(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr, ast.expr] | None:
+    """(x, cos, sin) for `stack([x0 * c - x1 * s, x1 * c + x0 * s], -1).flatten(3)` on x's pairs (x0, x1)
+    with half-width tables: the interleaved rotation by +theta, the kernel's on the tables repeated per
+    pair (`repeat_interleave(2, -1)`)."""
+    if fn.qualname(node.func if isinstance(node, ast.Call) else None) == "torch.flatten" and node.args:
+        stacked, start = node.args[0], argument(node, 1, "start_dim")
+    elif method_call(node, "flatten") is not None and len(node.args) == 1 and not node.keywords:
+        stacked, start = node.func.value, node.args[0]
+    else:
+        return None
+    if not (_negative(start, 2) or isinstance(start, ast.Constant) and start.value == 3):
+        return None
+    operands = _pair(stacked, ("torch.stack",), fn) if isinstance(stacked, ast.Call) else None
+    if operands is None:
+        return None
+    first, second = (_terms(o) for o in operands)
+    if first is None or second is None:
+        return None
+
+    def part(term: ast.expr, index: int) -> ast.expr | None:
+        if not (isinstance(term, ast.BinOp) and isinstance(term.op, ast.Mult)):
+            return None
+        return next((f for f in (term.left, term.right) if (_pair_part(f) or (None, -1))[1] == index), None)
+
+    for (sign_cos, cos_term), (sign_sin, sin_term) in (first, first[::-1]):
+        x0, x1 = part(cos_term, 0), part(sin_term, 1)
+        if x0 is None or x1 is None or not same(_pair_part(x0)[0], _pair_part(x1)[0]):
+            continue
+        cos, sin = _scaled(cos_term, x0), _scaled(sin_term, x1)
+        if sign_cos * cos[0] != 1 or sign_sin * sin[0] != -1:
+            continue
+        for (sign_cos2, cos_term2), (sign_sin2, sin_term2) in (second, second[::-1]):
+            cos2, sin2 = _scaled(cos_term2, x1), _scaled(sin_term2, x0)
+            if cos2 is None or sin2 is None or sign_cos2 * cos2[0] != 1 or sign_sin2 * sin2[0] != 1:
+                continue
+            if same(cos2[1], cos[1]) and same(sin2[1], sin[1]):
+                return _pair_part(x0)[0], cos[1], sin[1]
+    return None
+
+
+def _repeated(table: ast.expr) -> ast.expr:
+    """`table.repeat_interleave(2, dim=-1)`: a per-pair table made the kernel's per-element one."""
+    return ast.Call(
+        ast.Attribute(table, "repeat_interleave", ast.Load()),
+        [ast.Constant(2)],
+        [ast.keyword("dim", ast.UnaryOp(ast.USub(), ast.Constant(1)))],
+    )
 
 
 def _calls(fn: Function, names: tuple[str, ...]) -> bool:
