@@ -357,3 +357,14 @@ def test_a_file_with_its_own_npu_attention_path_gets_no_second_one():
         "scaled_dot_product_attention not wrapped: this file already calls torch_npu's npu_fusion_attention "
         "(its own NPU path); select that path on an NPU"
     ]
+
+
+def test_split_halves_with_number_tables_runs_the_original():
+    """A fixed angle as Python numbers: the branch must not build tables (`torch.cat`) from them."""
+    original = _load(RULES / "NPU703" / "split_halves.in.py", forced=False)
+    forced = _load(RULES / "NPU703" / "split_halves.out.py", forced=True)
+    x = torch.randn(2, 5, 2, 16)
+    before = TORCH_NPU.calls["npu_rotary_mul"]
+    expected = original["rotate_split_halves"](x, 0.6, 0.8)
+    assert torch.equal(forced["rotate_split_halves"](x, 0.6, 0.8), expected)
+    assert TORCH_NPU.calls["npu_rotary_mul"] == before

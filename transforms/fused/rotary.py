@@ -402,6 +402,9 @@ class Site:
 
     def __init__(self, node: ast.BinOp, x: ast.expr, cos: ast.expr, sin: ast.expr, mode: str, flipped: bool) -> None:
         self.node, self.x, self.cos, self.sin, self.mode, self.flipped = node, x, cos, sin, mode, flipped
+        #: The tables as the code has them, when the kernel's are built from them (`torch.cat((cos, cos))`):
+        #: building them must not fail where the original runs, so they are checked to be tensors first.
+        self.source_tables: tuple[ast.expr, ...] = ()
 
 
 def _factor(product: ast.expr, test) -> tuple[ast.expr, object] | None:
@@ -444,11 +447,13 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
         if split is not None:
             x, cos, sin, negative = split
             found.append(Site(node, x, _doubled(cos, False), _doubled(sin, negative), "half", False))
+            found[-1].source_tables = (cos, sin)
             continue
         pairs = _pair_formulas(node, fn)
         if pairs is not None:
             x, cos, sin = pairs
             found.append(Site(node, x, _repeated(cos), _repeated(sin), "interleave", False))
+            found[-1].source_tables = (cos, sin)
             continue
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
             continue
@@ -742,7 +747,8 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         [ast.keyword("mode", ast.Constant("interleave"))] if mode == "interleave" else [],
     )
     what = "interleaved rotary embedding" if mode == "interleave" else "rotary embedding"
-    context = {"x": x_param, "guards": [source(fits)], "result": source(rewritten)}
+    tensors = [f"isinstance({source(t)}, torch.Tensor)" for t in _unique(list(found[0].source_tables))]
+    context = {"x": x_param, "guards": [*tensors, source(fits)], "result": source(rewritten)}
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
 
 
