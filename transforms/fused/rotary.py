@@ -31,6 +31,7 @@ from npu_migrate.transforms.fused.symbolic import (
     evaluates_twice,
     fold,
     inline_functions,
+    is_pure,
     is_scripted,
     method_call,
     replace_nodes,
@@ -53,7 +54,7 @@ ROTARY = Rule(
     (`rearrange(x, "... (j d) -> ... j d", j=2).unbind(-2)`), tables passed as a list (`cos, sin = freqs`),
     a CUDA-only fast path in front (kept for CUDA, the branch goes first), and the split-halves spelling
     `cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin))` with half-width tables (the kernel on the tables
-    doubled, `cat((cos, cos))`; with the signs the other way round a rotation by -theta, the sin table
+    doubled, `cos.tile((2,))`; with the signs the other way round a rotation by -theta, the sin table
     negated). Interleaved rotary on real pairs (`x.reshape(*x.shape[:-1], -1, 2)`, unbound and stacked
     back as `stack((-x1, x0), -1).flatten(3)`, or the pair formulas `x0 * c - x1 * s`, `x1 * c + x0 * s` with
     tables per pair, repeated per element for the kernel) and GPT-J's interleaved
@@ -419,12 +420,9 @@ def _factor(product: ast.expr, test) -> tuple[ast.expr, object] | None:
 
 
 def _doubled(table: ast.expr, negate: bool) -> ast.expr:
-    """`torch.cat((t, t), dim=-1)` (negated): a half-width table made the kernel's full-width one."""
-    doubled = ast.Call(
-        ast.Attribute(ast.Name("torch", ast.Load()), "cat", ast.Load()),
-        [ast.Tuple([table, table], ast.Load())],
-        [ast.keyword("dim", ast.UnaryOp(ast.USub(), ast.Constant(1)))],
-    )
+    """`table.tile((2,))` (negated): a half-width table made the kernel's full-width one, `cat((t, t), -1)`
+    with the table written (and evaluated) once."""
+    doubled = ast.Call(ast.Attribute(table, "tile", ast.Load()), [ast.Tuple([ast.Constant(2)], ast.Load())], [])
     return ast.UnaryOp(ast.USub(), doubled) if negate else doubled
 
 
@@ -442,17 +440,27 @@ def _upcast_rotation(node: ast.expr, fn: Function) -> tuple[str, ast.expr, bool]
 
 def sites(expr: ast.AST, fn: Function) -> list[Site]:
     found = []
+    # The kernel's tables built from a table of the code: one node per table, so that q and k rotated
+    # with the same table share what the branch builds (and binds) once.
+    built: dict[tuple[str, int, bool], ast.expr] = {}
+
+    def table(build, source: ast.expr, negate: bool = False) -> ast.expr:
+        key = (build.__name__, id(source), negate)
+        if key not in built:
+            built[key] = build(source, negate)
+        return built[key]
+
     for node in walk_shared(expr):
         split = _split_halves(node, fn)
         if split is not None:
             x, cos, sin, negative = split
-            found.append(Site(node, x, _doubled(cos, False), _doubled(sin, negative), "half", False))
+            found.append(Site(node, x, table(_doubled, cos), table(_doubled, sin, negative), "half", False))
             found[-1].source_tables = (cos, sin)
             continue
         pairs = _pair_formulas(node, fn)
         if pairs is not None:
             x, cos, sin = pairs
-            found.append(Site(node, x, _repeated(cos), _repeated(sin), "interleave", False))
+            found.append(Site(node, x, table(_repeated, cos), table(_repeated, sin), "interleave", False))
             found[-1].source_tables = (cos, sin)
             continue
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
@@ -576,13 +584,14 @@ def _pair_formulas(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr, as
     return None
 
 
-def _repeated(table: ast.expr) -> ast.expr:
-    """`table.repeat_interleave(2, dim=-1)`: a per-pair table made the kernel's per-element one."""
-    return ast.Call(
+def _repeated(table: ast.expr, negate: bool = False) -> ast.expr:
+    """`table.repeat_interleave(2, dim=-1)` (negated): a per-pair table made the kernel's per-element one."""
+    repeated = ast.Call(
         ast.Attribute(table, "repeat_interleave", ast.Load()),
         [ast.Constant(2)],
         [ast.keyword("dim", ast.UnaryOp(ast.USub(), ast.Constant(1)))],
     )
+    return ast.UnaryOp(ast.USub(), repeated) if negate else repeated
 
 
 def _calls(fn: Function, names: tuple[str, ...]) -> bool:
@@ -747,7 +756,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         [ast.keyword("mode", ast.Constant("interleave"))] if mode == "interleave" else [],
     )
     what = "interleaved rotary embedding" if mode == "interleave" else "rotary embedding"
-    tensors = [f"isinstance({source(t)}, torch.Tensor)" for t in _unique(list(found[0].source_tables))]
+    tensors = [f"isinstance({source(t)}, torch.Tensor)" for t in _unique(list(found[0].source_tables)) if is_pure(t)]
     context = {"x": x_param, "guards": [*tensors, source(fits)], "result": source(rewritten)}
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
 
