@@ -114,7 +114,9 @@ IS_CUDA = Rule(
     what="""
     Rewrites the tensor property `.is_cuda` to `.is_npu`. Not rewritten when the file assigns an
     attribute called `is_cuda` itself (then it is the program's own flag, not the tensor property): a
-    finding asks you to check.
+    finding asks you to check. Kept, with a finding, where it guards a kernel that may be missing and only
+    CUDA runs (`if fast_kernel is not None and x.is_cuda: return fast_kernel(x)`): flipped, it would send
+    NPU tensors into that kernel.
     """,
     why="""
     `Tensor.is_cuda` is False for every tensor on an NPU, so code gated on it silently takes its CPU
@@ -216,6 +218,8 @@ class DeviceChecker(Checker):
         super().__init__(ctx, enabled)
         self._is_cuda_reads: list[cst.Attribute] = []
         self._is_cuda_is_own_attribute = False
+        #: `.is_cuda` reads guarding an optional CUDA-only kernel -> that kernel's name.
+        self._cuda_kernel_guards: dict[int, str] = {}
 
     # -- device strings ------------------------------------------------------------------------------
 
@@ -331,9 +335,46 @@ class DeviceChecker(Checker):
         if node.attr.value == "is_cuda":
             self._is_cuda_reads.append(node)
 
+    def visit_If(self, node: cst.If) -> None:
+        """`if fast_kernel is not None and x.is_cuda: fast_kernel(x, ...)`: a kernel that may be missing (an
+        optional import of a CUDA library) and runs only on CUDA tensors. Flipped to `.is_npu`, the guard
+        would send NPU tensors into a CUDA kernel; kept, the NPU takes the portable code after it."""
+        test = node.test
+        if not (isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And)):
+            return
+        conditions, kernels = [], set()
+        while isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+            conditions.append(test.right)
+            test = test.left
+        conditions.append(test)
+        for condition in conditions:
+            if (
+                isinstance(condition, cst.Comparison)
+                and len(condition.comparisons) == 1
+                and isinstance(condition.comparisons[0].operator, cst.IsNot)
+                and isinstance(condition.comparisons[0].comparator, cst.Name)
+                and condition.comparisons[0].comparator.value == "None"
+                and isinstance(condition.left, cst.Name)
+            ):
+                kernels.add(condition.left.value)
+        called = _called_names(node.body)
+        for condition in conditions:
+            if isinstance(condition, cst.Attribute) and condition.attr.value == "is_cuda":
+                kernel = next((k for k in sorted(kernels) if k in called), None)
+                if kernel is not None:
+                    self._cuda_kernel_guards[id(condition)] = kernel
+
     def finish(self) -> None:
         for node in self._is_cuda_reads:
-            if self._is_cuda_is_own_attribute:
+            if id(node) in self._cuda_kernel_guards:
+                self.report(
+                    IS_CUDA,
+                    node,
+                    f"`.is_cuda` kept: it guards `{self._cuda_kernel_guards[id(node)]}`, a kernel only CUDA runs;"
+                    " on an NPU the code after it runs",
+                    severity=Severity.INFO,
+                )
+            elif self._is_cuda_is_own_attribute:
                 self.report(
                     IS_CUDA,
                     node,
@@ -353,6 +394,22 @@ class DeviceChecker(Checker):
 
     def visit_Comparison(self, node: cst.Comparison) -> None:
         _COMPARISONS.check(self, node)
+
+
+class _CalledNames(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if isinstance(node.func, cst.Name):
+            self.names.add(node.func.value)
+
+
+def _called_names(node: cst.CSTNode) -> set[str]:
+    """The plain names called anywhere under `node` (`fast_kernel(x)`)."""
+    visitor = _CalledNames()
+    node.visit(visitor)
+    return visitor.names
 
 
 def _device_literals(node: cst.BaseExpression) -> list[cst.CSTNode]:

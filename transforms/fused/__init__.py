@@ -317,7 +317,7 @@ class FusedOpsChecker(TreeChecker):
         idiom = CALL_IDIOMS.get(name)
         if idiom is None or idiom.rule.id not in self.enabled:
             return
-        outcome = idiom.match_call(name, self.api)
+        outcome = idiom.match_call(name, self.api, self.names)
         if outcome is None:
             return
         function = name.rsplit(".", 1)[-1]

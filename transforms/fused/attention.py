@@ -195,8 +195,9 @@ _SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softm
 _MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
 
 
-def match_call(name: str | None, api) -> Outcome | None:
-    """What to do with a call of the function `name` (a resolved qualified name)."""
+def match_call(name: str | None, api, names=None) -> Outcome | None:
+    """What to do with a call of the function `name` (a resolved qualified name), in a file whose
+    identifiers are `names` (when known)."""
     if name in FLASH_ATTN:
         return Outcome(
             ATTENTION,
@@ -207,6 +208,13 @@ def match_call(name: str | None, api) -> Outcome | None:
         )
     if name != SDPA:
         return None
+    if names is not None and "npu_fusion_attention" in names:
+        # diffusers' attention dispatcher: its own NPU backend calls the kernel; a second path would compete.
+        return Outcome(
+            ATTENTION,
+            "scaled_dot_product_attention not wrapped: this file already calls torch_npu's npu_fusion_attention "
+            "(its own NPU path); select that path on an NPU",
+        )
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
         return Outcome(
             ATTENTION, f"scaled_dot_product_attention not fused: torch_npu {api.version} has no npu_fusion_attention"
@@ -252,6 +260,10 @@ def match(fn: Function) -> Outcome | None:
     # and again.
     if not any(_softmax_input(n, fn) is not None for n in fn.nodes) or not any(_is_matmul(n, fn) for n in fn.nodes):
         return None
+    # The hand-written fallback of a function that also calls SDPA (`if self.fused_attn: ... else: ...`):
+    # that call is the site, wrapped or reported; the fallback is not a second one.
+    if any(fn.qualname(c.func) == SDPA or (isinstance(c.func, ast.Name) and c.func.id == WRAPPER) for c in fn.calls):
+        return None
     scores: set[str] = set()  # names bound to something computed from a matmul
     probabilities: set[str] = set()  # names bound to a softmax of scores (or computed from one)
     applied = False  # the probabilities reach a matmul
@@ -260,11 +272,19 @@ def match(fn: Function) -> Outcome | None:
         return any(_is_matmul(n, fn) or (isinstance(n, ast.Name) and n.id in scores) for n in ast.walk(node))
 
     def is_probabilities(node: ast.AST) -> bool:
-        return any(
-            (isinstance(n, ast.Name) and n.id in probabilities)
-            or ((inner := _softmax_input(n, fn)) is not None and from_scores(inner))
-            for n in ast.walk(node)
-        )
+        """A softmax of scores, or computed from one elementwise (dropout, a cast, a head mask): a matmul
+        with the probabilities (`attn @ v`) is the attention's output, not probabilities."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if _is_matmul(n, fn):
+                continue
+            if (isinstance(n, ast.Name) and n.id in probabilities) or (
+                (inner := _softmax_input(n, fn)) is not None and from_scores(inner)
+            ):
+                return True
+            stack.extend(ast.iter_child_nodes(n))
+        return False
 
     statements = [
         stmt

@@ -41,9 +41,10 @@ class Idiom:
     #: inserted once per file, and recognised as present by that name.
     helpers: Mapping[str, str] = field(default_factory=dict)
     #: Qualified names of functions whose calls the idiom rewrites where they stand (as SDPA's), with
-    #: `match_call(name, api)` deciding and `wrap_call` the libcst fix of the call.
+    #: `match_call(name, api, names)` deciding (`names`: the file's identifiers) and `wrap_call` the libcst
+    #: fix of the call.
     calls: tuple[str, ...] = ()
-    match_call: Callable[[str, object], Outcome | None] | None = None
+    match_call: Callable[[str, object, object], Outcome | None] | None = None
     wrap_call: Callable[[cst.Call], cst.Call] | None = None
 
     def __post_init__(self) -> None:

@@ -41,12 +41,19 @@ RMS_NORM = Rule(
     Recognises `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)` scaled by a weight, in any of its
     spellings: `.float()` / `.to(torch.float32)` upcasts, `.to(input_dtype)` / `.type_as(x)` casts back,
     a separate `_norm` method, `torch.mean(x * x, ...)`, `/ torch.sqrt(...)`, the weight before or after
-    the cast, Gemma's `(1 + weight)`. A branch in front of the untouched body runs the fused kernel when
-    the input is on an NPU and the kernel's constraints hold (gamma shape and dtype, at least 2 dims);
-    otherwise the original code runs. The file gets, once, a guarded `import torch_npu` and `_is_npu`.
+    the cast, Gemma's `(1 + weight)` or `(1 + weight) if self.add_unit_offset else weight`, a reduced
+    dim held by an attribute (`mean(x * x, dim=self.dim, ...)`: guarded to be the last), and
+    `F.rms_norm(x, shape, weight, eps)` / `torch.rms_norm` (with a gamma of ones when there is no
+    weight). A CUDA-only fast path in front (`if fast_kernel is not None and x.is_cuda: return
+    fast_kernel(...)`) stays for CUDA: the NPU branch goes before it. A branch in front of the untouched
+    body runs the fused kernel when the input is on an NPU and the kernel's constraints hold (gamma shape
+    and dtype, at least 2 dims); otherwise the original code runs. The file gets, once, a guarded
+    `import torch_npu` and `_is_npu`. Code that already calls `npu_rms_norm` gets no second branch.
 
     Declined, with a finding saying why: a reduction over another dim or without keepdim, mean
-    subtraction (LayerNorm), no weight, bodies with control flow.
+    subtraction (LayerNorm), no weight, `F.rms_norm` without eps (its default depends on the dtype torch
+    computes in), `F.normalize(x) * sqrt(d)` (eps clamps the norm instead of adding to the mean square),
+    bodies with control flow.
     """,
     why="""
     On an NPU the hand-written RMSNorm is five or more operators, each a kernel launch and a trip
@@ -209,6 +216,7 @@ class Site:
 
     def __init__(self, root: ast.Call, mean: ast.expr, eps: ast.expr, divide: bool) -> None:
         self.root, self.mean, self.eps, self.divide = root, mean, eps, divide
+        self.dim: ast.expr | None = None  # the attribute holding the reduced dim, when not a literal -1
 
 
 def sites(expr: ast.AST, fn: Function) -> list[Site]:
@@ -249,10 +257,14 @@ def _core(node: ast.expr, site: Site) -> ast.expr | None:
 
 
 def _check_site(site: Site, fn: Function) -> tuple[ast.expr | None, str]:
-    """The squared tensor, or None and why this is not RMS normalisation over the last dim."""
+    """The squared tensor, or None and why this is not RMS normalisation over the last dim. A dim held
+    by an attribute (`self.dim`) is checked at run time: `site.dim` is then that attribute."""
     reduced, call, dim_at = _mean(site.mean, fn)
     dim = argument(call, dim_at, "dim")
-    if not _is_last_dim(dim):
+    site.dim = None
+    if isinstance(dim, ast.Attribute) and is_pure(dim):
+        site.dim = dim
+    elif not _is_last_dim(dim):
         where = f"dim {source(dim)}" if dim is not None else "all dims"
         return None, f"it reduces over {where}, not the last dim alone"
     keepdim = argument(call, dim_at + 1, "keepdim")
@@ -276,6 +288,12 @@ def _weight_leaf(weight: ast.expr, fn: Function) -> tuple[ast.expr, bool] | None
     base = upcast_base(weight, fn)
     if base is not None:
         weight, fp32 = base, True
+    if isinstance(weight, ast.IfExp):
+        # `(1 + w) if self.add_unit_offset else w`: a flag chooses the offset; the branch passes both as written.
+        arms = [_weight_leaf(arm, fn) for arm in (weight.body, weight.orelse)]
+        if not is_pure(weight.test) or None in arms or not same(arms[0][0], arms[1][0]) or arms[0][1] != arms[1][1]:
+            return None
+        return arms[0][0], fp32 or arms[0][1]
     if isinstance(weight, ast.BinOp) and isinstance(weight.op, ast.Add):
         for const, rest in ((weight.left, weight.right), (weight.right, weight.left)):
             if isinstance(const, ast.Constant) and isinstance(const.value, (int, float)):
@@ -295,16 +313,68 @@ def _mentions(node: ast.AST, name: str) -> bool:
     return any(isinstance(n, ast.Name) and n.id == name for n in walk_shared(node))
 
 
+FUNCTIONAL = ("torch.nn.functional.rms_norm", "torch.rms_norm")
+
+
+def _calls_kernel(fn: Function) -> bool:
+    """Whether the function already calls npu_rms_norm (an `is_torch_npu_available()` branch of its own)."""
+    return any(
+        isinstance(node.func, (ast.Attribute, ast.Name))
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "npu_rms_norm"
+        for node in fn.calls
+    )
+
+
+def _normalize_decline(fn: Function) -> Outcome | None:
+    """x-transformers' `F.normalize(x, dim=-1) * dim ** 0.5 * g` is RMS-like but not the kernel's function."""
+    if not fn.may_call(("torch.nn.functional.normalize",)):
+        return None
+
+    def sqrt_scale(node: ast.expr) -> bool:
+        """`d ** 0.5`, `sqrt(d)` or an attribute `__init__` sets to one: the RMS rescaling of a unit norm."""
+        for part in ast.walk(node):
+            if isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) and part.value.id == fn.self_name:
+                origin = fn.attribute_source(part.attr)
+                if origin is not None and origin is not node and sqrt_scale(origin):
+                    return True
+            if isinstance(part, ast.BinOp) and isinstance(part.op, ast.Pow):
+                if isinstance(part.right, ast.Constant) and part.right.value == 0.5:
+                    return True
+            if isinstance(part, ast.Call) and (fn.qualname(part.func) or "").endswith("sqrt"):
+                return True
+        return False
+
+    for node in fn.nodes:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for operand, other in ((node.left, node.right), (node.right, node.left)):
+                if (
+                    isinstance(operand, ast.Call)
+                    and fn.qualname(operand.func) == "torch.nn.functional.normalize"
+                    and sqrt_scale(other)
+                ):
+                    return Outcome(
+                        RMS_NORM,
+                        "RMS-like normalisation not fused: `F.normalize` divides by max(norm, eps), where"
+                        " npu_rms_norm adds eps to the mean square: the two differ for small inputs",
+                    )
+    return None
+
+
 def match(fn: Function) -> Outcome | None:
+    if _calls_kernel(fn):
+        return None
     try:
         result = fold(fn)
     except NotStraightLine as why:
-        if sites(fn.tree, fn):
+        if sites(fn.tree, fn) or _functional_calls(fn.tree, fn):
             return Outcome(RMS_NORM, f"RMS normalisation not fused: {why}")
-        return None
+        return _normalize_decline(fn)
     found = sites(result, fn)
     if not found:
-        return None
+        functional = _functional_calls(result, fn)
+        if functional:
+            return _match_functional(fn, result, functional)
+        return _normalize_decline(fn)
     if len(found) > 1:
         return Outcome(RMS_NORM, "RMS normalisation not fused: the function normalises more than once")
     site = found[0]
@@ -372,8 +442,15 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
             RMS_NORM, "RMS normalisation not fused: the float32 result is never cast back to the input dtype"
         )
 
+    if not set(fn.fast_path_tensors) <= {x.id}:
+        return Outcome(
+            RMS_NORM, "RMS normalisation not fused: its CUDA fast path tests another tensor than it normalises"
+        )
+
     xs = source(x)
     guards = [f"{xs}.dim() >= 2", f"{source(leaf)}.shape == {xs}.shape[-1:]"]
+    if site.dim is not None:
+        guards.append(f"{source(site.dim)} in (-1, {xs}.dim() - 1)")
     if upcast is not None and not after_cast:
         # The original multiplies in float32 and casts back: so does the branch, with an fp32 gamma.
         gamma = weight if weight_fp32 else ast.Call(ast.Attribute(weight, "float", ast.Load()), [], [])
@@ -391,10 +468,94 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
     return Outcome(RMS_NORM, "RMSNorm gets a fused `torch_npu.npu_rms_norm` branch", TEMPLATE, context)
 
 
+def _functional_calls(expr: ast.AST, fn: Function) -> list[ast.Call]:
+    if not fn.may_call(FUNCTIONAL):
+        return []
+    return [n for n in walk_shared(expr) if isinstance(n, ast.Call) and fn.qualname(n.func) in FUNCTIONAL]
+
+
+def _is_last_dim_shape(shape: ast.expr, x: ast.expr) -> bool:
+    """`(x.size(-1),)`, `(x.shape[-1],)`, `[x.shape[-1]]` or `x.shape[-1:]`: the last dim, by construction."""
+    minus_one = ast.UnaryOp(ast.USub(), ast.Constant(1))
+    last = [
+        ast.Call(ast.Attribute(x, "size", ast.Load()), [minus_one], []),
+        ast.Subscript(ast.Attribute(x, "shape", ast.Load()), minus_one, ast.Load()),
+    ]
+    if isinstance(shape, (ast.Tuple, ast.List)) and len(shape.elts) == 1:
+        return any(same(shape.elts[0], e) for e in last)
+    tail = ast.Subscript(ast.Attribute(x, "shape", ast.Load()), ast.Slice(minus_one, None, None), ast.Load())
+    return same(shape, tail)
+
+
+def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> Outcome:
+    """`F.rms_norm(x, shape, weight, eps)`, optionally on `x.float()` and cast back: the kernel takes the same
+    arguments, with a gamma of ones when there is no weight."""
+    if len(calls) > 1:
+        return Outcome(RMS_NORM, "RMS normalisation not fused: the function normalises more than once")
+    call = calls[0]
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return Outcome(RMS_NORM, "RMS normalisation not fused: `rms_norm` takes unpacked arguments")
+    tensor, shape = argument(call, 0, "input"), argument(call, 1, "normalized_shape")
+    weight, eps = argument(call, 2, "weight"), argument(call, 3, "eps")
+    if tensor is None or shape is None:
+        return Outcome(RMS_NORM, "RMS normalisation not fused: `rms_norm` is called without its input or shape")
+    if eps is None or isinstance(eps, ast.Constant) and eps.value is None:
+        return Outcome(
+            RMS_NORM,
+            "RMS normalisation not fused: eps is not given, and the default (torch.finfo(...).eps) depends on"
+            " the dtype the torch version computes in; pass eps explicitly to get the fused kernel",
+        )
+    upcast = upcast_base(tensor, fn)
+    x = upcast if upcast is not None else tensor
+    if not (isinstance(x, ast.Name) and x.id in fn.params):
+        return Outcome(
+            RMS_NORM, "RMS normalisation not fused: the normalised tensor is not a parameter of the function"
+        )
+    if not set(fn.fast_path_tensors) <= {x.id}:
+        return Outcome(
+            RMS_NORM, "RMS normalisation not fused: its CUDA fast path tests another tensor than it normalises"
+        )
+    for part, what in ((shape, "the shape"), (weight, "the weight"), (eps, "eps")):
+        if part is not None and not (isinstance(part, ast.Constant) and part.value is None):
+            if not is_pure(part) and not (part is shape and _is_last_dim_shape(shape, x)):
+                return Outcome(
+                    RMS_NORM, f"RMS normalisation not fused: {what} is computed, not a constant or attribute"
+                )
+            if _mentions(part, x.id) and part is not shape:
+                return Outcome(RMS_NORM, f"RMS normalisation not fused: {what} depends on the input")
+    has_weight = weight is not None and not (isinstance(weight, ast.Constant) and weight.value is None)
+    inner = downcast_inner(result, x)
+    if result is not call and not (upcast is not None and inner is call):
+        return Outcome(RMS_NORM, "RMS normalisation not fused: the result is combined with more than the norm")
+    xs = source(x)
+    guards = [f"{xs}.dim() >= 2"]
+    if has_weight:
+        # rms_norm itself requires weight.shape == normalized_shape: this pins the shape to the last dim.
+        guards.append(f"{source(weight)}.shape == {xs}.shape[-1:]")
+    elif not _is_last_dim_shape(shape, x):
+        guards.append(f"tuple({source(shape)}) == {xs}.shape[-1:]")
+    if upcast is not None:
+        gamma = f"{source(weight)}.float()" if has_weight else f"{xs}.new_ones({xs}.shape[-1:], dtype=torch.float32)"
+        if has_weight:
+            guards.append(f"{source(weight)}.dtype in {KERNEL_DTYPES}")
+        cast = f".to({xs}.dtype)" if result is not call else ""
+        context = {"x_arg": f"{xs}.float()", "gamma": gamma, "cast": cast}
+    else:
+        # The original's result has the promoted dtype of x and the weight: the kernel's is x's.
+        if has_weight:
+            guards.append(f"{source(weight)}.dtype == {xs}.dtype")
+        guards.append(f"{xs}.dtype in {KERNEL_DTYPES}")
+        gamma = source(weight) if has_weight else f"{xs}.new_ones({xs}.shape[-1:])"
+        context = {"x_arg": xs, "gamma": gamma, "cast": ""}
+    context.update(x=xs, eps=source(eps), guards=guards)
+    return Outcome(RMS_NORM, "RMSNorm gets a fused `torch_npu.npu_rms_norm` branch", TEMPLATE, context)
+
+
 IDIOM = Idiom(
     rule=RMS_NORM,
-    markers=("rsqrt", "sqrt"),
-    identifiers=("rsqrt", ("sqrt", "mean")),  # `sqrt` alone: every attention's `sqrt(head_dim)`
+    markers=("rsqrt", "sqrt", "rms_norm", "normalize"),
+    # `sqrt` alone: every attention's `sqrt(head_dim)`
+    identifiers=("rsqrt", ("sqrt", "mean"), "rms_norm", "normalize"),
     kernels=("npu_rms_norm",),
     match=match,
     template=TEMPLATE,

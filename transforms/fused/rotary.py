@@ -16,6 +16,7 @@ the rotated tensors, where computed by a call, are bound once at the top of the 
 from __future__ import annotations
 
 import ast
+import re
 
 from npu_migrate.api import load_table
 from npu_migrate.rule import Example, FixSafety, Rule
@@ -25,10 +26,12 @@ from npu_migrate.transforms.fused.symbolic import (
     NotStraightLine,
     Outcome,
     argument,
+    body_statements,
     contains_call,
     evaluates_twice,
     fold,
     inline_functions,
+    is_pure,
     method_call,
     replace_nodes,
     same,
@@ -45,7 +48,15 @@ ROTARY = Rule(
     Recognises `x * cos + rotate_half(x) * sin` (either operand order), where `rotate_half` is any
     module-level function, method or inline expression computing `torch.cat((-x2, x1), dim=-1)` of the
     halves `x[..., : x.shape[-1] // 2]`, `x[..., x.shape[-1] // 2 :]` (or `x.chunk(2, -1)`), as in HF's
-    `apply_rotary_pos_emb`, partial rotary on a leading slice included (Phi-3). GPT-J's interleaved
+    `apply_rotary_pos_emb`, partial rotary on a leading slice included (Phi-3, and Qwen's
+    `t_float[..., :rot_dim]` of one upcast with the tail passed through), einops halves
+    (`rearrange(x, "... (j d) -> ... j d", j=2).unbind(-2)`), tables passed as a list (`cos, sin = freqs`),
+    a CUDA-only fast path in front (kept for CUDA, the branch goes first), and the split-halves spelling
+    `cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin))` with half-width tables (the kernel on the tables
+    doubled, `cos.tile((2,))`; with the signs the other way round a rotation by -theta, the sin table
+    negated). Interleaved rotary on real pairs (`x.reshape(*x.shape[:-1], -1, 2)`, unbound and stacked
+    back as `stack((-x1, x0), -1).flatten(3)`, or the pair formulas `x0 * c - x1 * s`, `x1 * c + x0 * s` with
+    tables per pair, repeated per element for the kernel) and GPT-J's interleaved
     `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it. A branch in
     front of the untouched body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits`
     holds: 4-D, one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts
@@ -219,6 +230,10 @@ def _last_dim_slice(node: ast.expr) -> tuple[ast.expr, ast.Slice] | None:
 def _half(node: ast.expr, fn: Function) -> tuple[ast.expr, int] | None:
     """(x, 0 or 1) when `node` is the first or second half of x's last dim."""
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in (0, 1):
+        split = _einops_halves(node.value, fn)
+        if split is not None:
+            return split, node.slice.value
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in (0, 1):
         chunk = node.value
         if isinstance(chunk, ast.Call):
             if fn.qualname(chunk.func) == "torch.chunk":
@@ -247,8 +262,79 @@ def _half(node: ast.expr, fn: Function) -> tuple[ast.expr, int] | None:
     return None
 
 
+def _einops_halves(node: ast.expr, fn: Function) -> ast.expr | None:
+    """x for `rearrange(x, "... (j d) -> ... j d", j=2).unbind(dim=-2)`: the halves of x's last dim, as
+    Qwen's `_rotate_half` splits them."""
+    unbind = method_call(node, "unbind")
+    if unbind is None or len(unbind.args) + len(unbind.keywords) != 1 or not _negative(argument(unbind, 0, "dim"), 2):
+        return None
+    split = unbind.func.value
+    if not (isinstance(split, ast.Call) and fn.qualname(split.func) == "einops.rearrange" and len(split.args) == 2):
+        return None
+    pattern = split.args[1]
+    if not (isinstance(pattern, ast.Constant) and isinstance(pattern.value, str)) or len(split.keywords) != 1:
+        return None
+    grouped = re.fullmatch(r"\s*\.\.\.\s*\(\s*(\w+)\s+(\w+)\s*\)\s*->\s*\.\.\.\s+(\w+)\s+(\w+)\s*", pattern.value)
+    halves = split.keywords[0]
+    if not (
+        grouped is not None
+        and grouped.group(1, 2) == grouped.group(3, 4)
+        and halves.arg == grouped.group(1)
+        and isinstance(halves.value, ast.Constant)
+        and halves.value.value == 2
+    ):
+        return None
+    return split.args[0]
+
+
+def _real_pairs(node: ast.expr) -> ast.expr | None:
+    """x for `x.reshape(*x.shape[:-1], -1, 2)` (or `.view`): x's last dim as (real, imaginary) pairs."""
+    call = method_call(node, "reshape") or method_call(node, "view")
+    if call is None or call.keywords or len(call.args) != 3:
+        return None
+    lead, pairs, two = call.args
+    x = call.func.value
+    # `x.float().reshape(*x.shape[:-1], -1, 2)`: the shape read from x before its upcast.
+    shaped = x.func.value if method_call(x, "float") is not None and not x.args else x
+    leading = ast.Starred(
+        ast.Subscript(
+            ast.Attribute(shaped, "shape", ast.Load()),
+            ast.Slice(None, ast.UnaryOp(ast.USub(), ast.Constant(1)), None),
+            ast.Load(),
+        ),
+        ast.Load(),
+    )
+    if same(lead, leading) and _minus_one(pairs) and isinstance(two, ast.Constant) and two.value == 2:
+        return x
+    return None
+
+
+def _pair_part(node: ast.expr) -> tuple[ast.expr, int] | None:
+    """(x, 0 or 1) for the even or odd elements of x's last dim taken as pairs: `pairs[..., 0]`, or
+    `pairs.unbind(-1)[0]`, where `pairs = x.reshape(*x.shape[:-1], -1, 2)`."""
+    if not isinstance(node, ast.Subscript):
+        return None
+    index = node.slice
+    if isinstance(index, ast.Tuple) and len(index.elts) == 2 and isinstance(index.elts[0], ast.Constant):
+        if index.elts[0].value is not Ellipsis:
+            return None
+        pairs, index = node.value, index.elts[1]
+    else:
+        unbind = method_call(node.value, "unbind")
+        if unbind is None or len(unbind.args) + len(unbind.keywords) != 1 or not _minus_one(argument(unbind, 0, "dim")):
+            return None
+        pairs = unbind.func.value
+    if not (isinstance(index, ast.Constant) and index.value in (0, 1)):
+        return None
+    x = _real_pairs(pairs)
+    return None if x is None else (x, index.value)
+
+
 def _every_other(node: ast.expr) -> tuple[ast.expr, int] | None:
-    """(x, 0 or 1) for `x[..., ::2]` / `x[..., 1::2]`."""
+    """(x, 0 or 1) for `x[..., ::2]` / `x[..., 1::2]`, or the parts of `x` reshaped into pairs."""
+    paired = _pair_part(node)
+    if paired is not None:
+        return paired
     sliced = _last_dim_slice(node)
     if sliced is None:
         return None
@@ -307,7 +393,9 @@ def rotation(node: ast.expr, fn: Function) -> tuple[str, ast.expr, bool] | None:
         stacked, start, count = node.func.value, argument(node, 0, "start_dim"), 1
     else:
         return None
-    if len(node.args) + len(node.keywords) != count or not _negative(start, 2) or not isinstance(stacked, ast.Call):
+    # flatten(3): the 5-D stack of a 4-D x (the guard checks 4-D), as torchtune and diffusers write it.
+    start_ok = _negative(start, 2) or isinstance(start, ast.Constant) and start.value == 3
+    if len(node.args) + len(node.keywords) != count or not start_ok or not isinstance(stacked, ast.Call):
         return None
     operands = _pair(stacked, ("torch.stack",), fn)
     if operands is None:
@@ -321,6 +409,9 @@ class Site:
 
     def __init__(self, node: ast.BinOp, x: ast.expr, cos: ast.expr, sin: ast.expr, mode: str, flipped: bool) -> None:
         self.node, self.x, self.cos, self.sin, self.mode, self.flipped = node, x, cos, sin, mode, flipped
+        #: The tables as the code has them, when the kernel's are built from them (`torch.cat((cos, cos))`):
+        #: building them must not fail where the original runs, so they are checked to be tensors first.
+        self.source_tables: tuple[ast.expr, ...] = ()
 
 
 def _factor(product: ast.expr, test) -> tuple[ast.expr, object] | None:
@@ -334,9 +425,50 @@ def _factor(product: ast.expr, test) -> tuple[ast.expr, object] | None:
     return None
 
 
+def _doubled(table: ast.expr, negate: bool) -> ast.expr:
+    """`table.tile((2,))` (negated): a half-width table made the kernel's full-width one, `cat((t, t), -1)`
+    with the table written (and evaluated) once."""
+    doubled = ast.Call(ast.Attribute(table, "tile", ast.Load()), [ast.Tuple([ast.Constant(2)], ast.Load())], [])
+    return ast.UnaryOp(ast.USub(), doubled) if negate else doubled
+
+
+def _upcast_rotation(node: ast.expr, fn: Function) -> tuple[str, ast.expr, bool] | None:
+    """`rotate(x).float()`: the rotation of `x.float()` (a rotation only moves and negates elements)."""
+    call = method_call(node, "float")
+    if call is None or call.args or call.keywords:
+        return None
+    found = rotation(call.func.value, fn)
+    if found is None:
+        return None
+    mode, x, flipped = found
+    return mode, ast.Call(ast.Attribute(x, "float", ast.Load()), [], []), flipped
+
+
 def sites(expr: ast.AST, fn: Function) -> list[Site]:
     found = []
+    # The kernel's tables built from a table of the code: one node per table, so that q and k rotated
+    # with the same table share what the branch builds (and binds) once.
+    built: dict[tuple[str, int, bool], ast.expr] = {}
+
+    def table(build, source: ast.expr, negate: bool = False) -> ast.expr:
+        key = (build.__name__, id(source), negate)
+        if key not in built:
+            built[key] = build(source, negate)
+        return built[key]
+
     for node in walk_shared(expr):
+        split = _split_halves(node, fn)
+        if split is not None:
+            x, cos, sin, negative = split
+            found.append(Site(node, x, table(_doubled, cos), table(_doubled, sin, negative), "half", False))
+            found[-1].source_tables = (cos, sin)
+            continue
+        pairs = _pair_formulas(node, fn)
+        if pairs is not None:
+            x, cos, sin = pairs
+            found.append(Site(node, x, table(_repeated, cos), table(_repeated, sin), "interleave", False))
+            found[-1].source_tables = (cos, sin)
+            continue
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
             continue
         pairs = (
@@ -345,7 +477,7 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
             else ((node.left, node.right),)
         )
         for plain, rotated in pairs:
-            rot = _factor(rotated, lambda e: rotation(e, fn))
+            rot = _factor(rotated, lambda e: rotation(e, fn) or _upcast_rotation(e, fn))
             if rot is None:
                 continue
             sin, (mode, x, flipped) = rot
@@ -356,6 +488,116 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
             found.append(Site(node, x, cos[0], sin, mode, flipped != isinstance(node.op, ast.Sub)))
             break
     return found
+
+
+def _terms(node: ast.expr) -> list[tuple[int, ast.expr]] | None:
+    """The two signed terms of `a + b`, `a - b` (a sign of -1 for `-b`, or for a factor `(-s)`)."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))):
+        return None
+    terms = [(1, node.left), (1 if isinstance(node.op, ast.Add) else -1, node.right)]
+    found = []
+    for sign, term in terms:
+        inner = _negated(term)
+        if inner is not None:
+            sign, term = -sign, inner
+        found.append((sign, term))
+    return found
+
+
+def _scaled(term: ast.expr, half: ast.expr) -> tuple[int, ast.expr] | None:
+    """(sign, table) when `term` is `half * table`, `table * half`, or either with a negated table."""
+    found = _factor(term, lambda e: same(e, half))
+    if found is None:
+        return None
+    table = found[0]
+    inner = _negated(table)
+    return (-1, inner) if inner is not None else (1, table)
+
+
+def _split_halves(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr, ast.expr, bool] | None:
+    """(x, cos, sin, by -theta) for `cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)` on the halves
+    x1, x2 of x's last dim, with half-width tables: the rotation by +theta, the kernel's on
+    `cat((cos, cos))` and `cat((sin, sin))`. With the signs the other way round (`x1 * cos + x2 * sin`,
+    `x2 * cos - x1 * sin`) it rotates by -theta: the kernel's with the sin table negated."""
+    if not isinstance(node, ast.Call):
+        return None
+    operands = _pair(node, _CAT, fn)
+    if operands is None:
+        return None
+    first, second = (_terms(o) for o in operands)
+    if first is None or second is None:
+        return None
+
+    def half_factor(term: ast.expr, index: int) -> ast.expr | None:
+        if not (isinstance(term, ast.BinOp) and isinstance(term.op, ast.Mult)):
+            return None
+        return next((f for f in (term.left, term.right) if (_half(f, fn) or (None, -1))[1] == index), None)
+
+    for (sign_cos, cos_term), (sign_sin, sin_term) in (first, first[::-1]):
+        x1, x2 = half_factor(cos_term, 0), half_factor(sin_term, 1)
+        if x1 is None or x2 is None or not same(_half(x1, fn)[0], _half(x2, fn)[0]):
+            continue
+        cos, sin = _scaled(cos_term, x1), _scaled(sin_term, x2)
+        if sign_cos * cos[0] != 1:
+            continue
+        sign = sign_sin * sin[0]  # -1: `x1 * cos - x2 * sin`, the rotation by +theta
+        for (sign_cos2, cos_term2), (sign_sin2, sin_term2) in (second, second[::-1]):
+            cos2, sin2 = _scaled(cos_term2, x2), _scaled(sin_term2, x1)
+            if cos2 is None or sin2 is None or sign_cos2 * cos2[0] != 1 or sign_sin2 * sin2[0] != -sign:
+                continue
+            if same(cos2[1], cos[1]) and same(sin2[1], sin[1]):
+                return _half(x1, fn)[0], cos[1], sin[1], sign == 1
+    return None
+
+
+def _pair_formulas(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr, ast.expr] | None:
+    """(x, cos, sin) for `stack([x0 * c - x1 * s, x1 * c + x0 * s], -1).flatten(3)` on x's pairs (x0, x1)
+    with half-width tables: the interleaved rotation by +theta, the kernel's on the tables repeated per
+    pair (`repeat_interleave(2, -1)`)."""
+    if fn.qualname(node.func if isinstance(node, ast.Call) else None) == "torch.flatten" and node.args:
+        stacked, start = node.args[0], argument(node, 1, "start_dim")
+    elif method_call(node, "flatten") is not None and len(node.args) == 1 and not node.keywords:
+        stacked, start = node.func.value, node.args[0]
+    else:
+        return None
+    if not (_negative(start, 2) or isinstance(start, ast.Constant) and start.value == 3):
+        return None
+    operands = _pair(stacked, ("torch.stack",), fn) if isinstance(stacked, ast.Call) else None
+    if operands is None:
+        return None
+    first, second = (_terms(o) for o in operands)
+    if first is None or second is None:
+        return None
+
+    def part(term: ast.expr, index: int) -> ast.expr | None:
+        if not (isinstance(term, ast.BinOp) and isinstance(term.op, ast.Mult)):
+            return None
+        return next((f for f in (term.left, term.right) if (_pair_part(f) or (None, -1))[1] == index), None)
+
+    for (sign_cos, cos_term), (sign_sin, sin_term) in (first, first[::-1]):
+        x0, x1 = part(cos_term, 0), part(sin_term, 1)
+        if x0 is None or x1 is None or not same(_pair_part(x0)[0], _pair_part(x1)[0]):
+            continue
+        cos, sin = _scaled(cos_term, x0), _scaled(sin_term, x1)
+        if sign_cos * cos[0] != 1 or sign_sin * sin[0] != -1:
+            continue
+        for (sign_cos2, cos_term2), (sign_sin2, sin_term2) in (second, second[::-1]):
+            cos2, sin2 = _scaled(cos_term2, x1), _scaled(sin_term2, x0)
+            if cos2 is None or sin2 is None or sign_cos2 * cos2[0] != 1 or sign_sin2 * sin2[0] != 1:
+                continue
+            if same(cos2[1], cos[1]) and same(sin2[1], sin[1]):
+                return _pair_part(x0)[0], cos[1], sin[1]
+    return None
+
+
+def _repeated(table: ast.expr, negate: bool = False) -> ast.expr:
+    """`table.repeat_interleave(2, dim=-1)` (negated): a per-pair table made the kernel's per-element one."""
+    repeated = ast.Call(
+        ast.Attribute(table, "repeat_interleave", ast.Load()),
+        [ast.Constant(2)],
+        [ast.keyword("dim", ast.UnaryOp(ast.USub(), ast.Constant(1)))],
+    )
+    return ast.UnaryOp(ast.USub(), repeated) if negate else repeated
 
 
 def _calls(fn: Function, names: tuple[str, ...]) -> bool:
@@ -384,7 +626,29 @@ def _rotary_modes(fn: Function) -> tuple[bool, bool]:
     return "npu_rotary_mul" in fn.api.fused_ops, bool(entry.get("rotary_mul_has_rotary_mode", False))
 
 
+def _complex_only_in_a_branch(fn: Function) -> ast.If | None:
+    """The top-level `if` whose one side holds the complex rotation, when the other side does not:
+    diffusers' `if use_real: <real rotation> else: <view_as_complex>`."""
+    complex_names = ("torch.view_as_complex", "torch.polar")
+    for stmt in body_statements(fn.tree):
+        calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and fn.qualname(n.func) in complex_names]
+        if not calls:
+            continue
+        if not isinstance(stmt, ast.If):
+            return None
+        sides = [any(n in calls for part in side for n in ast.walk(part)) for side in (stmt.body, stmt.orelse)]
+        return stmt if sides.count(True) == 1 else None
+    return None
+
+
 def match(fn: Function) -> Outcome | None:
+    branch = _complex_only_in_a_branch(fn) if _calls(fn, ("torch.view_as_complex", "torch.polar")) else None
+    if branch is not None:
+        return Outcome(
+            ROTARY,
+            f"complex-number rotary on one side of `if {source(branch.test)}:` left alone (npu_rotary_mul takes"
+            " real cos/sin tables); the real side is not fused either: the function is not straight-line code",
+        )
     if _calls(fn, ("torch.view_as_complex",)):
         return Outcome(
             ROTARY,
@@ -454,6 +718,15 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     xs = []  # the tensors the guard checks: each rotated tensor, or its binding
     fused: dict[int, ast.AST] = {}
     for site in found:
+        base = site.x
+        while isinstance(base, ast.Subscript):
+            base = base.value
+        if base is not site.x and contains_call(base) and id(base) not in replacements:
+            # Qwen's partial rotary slices one upcast `t.float()` into the rotated part and the tail: bind
+            # the upcast, not the slice, so that the tail reads it too instead of computing it again.
+            name = f"_npu_x{sum(n.startswith('_npu_x') for n, _ in bindings)}"
+            bindings.append((name, replace_nodes(base, replacements)))
+            replacements[id(base)] = ast.Name(name, ast.Load())
         x = replace_nodes(site.x, replacements)
         if contains_call(x):
             if id(site.x) not in replacements:
@@ -462,11 +735,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
                 bindings.append((name, x))
             x = replacements[id(site.x)]
         xs.append(x)
-        fused[id(site.node)] = ast.Call(
-            ast.Name("_npu_rotary_mul", ast.Load()),
-            [x, r1, r2],
-            [ast.keyword("rotary_mode", ast.Constant(mode))],
-        )
+        fused[id(site.node)] = _kernel_call(x, r1, r2, mode)
     rewritten = replace_nodes(result, {**replacements, **fused})
     evaluated = [value for _, value in bindings]
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
@@ -477,6 +746,10 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     )
     if x_param is None:
         return Outcome(ROTARY, "rotary embedding not fused: the rotated tensor is not computed from a parameter")
+    if not set(fn.fast_path_tensors) <= {x_param}:
+        return Outcome(ROTARY, "rotary embedding not fused: its CUDA fast path tests another tensor than it rotates")
+    # Tables passed in as arguments may be Python numbers or lists: the kernel needs tensors.
+    tensors = [f"isinstance({source(t)}, torch.Tensor)" for t in _unique(list(found[0].source_tables)) if is_pure(t)]
     # One check per rotated tensor, in the order the original computes them.
     checks = [
         source(
@@ -491,12 +764,20 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     what = "interleaved rotary embedding" if mode == "interleave" else "rotary embedding"
     context = {
         "x": x_param,
-        "guards": [] if bindings else checks,
+        "guards": tensors if bindings else [*tensors, *checks],
         "bindings": [(name, source(value)) for name, value in bindings],
         "checks": checks if bindings else [],
         "result": source(rewritten),
     }
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+def _kernel_call(x: ast.expr, r1: ast.expr, r2: ast.expr, mode: str) -> ast.Call:
+    return ast.Call(
+        ast.Name("_npu_rotary_mul", ast.Load()),
+        [x, r1, r2],
+        [ast.keyword("rotary_mode", ast.Constant(mode))],
+    )
 
 
 def _unique(nodes: list[ast.expr]) -> list[ast.expr]:

@@ -19,6 +19,7 @@ from npu_migrate.transforms.fused.symbolic import (
     argument,
     evaluates_twice,
     fold,
+    is_pure,
     source,
     substitute_children,
     walk_shared,
@@ -184,14 +185,16 @@ def match(fn: Function) -> Outcome | None:
             for n in fn.nodes
         )
         return Outcome(SWIGLU, f"SwiGLU not fused: {why}") if has_silu else None
-    gates = []
+    gates = {}  # by identity: a product used twice in the expression is computed once
     for node in walk_shared(result):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and id(node) not in gates:
             for act, other in ((node.left, node.right), (node.right, node.left)):
                 found = _activation(act, fn)
-                if found is not None:
-                    gates.append((node, found[0], other, found[1]))
+                # `silu(h) * self.scale`: an activation scaled by a parameter, not gated by a tensor.
+                if found is not None and not (isinstance(other, ast.Attribute) and is_pure(other)):
+                    gates[id(node)] = (node, found[0], other, found[1])
                     break
+    gates = list(gates.values())
     if not gates:
         return None
     if len(gates) > 1:
@@ -200,6 +203,8 @@ def match(fn: Function) -> Outcome | None:
     x = next((p for p in fn.params if any(isinstance(n, ast.Name) and n.id == p for n in walk_shared(result))), None)
     if x is None:
         return Outcome(SWIGLU, "SwiGLU not fused: no tensor parameter to test for the NPU")
+    if not set(fn.fast_path_tensors) <= {x}:
+        return Outcome(SWIGLU, "SwiGLU not fused: its CUDA fast path tests another tensor than the branch would")
     guards = [check] if check else []
     helpers = (IS_SILU,) if check else ()
     gate_half, up_half = _chunk_half(gate), _chunk_half(up)

@@ -63,6 +63,9 @@ class Function:
     functions: dict[str, ast.FunctionDef] = field(default_factory=dict)  # module-level defs, by name
     api: object | None = None  # the NpuApi of the chosen torch_npu version
 
+    #: The tensors whose CUDA-only fast paths `fold` skipped at the top of the body.
+    fast_path_tensors: list[str] = field(default_factory=list)
+
     #: Every identifier of the file (`AstIndex.names`), when known: a matcher may skip looking for a call
     #: whose name is not among them.
     names: frozenset[str] | set[str] | None = None
@@ -155,14 +158,63 @@ def _chunk_call(value: ast.expr, qualname) -> bool:
     return isinstance(first, ast.Constant) and first.value == 2
 
 
-def fold(fn: Function, depth: int = 0) -> ast.expr:
-    """The return expression of `fn` with its locals (and inlinable sibling calls) substituted."""
+def cuda_only_tensor(test: ast.expr, fn: Function) -> str | None:
+    """The parameter `p` when `test` can only hold for a CUDA tensor `p`: `p.is_cuda`, `p.device.type ==
+    "cuda"`, alone or in an `and` of side-effect-free conditions (`fast_kernel is not None and p.is_cuda`)."""
+    conditions = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    tested = None
+    for condition in conditions:
+        if (
+            isinstance(condition, ast.Attribute)
+            and condition.attr == "is_cuda"
+            and isinstance(condition.value, ast.Name)
+            and condition.value.id in fn.params
+        ):
+            tested = condition.value.id
+        elif (
+            isinstance(condition, ast.Compare)
+            and len(condition.ops) == 1
+            and isinstance(condition.ops[0], ast.Eq)
+            and isinstance(condition.comparators[0], ast.Constant)
+            and condition.comparators[0].value == "cuda"
+            and isinstance(condition.left, ast.Attribute)
+            and condition.left.attr == "type"
+            and isinstance(condition.left.value, ast.Attribute)
+            and condition.left.value.attr == "device"
+            and isinstance(condition.left.value.value, ast.Name)
+            and condition.left.value.value.id in fn.params
+        ):
+            tested = condition.left.value.value.id
+        elif not (
+            is_pure(condition)
+            or isinstance(condition, ast.Compare)
+            and all(is_pure(c) for c in (condition.left, *condition.comparators))
+        ):
+            return None
+    return tested
+
+
+def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
+    """The return expression of `fn` with its locals (and inlinable sibling calls) substituted. CUDA-only
+    fast paths (`if fast_kernel is not None and x.is_cuda: return fast_kernel(x)`, an `else` or not) are
+    skipped: their tests are false on an NPU, so a fused branch put first keeps them for CUDA. A matcher
+    must check that they test the tensor its branch tests (`Function.fast_path_tensors`). An `inlined` function's are not: its parameters stand
+    for its caller's expressions, which the caller's branch does not test."""
     env: dict[str, ast.expr] = {}
-    for stmt in body_statements(fn.tree):
+    body = list(body_statements(fn.tree))
+    fn.fast_path_tensors = []
+    while body:
+        stmt = body.pop(0)
         if isinstance(stmt, ast.Pass):
             continue
+        tested = None if inlined or not isinstance(stmt, ast.If) else cuda_only_tensor(stmt.test, fn)
+        if tested is not None and tested not in env and isinstance(stmt.body[-1], ast.Return):
+            # A CUDA-only fast path: false on an NPU, so what runs there is its `else` and what follows.
+            fn.fast_path_tensors.append(tested)
+            body[:0] = stmt.orelse
+            continue
         if isinstance(stmt, ast.Return) and stmt.value is not None:
-            if stmt is not body_statements(fn.tree)[-1]:
+            if body:
                 raise NotStraightLine("it returns before its last statement")
             return _inline_siblings(fn, substitute(stmt.value, env), depth)
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
@@ -185,12 +237,15 @@ def fold(fn: Function, depth: int = 0) -> ast.expr:
                 for element, part in zip(target.elts, value.elts):
                     env[element.id] = part
                 continue
-            if (
-                isinstance(target, ast.Tuple)
-                and len(target.elts) == 2
-                and all(isinstance(e, ast.Name) for e in target.elts)
+            names = isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts)
+            if names and (
+                len(target.elts) == 2
                 and _chunk_call(value, fn.qualname)
+                or isinstance(stmt.value, ast.Name)
+                or method_call(value, "unbind") is not None
             ):
+                # `a, b = t.chunk(2)`, `a, b = t.unbind(-2)` or `cos, sin = freqs` (a list of tables): the
+                # parts by index, sharing the unpacked value, which the original evaluates once.
                 for index, element in enumerate(target.elts):
                     env[element.id] = ast.Subscript(value=value, slice=ast.Constant(index), ctx=ast.Load())
                 continue
@@ -224,7 +279,7 @@ def _inline_siblings(fn: Function, expr: ast.expr, depth: int) -> ast.expr:
             sibling = Function(fn.siblings[node.func.attr], True, fn.qualname, fn.siblings, fn.functions, fn.api)
             if len(sibling.params) == len(node.args) and sibling.self_name is not None:
                 try:
-                    body = fold(sibling, depth + 1)
+                    body = fold(sibling, depth + 1, inlined=True)
                 except NotStraightLine:
                     return node
                 env = dict(zip(sibling.params, (visit(a) for a in node.args)))
@@ -332,7 +387,7 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
             args = callee.tree.args
             if len(callee.params) == len(node.args) and not (args.vararg or args.kwarg or args.kwonlyargs):
                 try:
-                    body = inline_functions(callee, fold(callee), depth + 1)
+                    body = inline_functions(callee, fold(callee, inlined=True), depth + 1)
                 except NotStraightLine:
                     return substitute_children(node, visit)
                 return substitute(body, dict(zip(callee.params, (visit(a) for a in node.args))))

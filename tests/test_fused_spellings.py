@@ -1,0 +1,383 @@
+"""Issue #14: the fused branches of NPU701 (RMSNorm) and NPU702 (SwiGLU) in spellings outside
+transformers, executed.
+
+Each fixture's `.out.py` runs with `_is_npu` forced true and the CPU reference kernels of
+`npu_migrate.verify.reference` as `torch_npu`, against the `.in.py` original: fp32 cosine >= 0.999, bf16 >=
+0.99, and the kernel must have been called. With `_is_npu` false the migrated code must give the
+original's bits. Weights are perturbed and large (at default init a wrong rewrite can still score 0.9996),
+and each comparison is shown to fail on a deliberately broken rewrite (a mutant of the generated text).
+`fixtures/projects/qwen_like` is our own Qwen-7B-shaped model: migrated with `apply --output`, its block
+must agree with the original, and `analyze --mode affinity_apis` must count its sites.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+from conftest import FIXTURES  # noqa: E402
+
+from npu_migrate.verify import reference  # noqa: E402
+
+RULES = FIXTURES / "rules"
+TORCH_NPU = reference.torch_npu_module()
+
+
+def _load(path, *, forced: bool, mutate=None):
+    text = path.read_text(encoding="utf-8")
+    if mutate is not None:
+        old, new = mutate
+        assert old in text, f"mutant {old!r} does not apply to {path.name}"
+        text = text.replace(old, new)
+    namespace = {"__name__": "fixture"}
+    exec(compile(text, str(path), "exec"), namespace)
+    if forced:
+        namespace["_is_npu"] = lambda x: True
+        namespace["torch_npu"] = TORCH_NPU
+    return namespace
+
+
+def _cosine(a, b) -> float:
+    return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
+
+
+def _perturb(module, generator):
+    """Large weights, norm weights far from one: wrong rewrites show."""
+    with torch.no_grad():
+        for parameter in module.parameters():
+            if parameter.dim() == 1:
+                parameter.copy_(1 + 0.8 * torch.randn(parameter.shape, generator=generator))
+            else:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter.shape[-1] ** 0.25)
+    return module
+
+
+def _compare(case, rule, build, call, dtype, mutate=None):
+    """(cosine of forced migrated vs original, kernel calls, fallback bit-identical) for one case."""
+    folder = RULES / rule
+    original = _load(folder / f"{case}.in.py", forced=False)
+    forced = _load(folder / f"{case}.out.py", forced=True, mutate=mutate)
+    fallback = _load(folder / f"{case}.out.py", forced=False)
+    results = []
+    for namespace in (original, forced, fallback):
+        torch.manual_seed(0)
+        subject = build(namespace)
+        if isinstance(subject, torch.nn.Module):
+            _perturb(subject, torch.Generator().manual_seed(1)).to(dtype)
+        x = (3 * torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(2))).to(dtype)
+        before = sum(TORCH_NPU.calls.values())
+        results.append((call(subject, x), sum(TORCH_NPU.calls.values()) - before))
+    (expected, _), (got, calls), (kept, _) = results
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    return _cosine(got, expected), calls, torch.equal(kept, expected)
+
+
+def _module(name, *args, **kwargs):
+    return lambda namespace: namespace[name](*args, **kwargs)
+
+
+def _forward(module, x):
+    return module(x)
+
+
+# (rule, case, build, call, mutant of the generated code that must be caught)
+CASES = {
+    "qwen_fast_path": (
+        "NPU701",
+        "cuda_fast_path",
+        _module("RMSNorm", 16),
+        _forward,
+        ("npu_rms_norm(x, self.weight,", "npu_rms_norm(x, torch.ones_like(self.weight),"),
+    ),
+    "functional_fp32_cast_back": (
+        "NPU701",
+        "functional",
+        _module("FunctionalRMSNorm", 16),
+        _forward,
+        ("npu_rms_norm(x.float(), self.scale.float()", "npu_rms_norm(x.float(), 1 + self.scale.float()"),
+    ),
+    "functional_same_dtype": (
+        "NPU701",
+        "functional",
+        _module("SameDtypeRMSNorm", 16),
+        _forward,
+        ("npu_rms_norm(x, self.weight, epsilon=self.eps)", "npu_rms_norm(x, self.weight.flip(0), epsilon=self.eps)"),
+    ),
+    "functional_weightless": (
+        "NPU701",
+        "functional",
+        lambda namespace: namespace["qk_norm"],
+        lambda fn, x: fn(x),
+        ("x.new_ones(x.shape[-1:])", "x.new_ones(x.shape[-1:]).cumsum(0)"),
+    ),
+    "configurable_dim_unit_offset": (
+        "NPU701",
+        "configurable_dim",
+        _module("RMSNorm", 16, add_unit_offset=True),
+        _forward,
+        ("(1 + self.weight if self.add_unit_offset else self.weight)", "self.weight"),
+    ),
+    "configurable_dim": (
+        "NPU701",
+        "configurable_dim",
+        _module("RMSNorm", 16),
+        _forward,
+        ("(1 + self.weight if self.add_unit_offset else self.weight)", "(1 + self.weight)"),
+    ),
+    "two_projections_gate_second": (
+        "NPU702",
+        "two_projections",
+        _module("QwenMLP", 16, 24),
+        _forward,
+        ("torch.cat((_npu_gate, _npu_up)", "torch.cat((_npu_up, _npu_gate)"),
+    ),
+    "one_projection": (
+        "NPU702",
+        "one_projection",
+        _module("PackedSwiGLU", 16, 24),
+        _forward,
+        ("npu_swiglu(self.w12(x), dim=-1)", "npu_swiglu(torch.cat(self.w12(x).chunk(2, -1)[::-1], -1), dim=-1)"),
+    ),
+}
+
+
+def _qwen_tables(seq, rot_dim):
+    """Qwen's float32 tables, (1, S, 1, rot_dim) against BSND tensors, as a list [cos, sin]."""
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, rot_dim, 2).float() / rot_dim)
+    emb = torch.outer(torch.arange(seq).float(), inv_freq)
+    emb = torch.cat((emb, emb), dim=-1)[None, :, None, :]
+    return [emb.cos(), emb.sin()]
+
+
+def _rotate_bsnd(fn, x):
+    """Rotate the first half of each head of a (B, S, N, 16) view of x: a tail of 8 passes through."""
+    return fn(x.reshape(2, 5, 2, 8).repeat(1, 1, 1, 2) * 3, _qwen_tables(5, 8))
+
+
+def _half_tables(x_shape=(1, 5, 1, 8)):
+    angles = torch.arange(5).float()[None, :, None, None] * torch.linspace(0.1, 1.5, x_shape[-1])
+    return angles.expand(x_shape).cos(), angles.expand(x_shape).sin()
+
+
+def _rotate_with_half_tables(fn, x):
+    return fn(x.reshape(2, 5, 2, 8).repeat(1, 1, 1, 2) * 3, *(t.to(x.dtype) for t in _half_tables()))
+
+
+def _rotate_with_sd_tables(fn, x):
+    cos, sin = (t[0, :, 0].repeat(1, 2).to(x.dtype) for t in _half_tables())  # (S, D)
+    return fn(x.reshape(2, 5, 2, 8).repeat(1, 1, 1, 2) * 3, cos, sin)
+
+
+CASES.update(
+    {
+        "split_halves_minus_theta": (
+            "NPU703",
+            "split_halves",
+            lambda namespace: namespace["rotate_split_halves"],
+            _rotate_with_half_tables,
+            ("(_npu_sin := (-sin.tile((2,))))", "(_npu_sin := sin.tile((2,)))"),
+        ),
+        "split_halves_plus_theta": (
+            "NPU703",
+            "split_halves",
+            lambda namespace: namespace["rotate_plus_theta"],
+            _rotate_with_half_tables,
+            ("(_npu_sin := sin.tile((2,))), x)", "(_npu_sin := -sin.tile((2,))), x)"),
+        ),
+        "split_halves_q_and_k": (
+            "NPU703",
+            "split_halves",
+            lambda namespace: namespace["apply_rotary_qk"],
+            lambda fn, x: torch.cat(
+                _rotate_with_half_tables(lambda t, c, s: fn(t, t.flip(-1), c[:, :, 0], s[:, :, 0]), x)
+            ),
+            ("(torch_npu.npu_rotary_mul(q,", "(torch_npu.npu_rotary_mul(q.flip(-1),"),
+        ),
+        "viewed_tables": (
+            "NPU703",
+            "split_halves",
+            lambda namespace: namespace["rotate_viewed_tables"],
+            _rotate_with_sd_tables,
+            (
+                "npu_rotary_mul(x, _npu_cos, _npu_sin)\n    cos = cos.view",
+                "npu_rotary_mul(x, _npu_sin, _npu_cos)\n    cos = cos.view",
+            ),
+        ),
+    }
+)
+
+
+def _rotate_pairs_with_element_tables(fn, x):
+    # (1, S, 1, D) float32, per pair: the original rotates `x.float()`, as diffusers does.
+    cos, sin = (t.repeat_interleave(2, -1) for t in _half_tables())
+    return fn(x.reshape(2, 5, 2, 8).repeat(1, 1, 1, 2) * 3, cos, sin)
+
+
+CASES["real_pairs_interleaved"] = (
+    "NPU703",
+    "real_pairs",
+    lambda namespace: namespace["rotate_unbound_pairs"],
+    _rotate_pairs_with_element_tables,
+    ("cos, sin, rotary_mode='interleave')", "cos, sin)"),
+)
+
+CASES["pair_formulas"] = (
+    "NPU703",
+    "real_pairs",
+    lambda namespace: namespace["rotate_pair_formulas"],
+    _rotate_with_half_tables,
+    ("(_npu_sin := sin.repeat_interleave(2, dim=-1))", "(_npu_sin := -sin.repeat_interleave(2, dim=-1))"),
+)
+
+if importlib.util.find_spec("einops") is not None:  # Qwen spells rotate_half with einops
+    CASES["qwen_partial_rotary"] = (
+        "NPU703",
+        "qwen_partial_rotary",
+        lambda namespace: namespace["apply_rotary_pos_emb"],
+        _rotate_bsnd,
+        ("freqs[0], freqs[1])", "freqs[0], -freqs[1])"),
+    )
+
+
+#: Cases whose function runs the kernel more than once (q and k).
+KERNEL_CALLS = {"split_halves_q_and_k": 2}
+
+
+@pytest.mark.parametrize("dtype, floor", [(torch.float32, 0.999), (torch.bfloat16, 0.99)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", CASES)
+def test_branch_agrees_with_the_original_and_the_fallback_is_untouched(name, dtype, floor):
+    rule, case, build, call, _ = CASES[name]
+    cosine, calls, fallback_identical = _compare(case, rule, build, call, dtype)
+    assert calls == KERNEL_CALLS.get(name, 1), "the fused kernel must run once per rotated tensor, norm or MLP"
+    assert cosine >= floor
+    assert fallback_identical
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_broken_rewrite_is_caught(name):
+    rule, case, build, call, mutant = CASES[name]
+    cosine, calls, _ = _compare(case, rule, build, call, torch.float32, mutate=mutant)
+    assert calls == KERNEL_CALLS.get(name, 1)
+    assert cosine < 0.999
+
+
+def test_a_dim_other_than_the_last_keeps_the_original_code():
+    original = _load(RULES / "NPU701" / "configurable_dim.in.py", forced=False)
+    forced = _load(RULES / "NPU701" / "configurable_dim.out.py", forced=True)
+    x = torch.randn(16, 3, 16)  # the weight fits the last dim: only the dim guard can decline
+    before = TORCH_NPU.calls["npu_rms_norm"]
+    expected = original["RMSNorm"](16, dim=0)(x)
+    assert torch.equal(forced["RMSNorm"](16, dim=0)(x), expected)
+    assert TORCH_NPU.calls["npu_rms_norm"] == before
+
+
+# -- our own Qwen-7B-shaped model, migrated as a user would ------------------------------------------
+
+PROJECT = FIXTURES / "projects" / "qwen_like"
+#: Sites of `qwen_like/modeling.py` by op and status: the norm class, both MLPs and the partial rotary
+#: fused; `_attn` (it returns the probabilities) declined.
+EXPECTED_SITES = {
+    ("torch_npu.npu_rms_norm", "applied"): 1,
+    ("torch_npu.npu_swiglu", "applied"): 2,
+    ("torch_npu.npu_rotary_mul", "applied"): 1,
+    ("torch_npu.npu_fusion_attention", "declined"): 1,
+}
+
+
+def _npu_migrate(*args):
+    return subprocess.run([sys.executable, "-m", "npu_migrate", *args], capture_output=True, text=True, check=False)
+
+
+def _sites(data):
+    if isinstance(data, dict):
+        if "sites" in data:
+            return data["sites"]
+        data = list(data.values())
+    for value in data if isinstance(data, list) else ():
+        found = _sites(value)
+        if found is not None:
+            return found
+    return None
+
+
+def test_qwen_like_recall_by_op():
+    result = _npu_migrate("analyze", "--mode", "affinity_apis", "--format", "json", str(PROJECT))
+    counts: dict[tuple[str, str], int] = {}
+    for site in _sites(json.loads(result.stdout)):
+        key = (site["affinity_api"], site["status"])
+        counts[key] = counts.get(key, 0) + 1
+    print("qwen_like affinity sites:", {f"{op} {status}": n for (op, status), n in sorted(counts.items())})
+    assert counts == EXPECTED_SITES
+
+
+@pytest.mark.parametrize("dtype, floor", [(torch.float32, 0.999), (torch.bfloat16, 0.99)], ids=["fp32", "bf16"])
+def test_qwen_like_block_migrated_with_apply_output(tmp_path, monkeypatch, dtype, floor):
+    result = _npu_migrate("apply", str(PROJECT), "--output", str(tmp_path / "migrated"))
+    assert result.returncode in (0, 1), result.stderr
+    monkeypatch.syspath_prepend(str(tmp_path / "migrated"))
+    for name in [m for m in sys.modules if m == "qwen_like" or m.startswith("qwen_like.")]:
+        monkeypatch.delitem(sys.modules, name)
+    migrated = importlib.import_module("qwen_like.modeling")
+    assert migrated.__file__.startswith(str(tmp_path))
+    original = {"__name__": "qwen_like_original"}
+    source = PROJECT / "qwen_like" / "modeling.py"
+    exec(compile(source.read_text(encoding="utf-8"), str(source), "exec"), original)
+
+    def run(namespace_block, x):
+        torch.manual_seed(0)
+        block = _perturb(namespace_block(), torch.Generator().manual_seed(1)).to(dtype)
+        return block(x, original["rotary_tables"](5, 8))  # float32 tables, as Qwen keeps them
+
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
+    expected = run(original["QBlock"], x)
+    assert torch.equal(run(migrated.QBlock, x), expected), "off an NPU the migrated model gives the same bits"
+    monkeypatch.setattr(migrated, "_is_npu", lambda t: True)
+    monkeypatch.setattr(migrated, "torch_npu", TORCH_NPU)
+    before = dict(TORCH_NPU.calls)
+    got = run(migrated.QBlock, x)
+    calls = {k: TORCH_NPU.calls[k] - before.get(k, 0) for k in ("npu_rms_norm", "npu_swiglu", "npu_rotary_mul")}
+    assert calls == {"npu_rms_norm": 2, "npu_swiglu": 2, "npu_rotary_mul": 2}
+    assert _cosine(got, expected) >= floor
+
+
+def test_hand_written_attention_is_reported_once_with_its_true_reason():
+    from npu_migrate.pipeline import migrate_text
+
+    case = RULES / "NPU704" / "hand_written_reasons.in.py"
+    _, findings = migrate_text(case.read_text(encoding="utf-8"), path="attention.py", select=["NPU704"])
+    by_line = {f.line: f.message for f in findings if f.rule_id == "NPU704"}
+    assert "only `F.scaled_dot_product_attention` calls are rewritten" in by_line[8]
+    assert "also returns the attention probabilities" in by_line[16]
+    # Line 1: the helpers; line 30: the class's SDPA call, wrapped. Its fallback body gets no finding.
+    assert sorted(by_line) == [1, 8, 16, 30]
+
+
+def test_a_file_with_its_own_npu_attention_path_gets_no_second_one():
+    from npu_migrate.pipeline import migrate_text
+
+    case = RULES / "NPU704" / "own_npu_backend.in.py"
+    source = case.read_text(encoding="utf-8")
+    migrated, findings = migrate_text(source, path="attention_dispatch.py", select=["NPU704"])
+    assert migrated == source
+    assert [f.message for f in findings if f.rule_id == "NPU704"] == [
+        "scaled_dot_product_attention not wrapped: this file already calls torch_npu's npu_fusion_attention "
+        "(its own NPU path); select that path on an NPU"
+    ]
+
+
+def test_split_halves_with_number_tables_runs_the_original():
+    """A fixed angle as Python numbers: the branch must not build tables (`torch.cat`) from them."""
+    original = _load(RULES / "NPU703" / "split_halves.in.py", forced=False)
+    forced = _load(RULES / "NPU703" / "split_halves.out.py", forced=True)
+    x = torch.randn(2, 5, 2, 16)
+    before = TORCH_NPU.calls["npu_rotary_mul"]
+    expected = original["rotate_split_halves"](x, 0.6, 0.8)
+    assert torch.equal(forced["rotate_split_halves"](x, 0.6, 0.8), expected)
+    assert TORCH_NPU.calls["npu_rotary_mul"] == before
