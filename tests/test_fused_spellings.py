@@ -19,12 +19,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
+import torch.nn.functional as F
+from conftest import FIXTURES
 
-torch = pytest.importorskip("torch")
-import torch.nn.functional as F  # noqa: E402
-from conftest import FIXTURES  # noqa: E402
+from npu_migrate.verify import reference
 
-from npu_migrate.verify import reference  # noqa: E402
+pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
 
 RULES = FIXTURES / "rules"
 TORCH_NPU = reference.torch_npu_module()
@@ -136,7 +137,7 @@ CASES = {
         "two_projections",
         _module("QwenMLP", 16, 24),
         _forward,
-        ("torch.cat((_npu_gate, _npu_up)", "torch.cat((_npu_up, _npu_gate)"),
+        ("torch.cat((gate, up), dim=-1)", "torch.cat((up, gate), dim=-1)"),
     ),
     "one_projection": (
         "NPU702",
@@ -182,14 +183,14 @@ CASES.update(
             "split_halves",
             lambda namespace: namespace["rotate_split_halves"],
             _rotate_with_half_tables,
-            ("(_npu_sin := (-sin.tile((2,))))", "(_npu_sin := sin.tile((2,)))"),
+            ("_npu_sin = -sin.tile((2,))", "_npu_sin = sin.tile((2,))"),
         ),
         "split_halves_plus_theta": (
             "NPU703",
             "split_halves",
             lambda namespace: namespace["rotate_plus_theta"],
             _rotate_with_half_tables,
-            ("(_npu_sin := sin.tile((2,))), x)", "(_npu_sin := -sin.tile((2,))), x)"),
+            ("_npu_sin = sin.tile((2,))\n", "_npu_sin = -sin.tile((2,))\n"),
         ),
         "split_halves_q_and_k": (
             "NPU703",
@@ -198,7 +199,7 @@ CASES.update(
             lambda fn, x: torch.cat(
                 _rotate_with_half_tables(lambda t, c, s: fn(t, t.flip(-1), c[:, :, 0], s[:, :, 0]), x)
             ),
-            ("(torch_npu.npu_rotary_mul(q,", "(torch_npu.npu_rotary_mul(q.flip(-1),"),
+            ("_npu_rotary_mul(q, _npu_cos", "_npu_rotary_mul(q.flip(-1), _npu_cos"),
         ),
         "viewed_tables": (
             "NPU703",
@@ -206,8 +207,8 @@ CASES.update(
             lambda namespace: namespace["rotate_viewed_tables"],
             _rotate_with_sd_tables,
             (
-                "npu_rotary_mul(x, _npu_cos, _npu_sin)\n    cos = cos.view",
-                "npu_rotary_mul(x, _npu_sin, _npu_cos)\n    cos = cos.view",
+                '_npu_rotary_mul(x, _npu_cos, _npu_sin, rotary_mode="half")\n    cos = cos.view',
+                '_npu_rotary_mul(x, _npu_sin, _npu_cos, rotary_mode="half")\n    cos = cos.view',
             ),
         ),
     }
@@ -225,7 +226,7 @@ CASES["real_pairs_interleaved"] = (
     "real_pairs",
     lambda namespace: namespace["rotate_unbound_pairs"],
     _rotate_pairs_with_element_tables,
-    ("cos, sin, rotary_mode='interleave')", "cos, sin)"),
+    ('_npu_x0, cos, sin, rotary_mode="interleave")', '_npu_x0, cos, sin, rotary_mode="half")'),
 )
 
 CASES["pair_formulas"] = (
@@ -233,17 +234,17 @@ CASES["pair_formulas"] = (
     "real_pairs",
     lambda namespace: namespace["rotate_pair_formulas"],
     _rotate_with_half_tables,
-    ("(_npu_sin := sin.repeat_interleave(2, dim=-1))", "(_npu_sin := -sin.repeat_interleave(2, dim=-1))"),
+    ("_npu_sin = sin.repeat_interleave(2, dim=-1)", "_npu_sin = -sin.repeat_interleave(2, dim=-1)"),
 )
 
-if importlib.util.find_spec("einops") is not None:  # Qwen spells rotate_half with einops
-    CASES["qwen_partial_rotary"] = (
-        "NPU703",
-        "qwen_partial_rotary",
-        lambda namespace: namespace["apply_rotary_pos_emb"],
-        _rotate_bsnd,
-        ("freqs[0], freqs[1])", "freqs[0], -freqs[1])"),
-    )
+# Qwen spells rotate_half with einops (in the integration extra).
+CASES["qwen_partial_rotary"] = (
+    "NPU703",
+    "qwen_partial_rotary",
+    lambda namespace: namespace["apply_rotary_pos_emb"],
+    _rotate_bsnd,
+    ('freqs[0], freqs[1], rotary_mode="half"', 'freqs[0], -freqs[1], rotary_mode="half"'),
+)
 
 
 #: Cases whose function runs the kernel more than once (q and k).
