@@ -6,6 +6,8 @@ CUDA (docstrings, comments, log messages, argparse help, dictionary keys) is nev
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from npu_migrate.checkers import Checker
@@ -182,6 +184,44 @@ DEVICE_COMPARISON = Rule(
     fix_safety=FixSafety.SAFE,
 )
 
+ACCELERATOR_STRING = Rule(
+    id="NPU105",
+    name="framework-accelerator-string",
+    family="device",
+    summary='a framework\'s accelerator string (`accelerator="cuda"` / `"gpu"`) is reported with its NPU spelling',
+    what="""
+    Reports `"cuda"` and `"gpu"` assigned to a variable, attribute or keyword argument named like
+    `accelerator` (Lightning's `Trainer(accelerator=...)`, DeepSpeed and accelerate configuration code).
+    Not rewritten: each framework spells the NPU its own way, or not at all. Lightning has no built-in NPU
+    accelerator (register your own `Accelerator` subclass); DeepSpeed selects the NPU with the environment
+    variable `DS_ACCELERATOR=npu` (`get_accelerator().device_name()` is then "npu"); Hugging Face
+    accelerate and `Trainer` find an NPU on their own when torch_npu is installed, so leave the device
+    unset; Ray calls the resource "NPU".
+    """,
+    why="""
+    The framework, not torch, reads the string: "npu" is not a Lightning accelerator name, and a guard
+    flipped in front of `accelerator = "cuda"` makes the framework fail where it used to fall back to CPU.
+    While such a string is left, the guard in front of it is left too (`npu_migrate.coherence`).
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+        """,
+        reports="framework accelerator string",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
+    severity=Severity.WARNING,
+)
+
+_ACCELERATOR_VALUES = frozenset({"cuda", "gpu"})
+_ACCELERATOR_ADVICE = (
+    'framework accelerator string "{value}" left as is: spell the NPU the way your framework does (Lightning: '
+    "no built-in NPU accelerator, register an `Accelerator` subclass; DeepSpeed: `DS_ACCELERATOR=npu`; "
+    'Hugging Face accelerate / Trainer: leave the device unset, they find the NPU; Ray: the "NPU" resource)'
+)
+
 DEVICE_KEYWORDS = frozenset({"device", "map_location", "pin_memory_device", "output_device"})
 OTHER_DEVICES = frozenset({"cpu", "mps", "meta", "xpu"})
 
@@ -203,7 +243,7 @@ def _target_name(node: cst.BaseExpression) -> str:
 
 
 class DeviceChecker(Checker):
-    rules = (CUDA_METHOD, DEVICE_STRING, IS_CUDA, DEVICE_COMPARISON)
+    rules = (CUDA_METHOD, DEVICE_STRING, IS_CUDA, DEVICE_COMPARISON, ACCELERATOR_STRING)
     markers = ("cuda",)
 
     @classmethod
@@ -216,6 +256,9 @@ class DeviceChecker(Checker):
         super().__init__(ctx, enabled)
         self._is_cuda_reads: list[cst.Attribute] = []
         self._is_cuda_is_own_attribute = False
+        self._comparisons: list[cst.Comparison] = []
+        self._npu_tested: set[str] = set()  # code of values compared with "npu" somewhere in the file
+        self._elifs: set[int] = set()
 
     # -- device strings ------------------------------------------------------------------------------
 
@@ -245,7 +288,11 @@ class DeviceChecker(Checker):
         literal = device_literal(node)
         if literal is not None:
             self.report(
-                DEVICE_STRING, literal, f"device string in {where} now names the NPU", fix=rewrite_device_literal
+                DEVICE_STRING,
+                literal,
+                f"device string in {where} now names the NPU",
+                fix=rewrite_device_literal,
+                crashes=True,
             )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -264,6 +311,8 @@ class DeviceChecker(Checker):
         elif isinstance(func, cst.Attribute) and func.attr.value == "add_argument":
             self._argparse_device(node, positional)
         for arg in node.args:
+            if arg.keyword is not None and arg.keyword.value == "accelerator":
+                self._accelerator_value(arg.value)
             if arg.keyword is not None and arg.keyword.value in DEVICE_KEYWORDS:
                 self._device_value(arg.value, f"`{arg.keyword.value}=`", containers=arg.keyword.value == "map_location")
             elif arg.keyword is not None and arg.keyword.value == "type" and qualname == "torch.device":
@@ -277,8 +326,19 @@ class DeviceChecker(Checker):
             if arg.keyword is not None and arg.keyword.value in ("default", "choices"):
                 self._device_value(arg.value, f"the `{flags[0]}` option's {arg.keyword.value}", containers=True)
 
+    def _accelerator_value(self, node: cst.BaseExpression | None) -> None:
+        if isinstance(node, cst.IfExp):
+            self._accelerator_value(node.body)
+            self._accelerator_value(node.orelse)
+            return
+        value = string_value(node) if node is not None else None
+        if value in _ACCELERATOR_VALUES:
+            self.report(ACCELERATOR_STRING, node, _ACCELERATOR_ADVICE.format(value=value), crashes=True)
+
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
+            if "accelerator" in _target_name(target.target).lower():
+                self._accelerator_value(node.value)
             if _mentions_device(_target_name(target.target)):
                 self._device_value(node.value, f"`{_target_name(target.target)}`")
             if isinstance(target.target, cst.Attribute) and target.target.attr.value == "is_cuda":
@@ -316,6 +376,7 @@ class DeviceChecker(Checker):
                 "`.cuda()` not rewritten: this file defines its own `cuda` function or method, and the call "
                 "may be to it; use `.npu()` where it moves a tensor or module",
                 severity=Severity.WARNING,
+                crashes=True,
             )
             return
         self.report(
@@ -323,6 +384,7 @@ class DeviceChecker(Checker):
             func,
             "`.cuda()` now moves to the NPU: `.npu()`",
             fix=lambda updated: updated.with_changes(attr=cst.Name("npu")),
+            crashes=True,
         )
 
     # -- .is_cuda ------------------------------------------------------------------------------------
@@ -347,12 +409,62 @@ class DeviceChecker(Checker):
                     node,
                     "`.is_cuda` is False on NPU: `.is_npu`",
                     fix=lambda updated: updated.with_changes(attr=cst.Name("is_npu")),
+                    guard=True,
                 )
+        for node in self._comparisons:
+            _COMPARISONS.check(self, node, self._already_tells_npu)
 
     # -- comparisons -----------------------------------------------------------------------------------
 
+    # Code that already supports the NPU (`if device.type == "npu": ... elif device.type == "cuda": ...`,
+    # `self.is_npu = device.type == "npu"` next to `self.is_cuda = device.type == "cuda"`) keeps its CUDA
+    # side: the comparisons of a value also compared with "npu" are decided in `finish`, and the CUDA
+    # branches of an if-chain that tests for the NPU are left whole (`FileContext.keep_cuda`).
+
     def visit_Comparison(self, node: cst.Comparison) -> None:
-        _COMPARISONS.check(self, node)
+        self._comparisons.append(node)
+        operands = [node.left, *(target.comparator for target in node.comparisons)]
+        for left, right in zip(operands, operands[1:]):
+            for literal_side, other in ((left, right), (right, left)):
+                if _names_npu(literal_side):
+                    self._npu_tested.add(self.ctx.code(other))
+
+    def visit_If(self, node: cst.If) -> bool:
+        if id(node) in self._elifs:
+            return True
+        chain = [node]
+        while isinstance(chain[-1].orelse, cst.If):
+            self._elifs.add(id(chain[-1].orelse))
+            chain.append(chain[-1].orelse)
+        tests = [self.ctx.code(branch.test) for branch in chain]
+        npu = next((i for i, test in enumerate(tests) if _NPU_TEST.search(test)), None)
+        if npu is None:
+            return True
+        for branch, test in zip(chain, tests):
+            if _CUDA_TEST.search(test) and not _NPU_TEST.search(test):
+                self.ctx.keep_cuda(branch.test)
+                self.ctx.keep_cuda(branch.body)
+                self.report(
+                    DEVICE_COMPARISON,
+                    branch.test,
+                    f"`{test}` left as is: this if-chain already has an NPU branch (`{tests[npu]}`)",
+                    severity=Severity.INFO,
+                )
+        return True
+
+    def _already_tells_npu(self, other: str) -> str | None:
+        if other in self._npu_tested:
+            return f'comparison left as is: `{other}` is also compared with "npu" here, the code already supports it'
+        return None
+
+
+_NPU_TEST = re.compile(r"""["']npu(:\d+)?["']|\bis_npu\b""")
+_CUDA_TEST = re.compile(r"""["']cuda(:\d+)?["']|\bis_cuda\b|\bcuda\.is_available\b""")
+
+
+def _names_npu(node: cst.BaseExpression) -> bool:
+    value = string_value(node)
+    return value is not None and re.fullmatch(r"npu(:\d+)?", value) is not None
 
 
 def _device_literals(node: cst.BaseExpression) -> list[cst.CSTNode]:
@@ -370,4 +482,5 @@ _COMPARISONS = LiteralComparisons(
     fix=rewrite_device_literal,
     rewritten="comparison with the device type now tests for the NPU",
     unsure='comparison of `{other}` with a CUDA device string: if it is a device, compare with "npu" instead',
+    guard=True,
 )
