@@ -147,7 +147,7 @@ def test_every_finding_names_a_documented_rule(document):
 
 def test_unsupported_and_unknown_api_csvs(reports):
     unsupported = rows(reports, "unsupported_api.csv")
-    assert [r[:3] for r in unsupported] == [["demo/train.py:30:8", "torch.cuda.get_device_capability", "2.14.0"]]
+    assert [r[:3] for r in unsupported] == [["demo/train.py:30:8", "torch.cuda.get_device_properties", "2.14.0"]]
     assert unsupported[0][3].startswith("NPU204: ")
     assert [r[:2] for r in rows(reports, "unknown_api.csv")] == [
         ["demo/ops.py:26:21", "torch.utils.cpp_extension.load"],
@@ -162,7 +162,7 @@ def test_cuda_op_list(reports):
         ["demo/ops.py:39:8", "Tensor.is_cuda", "supported", "Tensor.is_npu"],
         ["demo/train.py:19:5", "torch.cuda.set_device", "supported", "torch.npu.set_device"],
         ["demo/train.py:28:14", "torch.cuda.amp.GradScaler", "supported", "torch.amp.GradScaler (device_type='npu')"],
-        ["demo/train.py:30:8", "torch.cuda.get_device_capability", "unsupported", "torch.npu.get_device_capability"],
+        ["demo/train.py:30:8", "torch.cuda.get_device_properties", "unsupported", "torch.npu.get_device_properties"],
         [
             "demo/train.py:31:9",
             "torch.backends.cuda.matmul.allow_tf32",
@@ -281,7 +281,7 @@ def test_api_files_feed_the_library_results_back(reports, tmp_path):
 
 
 def test_third_party_table_entries_are_complete():
-    from npu_migrate.analyze.modes.third_party import package_table
+    from npu_migrate.api import package_table
 
     table = package_table()
     for name in ("flash_attn", "apex", "xformers", "bitsandbytes", "triton", "deepspeed.ops", "pynvml"):
@@ -504,7 +504,7 @@ def test_complexity_rating(document):
         "3 custom CUDA / triton kernels must be ported to Ascend C (custom_kernels)",
         "4 CUDA extension builds and C++ bindings to move to NpuExtension",
         "CUDA-only packages to replace with their Ascend alternative: apex.optimizers, flash_attn",
-        "1 distinct unsupported torch APIs: torch.cuda.get_device_capability",
+        "1 distinct unsupported torch APIs: torch.cuda.get_device_properties",
         "distributed training (DDP): HCCL setup and multi-card validation",
         "5 dynamic-shape sources to measure and bucket",
         "2 host-device syncs inside loops",
@@ -593,7 +593,7 @@ def test_text_and_csv_formats(tmp_path):
     assert lines[1].startswith("model.py:42:66,NPU951,warning,torch_apis,False,torch.float64: ")
     text = run_analyze(PROJECT / "demo")
     assert text.returncode == 0
-    assert "train.py:30:8: NPU204 `torch.cuda.get_device_capability`" in text.stdout
+    assert "train.py:30:8: NPU204 `torch.cuda.get_device_properties`" in text.stdout
     assert (
         "torch_apis: 37 distinct torch APIs in 54 uses (torch_npu 2.14.0): 34 supported, 1 unsupported, 2 unknown"
         in text.stdout
