@@ -26,7 +26,10 @@ CUDA_METHOD = Rule(
     Rewrites `.cuda(...)` calls to `.npu(...)`, keeping the arguments: `.cuda(i)`, `.cuda(device=...)`
     and `.cuda(non_blocking=True)` become the same `.npu(...)` call. Not rewritten when the file defines
     a function or method called `cuda` itself (the call may be to it): then a finding asks you to check
-    the call by hand.
+    the call by hand. Nor in files that use a quantisation library whose parameters convert themselves
+    in place on `.cuda()` (bitsandbytes, hqq, auto_gptq, awq) when the result is thrown away
+    (`weight.cuda()` as a statement, on something not named like a model): `.npu()` would return a new
+    tensor and leave the parameter unquantised, so the call is reported.
     """,
     why="""
     `.cuda()` moves tensors and modules to a GPU; on an NPU host there is none, and the call fails.
@@ -222,6 +225,11 @@ _ACCELERATOR_ADVICE = (
     'Hugging Face accelerate / Trainer: leave the device unset, they find the NPU; Ray: the "NPU" resource)'
 )
 
+#: Packages whose parameter classes implement `.cuda()` as an in-place conversion (bitsandbytes `Int8Params` /
+#: `Params4bit` quantise their data on the move and return self): `x.cuda()` as a statement works there, while
+#: `.npu()` returns a new tensor that is thrown away. In files importing them, such statements are reported.
+IN_PLACE_CUDA_PACKAGES = ("bitsandbytes", "hqq", "auto_gptq", "awq")
+
 DEVICE_KEYWORDS = frozenset({"device", "map_location", "pin_memory_device", "output_device"})
 OTHER_DEVICES = frozenset({"cpu", "mps", "meta", "xpu"})
 
@@ -259,6 +267,7 @@ class DeviceChecker(Checker):
         self._comparisons: list[cst.Comparison] = []
         self._npu_tested: set[str] = set()  # code of values compared with "npu" somewhere in the file
         self._elifs: set[int] = set()
+        self._discarded: set[int] = set()  # calls whose result is thrown away (expression statements)
 
     # -- device strings ------------------------------------------------------------------------------
 
@@ -294,6 +303,10 @@ class DeviceChecker(Checker):
                 fix=rewrite_device_literal,
                 crashes=True,
             )
+
+    def visit_Expr(self, node: cst.Expr) -> None:
+        if isinstance(node.value, cst.Call):
+            self._discarded.add(id(node.value))
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -379,6 +392,18 @@ class DeviceChecker(Checker):
                 crashes=True,
             )
             return
+        quantising = self._in_place_cuda_package()
+        if id(node) in self._discarded and quantising is not None and not _plainly_module(func.value):
+            self.report(
+                CUDA_METHOD,
+                func,
+                f"`.cuda()` not rewritten: its result is thrown away and this file uses {quantising}, whose "
+                "parameters quantise themselves in place on `.cuda()`; `.npu()` returns a new tensor instead. "
+                "Move the module that owns the parameter (`model.npu()`) or assign the result",
+                severity=Severity.WARNING,
+                crashes=True,
+            )
+            return
         self.report(
             CUDA_METHOD,
             func,
@@ -386,6 +411,10 @@ class DeviceChecker(Checker):
             fix=lambda updated: updated.with_changes(attr=cst.Name("npu")),
             crashes=True,
         )
+
+    def _in_place_cuda_package(self) -> str | None:
+        modules = self.ctx.imports.modules
+        return next((p for p in IN_PLACE_CUDA_PACKAGES if any(m == p or m.startswith(p + ".") for m in modules)), None)
 
     # -- .is_cuda ------------------------------------------------------------------------------------
 
@@ -456,6 +485,12 @@ class DeviceChecker(Checker):
         if other in self._npu_tested:
             return f'comparison left as is: `{other}` is also compared with "npu" here, the code already supports it'
         return None
+
+
+def _plainly_module(receiver: cst.BaseExpression) -> bool:
+    """`model.cuda()` / `self.model.cuda()`: a module moves its parameters in place on `.npu()` as well."""
+    name = _target_name(receiver).lower()
+    return name in ("model", "module", "net", "self") or name.endswith(("model", "_net", "module"))
 
 
 _NPU_TEST = re.compile(r"""["']npu(:\d+)?["']|\bis_npu\b""")
