@@ -60,7 +60,9 @@ DEVICE_STRING = Rule(
     summary="`'cuda'` / `'cuda:N'` / `f'cuda:{i}'` device strings become `'npu'` ones",
     what="""
     Rewrites device strings where they select a device: `torch.device(...)`, `.to(...)`, `device=` /
-    `map_location=` / `pin_memory_device=` arguments (including `map_location` dicts), variables,
+    `map_location=` / `pin_memory_device=` arguments (including `map_location` dicts and
+    `{"map_location": "cuda"}` keyword dicts), variables given one value in the file and used there
+    (`loc = "cuda:{}".format(gpu)`, then `map_location=loc`), variables,
     attributes, dictionary entries and parameters whose name mentions "device", argparse `--device`
     defaults and choices, and `'cuda' if torch.cuda.is_available() else 'cpu'`. f-strings
     (`f"cuda:{rank}"`), `"cuda:{}".format(i)` and `"cuda:%d" % i` are handled too. Strings that only
@@ -268,6 +270,10 @@ class DeviceChecker(Checker):
         self._npu_tested: set[str] = set()  # code of values compared with "npu" somewhere in the file
         self._elifs: set[int] = set()
         self._discarded: set[int] = set()  # calls whose result is thrown away (expression statements)
+        # Device values that travel through a variable (`loc = "cuda:{}".format(gpu)`, then
+        # `map_location=loc`): the names used where a device goes, and every value each name is given.
+        self._device_names: list[tuple[str, str]] = []
+        self._assigned: dict[str, list[cst.BaseExpression | None]] = {}
 
     # -- device strings ------------------------------------------------------------------------------
 
@@ -279,6 +285,9 @@ class DeviceChecker(Checker):
         "npu"]`, `{"cuda": "CUDAGraph"}`) is data about devices, and rewriting it would change it.
         """
         if node is None:
+            return
+        if isinstance(node, cst.Name):  # decided in `finish`, from the value the name is assigned
+            self._device_names.append((node.value, where))
             return
         if isinstance(node, cst.IfExp):
             self._device_value(node.body, where)
@@ -350,6 +359,8 @@ class DeviceChecker(Checker):
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
+            if isinstance(target.target, cst.Name):
+                self._assigned.setdefault(target.target.value, []).append(node.value)
             if "accelerator" in _target_name(target.target).lower():
                 self._accelerator_value(node.value)
             if _mentions_device(_target_name(target.target)):
@@ -364,12 +375,13 @@ class DeviceChecker(Checker):
             self._is_cuda_is_own_attribute = True
 
     def visit_Param(self, node: cst.Param) -> None:
+        self._assigned.setdefault(node.name.value, []).append(None)  # a parameter: its value is unknown
         if _mentions_device(node.name.value):
             self._device_value(node.default, f"the default of `{node.name.value}`")
 
     def visit_DictElement(self, node: cst.DictElement) -> None:
         key = string_value(node.key)
-        if key is not None and _mentions_device(key):
+        if key is not None and (_mentions_device(key) or key in DEVICE_KEYWORDS):
             self._device_value(node.value, f'the "{key}" entry')
 
     def visit_IfExp(self, node: cst.IfExp) -> None:
@@ -442,6 +454,11 @@ class DeviceChecker(Checker):
                 )
         for node in self._comparisons:
             _COMPARISONS.check(self, node, self._already_tells_npu)
+        for name, where in self._device_names:
+            values = self._assigned.get(name, [])
+            # Only a name given one value in the whole file: anything else needs scope analysis.
+            if len(values) == 1 and values[0] is not None and not _mentions_device(name):
+                self._device_value(values[0], f"`{name}`, used as {where}", containers=True)
 
     # -- comparisons -----------------------------------------------------------------------------------
 
