@@ -147,7 +147,7 @@ def test_every_finding_names_a_documented_rule(document):
 
 def test_unsupported_and_unknown_api_csvs(reports):
     unsupported = rows(reports, "unsupported_api.csv")
-    assert [r[:3] for r in unsupported] == [["demo/train.py:30:8", "torch.cuda.get_device_capability", "2.14.0"]]
+    assert [r[:3] for r in unsupported] == [["demo/train.py:30:8", "torch.cuda.get_device_properties", "2.14.0"]]
     assert unsupported[0][3].startswith("NPU204: ")
     assert [r[:2] for r in rows(reports, "unknown_api.csv")] == [
         ["demo/ops.py:26:21", "torch.utils.cpp_extension.load"],
@@ -162,7 +162,7 @@ def test_cuda_op_list(reports):
         ["demo/ops.py:39:8", "Tensor.is_cuda", "supported", "Tensor.is_npu"],
         ["demo/train.py:19:5", "torch.cuda.set_device", "supported", "torch.npu.set_device"],
         ["demo/train.py:28:14", "torch.cuda.amp.GradScaler", "supported", "torch.amp.GradScaler (device_type='npu')"],
-        ["demo/train.py:30:8", "torch.cuda.get_device_capability", "unsupported", "torch.npu.get_device_capability"],
+        ["demo/train.py:30:8", "torch.cuda.get_device_properties", "unsupported", "torch.npu.get_device_properties"],
         [
             "demo/train.py:31:9",
             "torch.backends.cuda.matmul.allow_tf32",
@@ -281,7 +281,7 @@ def test_api_files_feed_the_library_results_back(reports, tmp_path):
 
 
 def test_third_party_table_entries_are_complete():
-    from npu_migrate.analyze.modes.third_party import package_table
+    from npu_migrate.api import package_table
 
     table = package_table()
     for name in ("flash_attn", "apex", "xformers", "bitsandbytes", "triton", "deepspeed.ops", "pynvml"):
@@ -510,7 +510,7 @@ def test_complexity_rating(document):
         "distributed training (DDP): 1-3 person-days",
         "1 plain CUDA kernel: 1-2 person-days",
         "5 data-dependent shapes to measure and pad to fixed sizes: 0.5-1 person-days",
-        "1 torch API with no NPU support: torch.cuda.get_device_capability: 0.25-1 person-days",
+        "1 torch API with no NPU support: torch.cuda.get_device_properties: 0.25-1 person-days",
         "2 host-device syncs inside loops: 0.1-0.2 person-days",
         f"review the {fixed} sites `npu-migrate apply` rewrites: {fixed * 0.005:g}-{fixed * 0.01:g} person-days",
         "test on an NPU: 0.5-1 person-days",
@@ -604,7 +604,7 @@ def test_text_and_csv_formats(tmp_path):
     assert lines[1].startswith("model.py:42:66,NPU951,warning,torch_apis,False,torch.float64: ")
     text = run_analyze(PROJECT / "demo")
     assert text.returncode == 0
-    assert "train.py:30:8: NPU204 `torch.cuda.get_device_capability`" in text.stdout
+    assert "train.py:30:8: NPU204 `torch.cuda.get_device_properties`" in text.stdout
     # analyze writes no file: what apply would rewrite is fixable, not fixed.
     assert "train.py:19:5: NPU201 [fixable] `torch.cuda.set_device`" in text.stdout and "[fixed]" not in text.stdout
     assert (

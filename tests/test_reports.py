@@ -139,7 +139,7 @@ import torch
 
 @torch.no_grad()
 def pick():
-    if torch.cuda.get_device_capability()[0] >= 8:
+    if torch.cuda.get_device_properties(0).major >= 8:
         return torch.bfloat16
     return torch.float16
 """
@@ -152,8 +152,8 @@ def test_annotate_writes_the_todos_of_both_syntax_trees_once(monkeypatch):
     # The ast path's TODO goes above the decorator, the libcst path's above the `if` of its finding.
     assert lines[3].startswith("# TODO(npu-migrate NPU799): look at this def (see `npu-migrate rules NPU799`)")
     assert lines[4] == "@torch.no_grad()"
-    assert lines[6].startswith("    # TODO(npu-migrate NPU204): `torch.cuda.get_device_capability`")
-    assert lines[7] == "    if torch.cuda.get_device_capability()[0] >= 8:"
+    assert lines[6].startswith("    # TODO(npu-migrate NPU204): `torch.cuda.get_device_properties`")
+    assert lines[7] == "    if torch.cuda.get_device_properties(0).major >= 8:"
     assert annotated.count("TODO(npu-migrate") == 2
     again, again_findings = _migrate(annotated, monkeypatch, annotate=True)
     assert again == annotated

@@ -20,7 +20,7 @@ from npu_migrate.report import sarif_document
 SCHEMA_PATH = ROOT / "tests" / "data" / "sarif-schema-2.1.0.json"
 FIXABLE_SOURCE = "import torch\nx = torch.ones(1).cuda()\n"
 # NPU204 is report-only: the capability tuple does not exist on NPU, a human has to rework this.
-REPORT_ONLY_SOURCE = "import torch\n\nmajor = torch.cuda.get_device_capability()[0]\n"
+REPORT_ONLY_SOURCE = "import torch\n\nmajor = torch.cuda.get_device_properties(0).major\n"
 
 
 def run_cli(*args, cwd):
@@ -99,7 +99,7 @@ def test_sarif_output_content(sarif):
     assert loc["artifactLocation"]["uri"] == "src/caps.py"
     assert loc["region"]["startLine"] == 3
     assert capability["level"] == "error"  # report-only: a human must act
-    assert "get_device_capability" in capability["message"]["text"]
+    assert "get_device_properties" in capability["message"]["text"]
 
 
 def test_a_findings_data_is_its_results_property_bag(validator):
@@ -154,7 +154,7 @@ def test_github_annotations(project):
     capability = by_title["NPU204"]
     assert capability["level"] == "error"
     assert (capability["file"], capability["line"], capability["col"]) == ("src/caps.py", "3", "9")
-    assert "get_device_capability" in capability["message"]
+    assert "get_device_properties" in capability["message"]
 
     cuda_call = by_title["NPU101 (fixable)"]
     assert cuda_call["level"] == "notice"

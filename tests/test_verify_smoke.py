@@ -3,8 +3,9 @@
 * `fixtures/projects/smoke_runs`: a tiny LM trained by a script (arguments, AMP, one-process DDP over
   nccl, a checkpoint saved and loaded with map_location), launched one DDP process per GPU with
   `torch.multiprocessing.spawn`, importable as a module and built by a factory. Migrated, it must run on the simulated host, on the NPU, through its fused branches.
-* `fixtures/projects/smoke_guard`: `HAS_GPU = torch.cuda.is_available()` is rewritten, the capability
-  test after it is not (issue #13, pattern 1): the migrated program crashes at import on an NPU host.
+* `fixtures/projects/smoke_guard`: `HAS_GPU = torch.cuda.is_available()` guards a capability test (issue #13,
+  pattern 1). Migrated, both are rewritten and the program runs; the tree an older npu-migrate wrote
+  (the guard rewritten, the capability test not) crashes at import, which is what the blame tests use.
 
 Each run starts a fresh interpreter (a few seconds, mostly `import torch`).
 """
@@ -55,6 +56,18 @@ def guard(tmp_path_factory) -> tuple[Path, Path]:
     shutil.copytree(PROJECTS / "smoke_guard", original)
     _apply(original, migrated)
     return original, migrated
+
+
+@pytest.fixture(scope="module")
+def guard_before(guard, tmp_path_factory) -> Path:
+    """smoke_guard as npu-migrate migrated it before issue #13: the guard flipped, the code it guards not."""
+    original, _ = guard
+    tree = tmp_path_factory.mktemp("guard_before") / "migrated"
+    shutil.copytree(original, tree)
+    hw = tree / "app" / "hw.py"
+    text = hw.read_text().replace("import torch\n", "import torch\nimport torch_npu\n", 1)
+    hw.write_text(text.replace("torch.cuda.is_available()", "torch.npu.is_available()"))
+    return tree
 
 
 def _cli(*args: str):
@@ -132,20 +145,32 @@ def test_a_failure_the_original_has_too_is_exit_2(runs):
 # -- a flipped guard -----------------------------------------------------------------------------------
 
 
-def test_flipped_guard_crash_names_file_line_and_rules(guard):
+def test_flipped_guard_now_runs_with_its_capability_gate(guard):
     original, migrated = guard
+    hw = (migrated / "app" / "hw.py").read_text()
+    assert "FP16_OK = HAS_GPU and (torch.npu.get_device_capability(0) or (8, 0))[0] >= 7" in hw
+    report = smoke.run(migrated, script=migrated / "train.py", args=["--steps", "2"], original=original)
+    assert report.passed, report.to_text(verbose=True)
+    assert "gpu=True fp16=True" in report.output_tail  # the NPU takes the fp16 path an Ampere GPU takes
+
+
+def test_flipped_guard_crash_names_file_line_and_rules(guard, guard_before):
+    original, _ = guard
+    migrated = guard_before
     result = _cli(
         "--smoke", "--migrated", str(migrated), "--script", str(migrated / "train.py"), "--original", str(original)
     )
     assert result.exit_code == 1, result.output
     assert "CRASH at app/hw.py:5: AssertionError: Torch not compiled with CUDA enabled" in result.output
     assert "FP16_OK = HAS_GPU and torch.cuda.get_device_capability(0)[0] >= 7" in result.output
-    assert "NPU204 at line 4, reported, not rewritten" in result.output
+    # The blame is what npu-migrate does today at those lines of the original.
+    assert "NPU206 at line 4, rewritten" in result.output
     assert "reads `HAS_GPU`, set at line 3 (NPU201, rewritten)" in result.output
 
 
-def test_flipped_guard_json_and_module_entry(guard):
-    original, migrated = guard
+def test_flipped_guard_json_and_module_entry(guard, guard_before):
+    original, _ = guard
+    migrated = guard_before
     result = _cli(
         "--smoke", "--migrated", str(migrated), "--module", "app.model", "--original", str(original), "--format", "json"
     )
@@ -154,7 +179,7 @@ def test_flipped_guard_json_and_module_entry(guard):
     crash = data["crash"]
     assert (crash["file"], crash["line"], crash["kind"]) == ("app/hw.py", 5, "crash")
     assert crash["attribution"]["original_line"] == 4
-    assert crash["attribution"]["rule_ids"] == ["NPU201", "NPU204"]
+    assert crash["attribution"]["rule_ids"] == ["NPU201", "NPU206"]
     assert data["exit_code"] == 1 and data["passed"] is False
 
 
@@ -167,7 +192,7 @@ def test_the_original_runs_on_the_simulated_host(guard):
 
 
 def _capability_rewritten(migrated: Path, tmp_path: Path) -> Path:
-    """The migrated tree with the capability call moved to torch.npu, as a hasty reviewer would."""
+    """The old migrated tree with the capability call moved to torch.npu, as a hasty reviewer would."""
     tree = tmp_path / "hasty"
     shutil.copytree(migrated, tree)
     hw = tree / "app" / "hw.py"
@@ -175,9 +200,8 @@ def _capability_rewritten(migrated: Path, tmp_path: Path) -> Path:
     return tree
 
 
-def test_capability_none_is_what_crashes(guard, tmp_path, monkeypatch):
-    _, migrated = guard
-    tree = _capability_rewritten(migrated, tmp_path)
+def test_capability_none_is_what_crashes(guard_before, tmp_path, monkeypatch):
+    tree = _capability_rewritten(guard_before, tmp_path)
     monkeypatch.delenv("TORCH_NPU_DEVICE_CAPABILITY", raising=False)
     report = smoke.run(tree, module="app.model")
     assert report.crash is not None and report.crash.type == "TypeError", report.to_text()

@@ -63,14 +63,14 @@ def test_annotate_inserts_one_todo_above_each_open_finding_and_is_idempotent():
     source = (
         "import torch\n\n"
         "def pick():\n"
-        "    if torch.cuda.get_device_capability()[0] >= 8:\n"
+        "    if torch.cuda.get_device_properties(0).major >= 8:\n"
         "        return torch.bfloat16\n"
         "    return torch.float16\n"
     )
     migrated, _ = migrate_text(source, annotate=True)
     lines = migrated.splitlines()
-    todo = lines.index("    if torch.cuda.get_device_capability()[0] >= 8:") - 1
-    assert lines[todo].startswith("    # TODO(npu-migrate NPU204): `torch.cuda.get_device_capability`: ")
+    todo = lines.index("    if torch.cuda.get_device_properties(0).major >= 8:") - 1
+    assert lines[todo].startswith("    # TODO(npu-migrate NPU204): `torch.cuda.get_device_properties`: ")
     assert lines[todo].endswith("(see `npu-migrate rules NPU204`)")
     assert migrated.count("TODO(npu-migrate") == 1
     again, _ = migrate_text(migrated, annotate=True)

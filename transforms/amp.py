@@ -77,7 +77,8 @@ AMP_DEVICE = Rule(
     what="""
     Rewrites the device type "cuda" of `torch.autocast`, `torch.amp.autocast`, `torch.amp.GradScaler`,
     `torch.amp.custom_fwd` / `custom_bwd` and the `torch.get/set_autocast_dtype`,
-    `is/set_autocast_enabled` functions to "npu".
+    `is/set_autocast_enabled` functions to "npu". `torch.amp.GradScaler()` without a device (it
+    defaults to "cuda") gets "npu".
     """,
     why="""
     The device type selects which device autocasts; "cuda" does nothing on an NPU.
@@ -164,6 +165,9 @@ AMP_NOT_MIGRATED = Rule(
 _TABLE = load_table("amp.toml")
 _CUDA_AMP: dict[str, dict] = _TABLE["cuda_amp"]
 _DEVICE_TYPE_ARGS: dict[str, list] = _TABLE["device_type_arguments"]
+#: Their device defaults to "cuda" when left out: on an NPU host loss scaling silently turns itself off.
+_DEFAULTS_TO_CUDA = frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler"})
+_SCALERS = name_sets(sorted(_DEFAULTS_TO_CUDA))
 _RENAMED: dict[str, str] = _TABLE["renamed"]
 PREFIX = "torch.cuda.amp"
 _NAMES = name_sets([PREFIX, *_RENAMED])
@@ -244,12 +248,16 @@ class AmpChecker(NameUseChecker):
         # A name under torch.cuda.amp or a GPU-only autocast function; or a call with a device type argument,
         # which is only rewritten when that argument is a "cuda" literal (`torch.autocast(device_type)` and
         # `torch.is_autocast_enabled()` alone are not).
-        return index.may_name(_NAMES) or (index.may_name(_DEVICE_CALLS) and has_device_literal(index))
+        return (
+            index.may_name(_NAMES)
+            or (index.may_name(_DEVICE_CALLS) and has_device_literal(index))
+            or index.may_name(_SCALERS)
+        )
 
     @classmethod
     def wants_words(cls, words) -> bool:
         # Identifiers only: a "cuda" literal may be spelled with escapes, which its words would not show.
-        return words_may_name(words, _NAMES) or words_may_name(words, _DEVICE_CALLS)
+        return words_may_name(words, _NAMES) or words_may_name(words, _DEVICE_CALLS) or words_may_name(words, _SCALERS)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
@@ -271,6 +279,13 @@ class AmpChecker(NameUseChecker):
             literal = device_literal(arg.value) if arg is not None else None
             if literal is not None and literal is arg.value:
                 self.report(AMP_DEVICE, literal, f"`{qualname}` now runs on the NPU", fix=rewrite_device_literal)
+            elif arg is None and qualname in _DEFAULTS_TO_CUDA and all(a.star == "" for a in node.args):
+                self.report(
+                    AMP_DEVICE,
+                    node,
+                    f'`{qualname}()` without a device scales for "cuda", which is off on an NPU: `"npu"` added',
+                    fix=lambda updated: updated.with_changes(args=[cst.Arg(_npu_string()), *updated.args]),
+                )
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._skip.add(id(node.attr))

@@ -172,6 +172,53 @@ UNKNOWN_API = Rule(
     severity=Severity.WARNING,
 )
 
+CAPABILITY = Rule(
+    id="NPU206",
+    name="device-capability-gate",
+    family="cuda_api",
+    summary="`torch.cuda.get_device_capability()` becomes `(torch.npu.get_device_capability() or (8, 0))`",
+    what="""
+    Rewrites a call of `torch.cuda.get_device_capability(...)` to
+    `(torch.npu.get_device_capability(...) or (8, 0))`: the NPU answers as an Ampere-class GPU. Every
+    use of the answer keeps working: indexing (`[0] >= 8`), tuple comparison (`>= (8, 0)`), unpacking
+    (`major, minor = ...`), `major * 10 + minor`. Only calls reached through `torch` are rewritten; a
+    reference to the function (`f = torch.cuda.get_device_capability`) or an import of it is reported
+    (NPU204).
+    """,
+    why="""
+    torch_npu's `get_device_capability()` returns None (unless `TORCH_NPU_DEVICE_CAPABILITY` is set,
+    torch_npu 2.13+), so `torch.npu.get_device_capability()[0] >= 7` raises TypeError. Capability gates
+    choose features: (8, 0) turns on what an Ascend 910B-class device has (fp16, bf16) and keeps off what
+    it has not (fp8 and Hopper-only paths, `>= (8, 9)` / `>= 9`). TF32 switches are NPU501's (HF32).
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            use_bf16 = torch.cuda.get_device_capability(0)[0] >= 8
+        """,
+        after="""
+            import torch
+            import torch_npu
+
+            use_bf16 = (torch.npu.get_device_capability(0) or (8, 0))[0] >= 8
+        """,
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    The gate now chooses what an Ampere-class GPU gets. Check that the features it turns on run on your
+    NPU, and set `TORCH_NPU_DEVICE_CAPABILITY` (torch_npu 2.13+) where you want the NPU to answer
+    something else.
+    """,
+)
+
+#: What an NPU answers in place of None: an Ampere-class GPU (fp16 and bf16 yes, fp8 and Hopper paths no).
+NPU_CAPABILITY = (8, 0)
+#: Device properties torch_npu's `get_device_properties()` has under the same name as CUDA's.
+SAME_PROPERTIES = frozenset({"name", "total_memory"})
+#: Tests of whether CUDA is there: rewritten, they decide whether the code after them runs on an NPU host.
+GUARDS = frozenset({"torch.cuda.is_available", "torch.cuda.device_count"})
+
 _KIND_RULE = {Kind.MISSING: NO_EQUIVALENT, Kind.CAVEAT: BEHAVIOUR_DIFFERS, Kind.UNKNOWN: UNKNOWN_API}
 
 
@@ -190,7 +237,7 @@ _TORCH_CUDA = name_sets(["torch.cuda"])
 
 
 class CudaApiChecker(Checker):
-    rules = (SAME_NAME, RENAMED, NO_EQUIVALENT, BEHAVIOUR_DIFFERS, UNKNOWN_API)
+    rules = (SAME_NAME, RENAMED, NO_EQUIVALENT, BEHAVIOUR_DIFFERS, UNKNOWN_API, CAPABILITY)
     markers = ("cuda",)
 
     @classmethod
@@ -205,7 +252,45 @@ class CudaApiChecker(Checker):
         super().__init__(ctx, enabled)
         self.api = ctx.api
 
+    def visit_Call(self, node: cst.Call) -> None:
+        # `torch.cuda.get_device_capability(0)`: a call, rewritten whole (the answer may be None on NPU).
+        if self.ctx.claimed(node.func) or CAPABILITY.id not in self.enabled:
+            return
+        qualname, binding = self._through_torch(node.func)
+        if qualname == "torch.cuda.get_device_capability":
+            self._claim_chain(node.func)
+            self.report(
+                CAPABILITY,
+                node,
+                f"`{qualname}()` returns None on NPU: asked as an Ampere-class GPU, {NPU_CAPABILITY}",
+                fix=_capability_or_ampere,
+                crashes=True,
+            )
+
+    def _through_torch(self, func: cst.BaseExpression) -> tuple[str | None, Binding | None]:
+        """The qualified name of a chain reached through `torch` itself (not an import from torch.cuda)."""
+        qualname, binding = self.ctx.resolve(func)
+        if binding is not None and is_under(binding.qualname, "torch.cuda"):
+            return None, None
+        return qualname, binding
+
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        if (
+            node.attr.value in SAME_PROPERTIES
+            and isinstance(node.value, cst.Call)
+            and SAME_NAME.id in self.enabled
+            and self._through_torch(node.value.func)[0] == "torch.cuda.get_device_properties"
+        ):
+            # `.total_memory` and `.name` exist on NPU; only major / minor / multi_processor_count do not.
+            func = node.value.func
+            self._claim_chain(func)
+            self.report(
+                SAME_NAME,
+                func,
+                f"`torch.cuda.get_device_properties(...).{node.attr.value}` -> `torch.npu`, which has it",
+                fix=lambda updated: with_tail(updated, ["npu", "get_device_properties"]),
+                crashes=True,
+            )
         self.ctx.claim(node.attr)  # `x.cuda`: the attribute name is not a use of an imported `cuda`
         if self.ctx.claimed(node):
             return
@@ -263,7 +348,7 @@ class CudaApiChecker(Checker):
             return
         if mapping.kind in _KIND_RULE:
             rule = _KIND_RULE[mapping.kind]
-            self.report(rule, node, f"`{qualname}`: {mapping.advice}")
+            self.report(rule, node, f"`{qualname}`: {mapping.advice}", crashes=True)
             if binding is not None and is_under(binding.qualname, "torch.cuda"):
                 self.ctx.veto(binding, f"`{qualname}` has no direct NPU counterpart")
             return
@@ -277,7 +362,14 @@ class CudaApiChecker(Checker):
             # Reached through `torch` itself: rewrite the attribute chain at the use site.
             root_parts = len(binding.qualname.split(".")) if binding else 1
             tail = target.split(".")[root_parts:]
-            self.report(rule, node, f"`{qualname}` -> `{target}`", fix=lambda updated, t=tail: with_tail(updated, t))
+            self.report(
+                rule,
+                node,
+                f"`{qualname}` -> `{target}`",
+                fix=lambda updated, t=tail: with_tail(updated, t),
+                guard=qualname in GUARDS,
+                crashes=True,
+            )
             return
         # Reached through an import of torch.cuda (or a name from it): the import is rebound, and the use
         # site only changes if the names below the import differ.
@@ -285,7 +377,7 @@ class CudaApiChecker(Checker):
         if bound_target.kind not in (Kind.SAME, Kind.RENAMED):
             self.ctx.veto(binding, f"`{binding.qualname}` has no direct NPU counterpart")
             return
-        self.ctx.rebind(rule, binding, bound_target.target)
+        self.ctx.rebind(rule, binding, bound_target.target, guard=binding.qualname in GUARDS)
         old_tail = qualname.split(".")[len(binding.qualname.split(".")) :]
         new_tail = target.split(".")[len(bound_target.target.split(".")) :]
         if bound_target.target.split(".") + new_tail != target.split("."):
@@ -297,6 +389,8 @@ class CudaApiChecker(Checker):
                 f"`{qualname}` -> `{target}`",
                 requires=binding,
                 fix=lambda updated, t=new_tail: with_tail(updated, t),
+                guard=qualname in GUARDS,
+                crashes=True,
             )
 
     def finish(self) -> None:
@@ -308,7 +402,21 @@ class CudaApiChecker(Checker):
             if mapping.kind in (Kind.SAME, Kind.RENAMED):
                 rule = RENAMED if mapping.kind is Kind.RENAMED else SAME_NAME
                 if rule.id in self.enabled:
-                    self.ctx.rebind(rule, binding, mapping.target)
+                    self.ctx.rebind(rule, binding, mapping.target, guard=binding.qualname in GUARDS)
             elif mapping.kind in _KIND_RULE:
                 self.ctx.veto(binding, f"`{binding.qualname}` has no direct NPU counterpart")
                 self.report(_KIND_RULE[mapping.kind], binding.line, f"`{binding.qualname}`: {mapping.advice}")
+
+
+def _capability_or_ampere(call: cst.Call) -> cst.BaseExpression:
+    """`torch.cuda.get_device_capability(i)` -> `(torch.npu.get_device_capability(i) or (8, 0))`."""
+    npu_call = call.with_changes(func=with_tail(call.func, ["npu", "get_device_capability"]), lpar=[], rpar=[])
+    major, minor = NPU_CAPABILITY
+    fallback = cst.Tuple([cst.Element(cst.Integer(str(major))), cst.Element(cst.Integer(str(minor)))])
+    return cst.BooleanOperation(
+        left=npu_call,
+        operator=cst.Or(),
+        right=fallback,
+        lpar=call.lpar or [cst.LeftParen()],
+        rpar=call.rpar or [cst.RightParen()],
+    )

@@ -6,6 +6,8 @@ CUDA (docstrings, comments, log messages, argparse help, dictionary keys) is nev
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from npu_migrate.checkers import Checker
@@ -24,7 +26,10 @@ CUDA_METHOD = Rule(
     Rewrites `.cuda(...)` calls to `.npu(...)`, keeping the arguments: `.cuda(i)`, `.cuda(device=...)`
     and `.cuda(non_blocking=True)` become the same `.npu(...)` call. Not rewritten when the file defines
     a function or method called `cuda` itself (the call may be to it): then a finding asks you to check
-    the call by hand.
+    the call by hand. Nor in files that use a quantisation library whose parameters convert themselves
+    in place on `.cuda()` (bitsandbytes, hqq, auto_gptq, awq) when the result is thrown away
+    (`weight.cuda()` as a statement, on something not named like a model): `.npu()` would return a new
+    tensor and leave the parameter unquantised, so the call is reported.
     """,
     why="""
     `.cuda()` moves tensors and modules to a GPU; on an NPU host there is none, and the call fails.
@@ -55,7 +60,9 @@ DEVICE_STRING = Rule(
     summary="`'cuda'` / `'cuda:N'` / `f'cuda:{i}'` device strings become `'npu'` ones",
     what="""
     Rewrites device strings where they select a device: `torch.device(...)`, `.to(...)`, `device=` /
-    `map_location=` / `pin_memory_device=` arguments (including `map_location` dicts), variables,
+    `map_location=` / `pin_memory_device=` arguments (including `map_location` dicts and
+    `{"map_location": "cuda"}` keyword dicts), variables given one value in the file and used there
+    (`loc = "cuda:{}".format(gpu)`, then `map_location=loc`), variables,
     attributes, dictionary entries and parameters whose name mentions "device", argparse `--device`
     defaults and choices, and `'cuda' if torch.cuda.is_available() else 'cpu'`. f-strings
     (`f"cuda:{rank}"`), `"cuda:{}".format(i)` and `"cuda:%d" % i` are handled too. Strings that only
@@ -114,9 +121,7 @@ IS_CUDA = Rule(
     what="""
     Rewrites the tensor property `.is_cuda` to `.is_npu`. Not rewritten when the file assigns an
     attribute called `is_cuda` itself (then it is the program's own flag, not the tensor property): a
-    finding asks you to check. Kept, with a finding, where it guards a kernel that may be missing and only
-    CUDA runs (`if fast_kernel is not None and x.is_cuda: return fast_kernel(x)`): flipped, it would send
-    NPU tensors into that kernel.
+    finding asks you to check.
     """,
     why="""
     `Tensor.is_cuda` is False for every tensor on an NPU, so code gated on it silently takes its CPU
@@ -184,6 +189,49 @@ DEVICE_COMPARISON = Rule(
     fix_safety=FixSafety.SAFE,
 )
 
+ACCELERATOR_STRING = Rule(
+    id="NPU105",
+    name="framework-accelerator-string",
+    family="device",
+    summary='a framework\'s accelerator string (`accelerator="cuda"` / `"gpu"`) is reported with its NPU spelling',
+    what="""
+    Reports `"cuda"` and `"gpu"` assigned to a variable, attribute or keyword argument named like
+    `accelerator` (Lightning's `Trainer(accelerator=...)`, DeepSpeed and accelerate configuration code).
+    Not rewritten: each framework spells the NPU its own way, or not at all. Lightning has no built-in NPU
+    accelerator (register your own `Accelerator` subclass); DeepSpeed selects the NPU with the environment
+    variable `DS_ACCELERATOR=npu` (`get_accelerator().device_name()` is then "npu"); Hugging Face
+    accelerate and `Trainer` find an NPU on their own when torch_npu is installed, so leave the device
+    unset; Ray calls the resource "NPU".
+    """,
+    why="""
+    The framework, not torch, reads the string: "npu" is not a Lightning accelerator name, and a guard
+    flipped in front of `accelerator = "cuda"` makes the framework fail where it used to fall back to CPU.
+    While such a string is left, the guard in front of it is left too (`npu_migrate.coherence`).
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+        """,
+        reports="framework accelerator string",
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
+    severity=Severity.WARNING,
+)
+
+_ACCELERATOR_VALUES = frozenset({"cuda", "gpu"})
+_ACCELERATOR_ADVICE = (
+    'framework accelerator string "{value}" left as is: spell the NPU the way your framework does (Lightning: '
+    "no built-in NPU accelerator, register an `Accelerator` subclass; DeepSpeed: `DS_ACCELERATOR=npu`; "
+    'Hugging Face accelerate / Trainer: leave the device unset, they find the NPU; Ray: the "NPU" resource)'
+)
+
+#: Packages whose parameter classes implement `.cuda()` as an in-place conversion (bitsandbytes `Int8Params` /
+#: `Params4bit` quantise their data on the move and return self): `x.cuda()` as a statement works there, while
+#: `.npu()` returns a new tensor that is thrown away. In files importing them, such statements are reported.
+IN_PLACE_CUDA_PACKAGES = ("bitsandbytes", "hqq", "auto_gptq", "awq")
+
 DEVICE_KEYWORDS = frozenset({"device", "map_location", "pin_memory_device", "output_device"})
 OTHER_DEVICES = frozenset({"cpu", "mps", "meta", "xpu"})
 
@@ -205,7 +253,7 @@ def _target_name(node: cst.BaseExpression) -> str:
 
 
 class DeviceChecker(Checker):
-    rules = (CUDA_METHOD, DEVICE_STRING, IS_CUDA, DEVICE_COMPARISON)
+    rules = (CUDA_METHOD, DEVICE_STRING, IS_CUDA, DEVICE_COMPARISON, ACCELERATOR_STRING)
     markers = ("cuda",)
 
     @classmethod
@@ -218,8 +266,14 @@ class DeviceChecker(Checker):
         super().__init__(ctx, enabled)
         self._is_cuda_reads: list[cst.Attribute] = []
         self._is_cuda_is_own_attribute = False
-        #: `.is_cuda` reads guarding an optional CUDA-only kernel -> that kernel's name.
-        self._cuda_kernel_guards: dict[int, str] = {}
+        self._comparisons: list[cst.Comparison] = []
+        self._npu_tested: set[str] = set()  # code of values compared with "npu" somewhere in the file
+        self._elifs: set[int] = set()
+        self._discarded: set[int] = set()  # calls whose result is thrown away (expression statements)
+        # Device values that travel through a variable (`loc = "cuda:{}".format(gpu)`, then
+        # `map_location=loc`): the names used where a device goes, and every value each name is given.
+        self._device_names: list[tuple[str, str]] = []
+        self._assigned: dict[str, list[cst.BaseExpression | None]] = {}
 
     # -- device strings ------------------------------------------------------------------------------
 
@@ -231,6 +285,9 @@ class DeviceChecker(Checker):
         "npu"]`, `{"cuda": "CUDAGraph"}`) is data about devices, and rewriting it would change it.
         """
         if node is None:
+            return
+        if isinstance(node, cst.Name):  # decided in `finish`, from the value the name is assigned
+            self._device_names.append((node.value, where))
             return
         if isinstance(node, cst.IfExp):
             self._device_value(node.body, where)
@@ -249,8 +306,16 @@ class DeviceChecker(Checker):
         literal = device_literal(node)
         if literal is not None:
             self.report(
-                DEVICE_STRING, literal, f"device string in {where} now names the NPU", fix=rewrite_device_literal
+                DEVICE_STRING,
+                literal,
+                f"device string in {where} now names the NPU",
+                fix=rewrite_device_literal,
+                crashes=True,
             )
+
+    def visit_Expr(self, node: cst.Expr) -> None:
+        if isinstance(node.value, cst.Call):
+            self._discarded.add(id(node.value))
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
@@ -268,6 +333,8 @@ class DeviceChecker(Checker):
         elif isinstance(func, cst.Attribute) and func.attr.value == "add_argument":
             self._argparse_device(node, positional)
         for arg in node.args:
+            if arg.keyword is not None and arg.keyword.value == "accelerator":
+                self._accelerator_value(arg.value)
             if arg.keyword is not None and arg.keyword.value in DEVICE_KEYWORDS:
                 self._device_value(arg.value, f"`{arg.keyword.value}=`", containers=arg.keyword.value == "map_location")
             elif arg.keyword is not None and arg.keyword.value == "type" and qualname == "torch.device":
@@ -281,8 +348,21 @@ class DeviceChecker(Checker):
             if arg.keyword is not None and arg.keyword.value in ("default", "choices"):
                 self._device_value(arg.value, f"the `{flags[0]}` option's {arg.keyword.value}", containers=True)
 
+    def _accelerator_value(self, node: cst.BaseExpression | None) -> None:
+        if isinstance(node, cst.IfExp):
+            self._accelerator_value(node.body)
+            self._accelerator_value(node.orelse)
+            return
+        value = string_value(node) if node is not None else None
+        if value in _ACCELERATOR_VALUES:
+            self.report(ACCELERATOR_STRING, node, _ACCELERATOR_ADVICE.format(value=value), crashes=True)
+
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
+            if isinstance(target.target, cst.Name):
+                self._assigned.setdefault(target.target.value, []).append(node.value)
+            if "accelerator" in _target_name(target.target).lower():
+                self._accelerator_value(node.value)
             if _mentions_device(_target_name(target.target)):
                 self._device_value(node.value, f"`{_target_name(target.target)}`")
             if isinstance(target.target, cst.Attribute) and target.target.attr.value == "is_cuda":
@@ -295,12 +375,13 @@ class DeviceChecker(Checker):
             self._is_cuda_is_own_attribute = True
 
     def visit_Param(self, node: cst.Param) -> None:
+        self._assigned.setdefault(node.name.value, []).append(None)  # a parameter: its value is unknown
         if _mentions_device(node.name.value):
             self._device_value(node.default, f"the default of `{node.name.value}`")
 
     def visit_DictElement(self, node: cst.DictElement) -> None:
         key = string_value(node.key)
-        if key is not None and _mentions_device(key):
+        if key is not None and (_mentions_device(key) or key in DEVICE_KEYWORDS):
             self._device_value(node.value, f'the "{key}" entry')
 
     def visit_IfExp(self, node: cst.IfExp) -> None:
@@ -320,6 +401,19 @@ class DeviceChecker(Checker):
                 "`.cuda()` not rewritten: this file defines its own `cuda` function or method, and the call "
                 "may be to it; use `.npu()` where it moves a tensor or module",
                 severity=Severity.WARNING,
+                crashes=True,
+            )
+            return
+        quantising = self._in_place_cuda_package()
+        if id(node) in self._discarded and quantising is not None and not _plainly_module(func.value):
+            self.report(
+                CUDA_METHOD,
+                func,
+                f"`.cuda()` not rewritten: its result is thrown away and this file uses {quantising}, whose "
+                "parameters quantise themselves in place on `.cuda()`; `.npu()` returns a new tensor instead. "
+                "Move the module that owns the parameter (`model.npu()`) or assign the result",
+                severity=Severity.WARNING,
+                crashes=True,
             )
             return
         self.report(
@@ -327,7 +421,12 @@ class DeviceChecker(Checker):
             func,
             "`.cuda()` now moves to the NPU: `.npu()`",
             fix=lambda updated: updated.with_changes(attr=cst.Name("npu")),
+            crashes=True,
         )
+
+    def _in_place_cuda_package(self) -> str | None:
+        modules = self.ctx.imports.modules
+        return next((p for p in IN_PLACE_CUDA_PACKAGES if any(m == p or m.startswith(p + ".") for m in modules)), None)
 
     # -- .is_cuda ------------------------------------------------------------------------------------
 
@@ -335,46 +434,9 @@ class DeviceChecker(Checker):
         if node.attr.value == "is_cuda":
             self._is_cuda_reads.append(node)
 
-    def visit_If(self, node: cst.If) -> None:
-        """`if fast_kernel is not None and x.is_cuda: fast_kernel(x, ...)`: a kernel that may be missing (an
-        optional import of a CUDA library) and runs only on CUDA tensors. Flipped to `.is_npu`, the guard
-        would send NPU tensors into a CUDA kernel; kept, the NPU takes the portable code after it."""
-        test = node.test
-        if not (isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And)):
-            return
-        conditions, kernels = [], set()
-        while isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
-            conditions.append(test.right)
-            test = test.left
-        conditions.append(test)
-        for condition in conditions:
-            if (
-                isinstance(condition, cst.Comparison)
-                and len(condition.comparisons) == 1
-                and isinstance(condition.comparisons[0].operator, cst.IsNot)
-                and isinstance(condition.comparisons[0].comparator, cst.Name)
-                and condition.comparisons[0].comparator.value == "None"
-                and isinstance(condition.left, cst.Name)
-            ):
-                kernels.add(condition.left.value)
-        called = _called_names(node.body)
-        for condition in conditions:
-            if isinstance(condition, cst.Attribute) and condition.attr.value == "is_cuda":
-                kernel = next((k for k in sorted(kernels) if k in called), None)
-                if kernel is not None:
-                    self._cuda_kernel_guards[id(condition)] = kernel
-
     def finish(self) -> None:
         for node in self._is_cuda_reads:
-            if id(node) in self._cuda_kernel_guards:
-                self.report(
-                    IS_CUDA,
-                    node,
-                    f"`.is_cuda` kept: it guards `{self._cuda_kernel_guards[id(node)]}`, a kernel only CUDA runs;"
-                    " on an NPU the code after it runs",
-                    severity=Severity.INFO,
-                )
-            elif self._is_cuda_is_own_attribute:
+            if self._is_cuda_is_own_attribute:
                 self.report(
                     IS_CUDA,
                     node,
@@ -388,28 +450,73 @@ class DeviceChecker(Checker):
                     node,
                     "`.is_cuda` is False on NPU: `.is_npu`",
                     fix=lambda updated: updated.with_changes(attr=cst.Name("is_npu")),
+                    guard=True,
                 )
+        for node in self._comparisons:
+            _COMPARISONS.check(self, node, self._already_tells_npu)
+        for name, where in self._device_names:
+            values = self._assigned.get(name, [])
+            # Only a name given one value in the whole file: anything else needs scope analysis.
+            if len(values) == 1 and values[0] is not None and not _mentions_device(name):
+                self._device_value(values[0], f"`{name}`, used as {where}", containers=True)
 
     # -- comparisons -----------------------------------------------------------------------------------
 
+    # Code that already supports the NPU (`if device.type == "npu": ... elif device.type == "cuda": ...`,
+    # `self.is_npu = device.type == "npu"` next to `self.is_cuda = device.type == "cuda"`) keeps its CUDA
+    # side: the comparisons of a value also compared with "npu" are decided in `finish`, and the CUDA
+    # branches of an if-chain that tests for the NPU are left whole (`FileContext.keep_cuda`).
+
     def visit_Comparison(self, node: cst.Comparison) -> None:
-        _COMPARISONS.check(self, node)
+        self._comparisons.append(node)
+        operands = [node.left, *(target.comparator for target in node.comparisons)]
+        for left, right in zip(operands, operands[1:]):
+            for literal_side, other in ((left, right), (right, left)):
+                if _names_npu(literal_side):
+                    self._npu_tested.add(self.ctx.code(other))
+
+    def visit_If(self, node: cst.If) -> bool:
+        if id(node) in self._elifs:
+            return True
+        chain = [node]
+        while isinstance(chain[-1].orelse, cst.If):
+            self._elifs.add(id(chain[-1].orelse))
+            chain.append(chain[-1].orelse)
+        tests = [self.ctx.code(branch.test) for branch in chain]
+        npu = next((i for i, test in enumerate(tests) if _NPU_TEST.search(test)), None)
+        if npu is None:
+            return True
+        for branch, test in zip(chain, tests):
+            if _CUDA_TEST.search(test) and not _NPU_TEST.search(test):
+                self.ctx.keep_cuda(branch.test)
+                self.ctx.keep_cuda(branch.body)
+                self.report(
+                    DEVICE_COMPARISON,
+                    branch.test,
+                    f"`{test}` left as is: this if-chain already has an NPU branch (`{tests[npu]}`)",
+                    severity=Severity.INFO,
+                )
+        return True
+
+    def _already_tells_npu(self, other: str) -> str | None:
+        if other in self._npu_tested:
+            return f'comparison left as is: `{other}` is also compared with "npu" here, the code already supports it'
+        return None
 
 
-class _CalledNames(cst.CSTVisitor):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def visit_Call(self, node: cst.Call) -> None:
-        if isinstance(node.func, cst.Name):
-            self.names.add(node.func.value)
+def _plainly_module(receiver: cst.BaseExpression) -> bool:
+    """`model.cuda()` / `self.model.cuda()`: a module moves its parameters in place on `.npu()` as well."""
+    name = _target_name(receiver).lower()
+    return name in ("model", "module", "net", "self") or name.endswith(("model", "_net", "module"))
 
 
-def _called_names(node: cst.CSTNode) -> set[str]:
-    """The plain names called anywhere under `node` (`fast_kernel(x)`)."""
-    visitor = _CalledNames()
-    node.visit(visitor)
-    return visitor.names
+_NPU_TEST = re.compile(r"""["']npu(:\d+)?["']|\bis_npu\b""")
+_CUDA_TEST = re.compile(r"""["']cuda(:\d+)?["']|\bis_cuda\b|\bcuda\.is_available\b""")
+
+
+def _names_npu(node: cst.BaseExpression) -> bool:
+    value = string_value(node)
+    return value is not None and re.fullmatch(r"npu(:\d+)?", value) is not None
 
 
 def _device_literals(node: cst.BaseExpression) -> list[cst.CSTNode]:
@@ -427,4 +534,5 @@ _COMPARISONS = LiteralComparisons(
     fix=rewrite_device_literal,
     rewritten="comparison with the device type now tests for the NPU",
     unsure='comparison of `{other}` with a CUDA device string: if it is a device, compare with "npu" instead',
+    guard=True,
 )

@@ -41,6 +41,21 @@ def load_table(name: str) -> dict:
     return tomllib.loads(data.decode("utf-8"))
 
 
+def package_table() -> dict[str, dict]:
+    """Third-party packages that only run on NVIDIA GPUs (`third_party.toml`), by module prefix."""
+    return load_table("third_party.toml")["packages"]
+
+
+def cuda_package(qualname: str, table: dict[str, dict]) -> tuple[str, dict] | None:
+    """The longest listed prefix of `qualname` (`apex.optimizers.FusedAdam` -> `apex.optimizers`)."""
+    parts = qualname.split(".")
+    for depth in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:depth])
+        if prefix in table:
+            return prefix, table[prefix]
+    return None
+
+
 def _version_key(version: str) -> tuple:
     main, _, post = version.partition(".post")
     return (*(int(p) for p in main.split(".")), int(post or 0))

@@ -4,6 +4,10 @@ Fixes come in two kinds. A plain fix rewrites the node it was reported on. A fix
 import binding (code that reaches `torch.cuda` through `from torch import cuda`) is only valid if that
 import is rewritten too, and the import may only be rewritten if *every* use through it can be: one
 unmappable use vetoes the binding, and all fixes that required it fall back to findings.
+
+A fix that flips a `guard` (a test of whether CUDA is there) stands only if the code the test guards can
+run on an NPU once it does: `npu_migrate.coherence` decides, after the import decisions, from the reports
+that leave code which `crashes` there.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
+from npu_migrate import coherence
 from npu_migrate.findings import Severity
 from npu_migrate.fixes import Fix
 from npu_migrate.imports import Binding, ImportTable, rebind_import
@@ -31,6 +36,11 @@ class CstReport(Report):
     node: cst.CSTNode
     fix: Fix | None
     requires: Binding | None
+    #: The fix turns a test of CUDA into a test of the NPU (`torch.cuda.is_available()`, `x.is_cuda`,
+    #: `device.type == "cuda"`): on an NPU host the code it guards starts (or stops) running.
+    guard: bool
+    #: Left as it is (no fix, or a fix that does not stand), the code at `node` fails on an NPU host.
+    crashes: bool
 
     def __init__(
         self,
@@ -43,10 +53,14 @@ class CstReport(Report):
         requires: Binding | None = None,
         applied: bool = False,
         data: Mapping[str, str | int] | None = None,
+        guard: bool = False,
+        crashes: bool = False,
     ) -> None:
         super().__init__(rule, message, severity, fix, applied=applied, data=data)
         self.node = node
         self.requires = requires
+        self.guard = guard
+        self.crashes = crashes
 
 
 @dataclass(eq=False)
@@ -55,19 +69,25 @@ class BindingPlan:
     target: str  # the qualified name the import should bind instead
     rule: Rule
     vetoes: list[str] = field(default_factory=list)
+    #: The import binds a test of whether CUDA is there (`is_available`): its uses are guards (`coherence`).
+    guard: bool = False
 
 
 class FileContext:
-    def __init__(self, module: cst.Module, path: str, api: NpuApi) -> None:
+    def __init__(self, module: cst.Module, path: str, api: NpuApi, text: str = "") -> None:
         self.module = module
         self.path = path
         self.api = api
+        #: The source `module` was parsed from ("" when unknown): cheap substring tests before a walk.
+        self.text = text
         self.imports = ImportTable.of(module)
         self.reports: list[CstReport] = []
         self._plans: dict[int, BindingPlan] = {}
         self._vetoes: dict[int, list[str]] = {}
         self._reported: set[tuple[str, int]] = set()
         self._claimed: set[int] = set()
+        #: CUDA branches of code that already supports the NPU: rewrites inside them are dropped (`coherence`).
+        self.kept_cuda: list[cst.CSTNode] = []
         #: Engine edits that are not findings of their own (inline TODO comments).
         self.edits: list[tuple[cst.CSTNode, Fix]] = []
 
@@ -99,6 +119,8 @@ class FileContext:
         severity: Severity | None = None,
         requires: Binding | None = None,
         data: Mapping[str, str | int] | None = None,
+        guard: bool = False,
+        crashes: bool = False,
     ) -> None:
         key = (rule.id, id(node))
         if key in self._reported:  # two contexts matched the same literal: one finding
@@ -114,20 +136,27 @@ class FileContext:
                 requires=requires,
                 applied=fix is not None and requires is None,
                 data=data,
+                guard=guard,
+                crashes=crashes,
             )
         )
 
-    def rebind(self, rule: Rule, binding: Binding, target: str) -> None:
-        """Ask for import `binding` to bind `target` instead (unless some use vetoes it)."""
+    def rebind(self, rule: Rule, binding: Binding, target: str, *, guard: bool = False) -> None:
+        """Ask for import `binding` to bind `target` instead (unless some use vetoes it); `guard`: the
+        name it binds is a test of whether CUDA is there."""
         plan = self._plans.get(id(binding))
         if plan is None:
-            self._plans[id(binding)] = BindingPlan(binding, target, rule)
+            self._plans[id(binding)] = BindingPlan(binding, target, rule, guard=guard)
         elif plan.target != target:
             plan.vetoes.append(f"its uses need both {plan.target} and {target}")
 
     def veto(self, binding: Binding, reason: str) -> None:
         """Forbid rewriting import `binding`: some use through it has no NPU equivalent."""
         self._vetoes.setdefault(id(binding), []).append(reason)
+
+    def keep_cuda(self, branch: cst.CSTNode) -> None:
+        """Leave `branch` as it is: it is the CUDA side of code that already has an NPU side."""
+        self.kept_cuda.append(branch)
 
     # -- used by the engine -------------------------------------------------------------------------
 
@@ -156,22 +185,22 @@ class FileContext:
             if covers(plan.binding.line, plan.rule.id):
                 self.veto(plan.binding, "its import is suppressed by a comment")
 
-    def resolve_plans(self) -> None:
-        """Decide which fixes stand, once every rule has seen the whole file."""
+    def resolve_plans(self, line_of: Callable[[cst.CSTNode], int] | None = None) -> None:
+        """Decide which fixes stand, once every rule has seen the whole file: first the import rewrites,
+        then the guard flips (`coherence`), whose vetoes of imports are decided again. `line_of` gives
+        the line of any node of the module, for messages that name the line that blocks a rewrite."""
+        accepted = self._decide()
+        while coherence.check(self, line_of or (lambda node: 0)):
+            accepted = self._decide()  # a vetoed guard reached through an import: other uses may fall back
         for key, reasons in self._vetoes.items():
             if key in self._plans:
                 self._plans[key].vetoes.extend(reasons)
-        accepted = {key: plan for key, plan in self._plans.items() if not plan.vetoes}
         for report in self.reports:
-            if report.fix is None and report.requires is None:
-                continue
-            if report.requires is not None and id(report.requires) not in accepted:
+            if report.requires is not None and not report.applied:
                 vetoes = self._vetoes.get(id(report.requires)) or ["its import could not be rewritten"]
                 why = "; ".join(vetoes)
                 report.message += f" (not rewritten: `{report.requires.local}` is also used where {why})"
                 report.severity = Severity.WARNING
-                continue
-            report.applied = report.fix is not None or report.requires is not None
         # One import edit per statement, covering every accepted alias in it.
         by_statement: dict[tuple[int, int], list[BindingPlan]] = {}
         for plan in accepted.values():
@@ -201,6 +230,25 @@ class FileContext:
                         Severity.WARNING,
                     )
                 )
+
+    def _decide(self) -> dict[int, BindingPlan]:
+        """The import rewrites that stand, and whether each fix is applied; changes no message."""
+        accepted = {key: plan for key, plan in self._plans.items() if not plan.vetoes and key not in self._vetoes}
+        for report in self.reports:
+            if report.requires is not None:
+                report.applied = id(report.requires) in accepted
+            elif report.fix is not None:
+                report.applied = True
+        return accepted
+
+    @property
+    def accepted_plans(self) -> list[BindingPlan]:
+        """The import rewrites that stand as decided so far (for `coherence`, during `resolve_plans`)."""
+        return [plan for key, plan in self._plans.items() if not plan.vetoes and key not in self._vetoes]
+
+    def drop(self, report: CstReport) -> None:
+        """Forget a report: its fix is not applied and no finding is made of it."""
+        self.reports = [r for r in self.reports if r is not report]
 
     @property
     def needs_torch_npu(self) -> bool:

@@ -152,7 +152,7 @@ def _migrate_cst(
         raise SourceError(f"syntax error at line {exc.raw_line}, column {exc.raw_column}: {exc.message}") from None
     except RecursionError:
         raise SourceError("too deeply nested for the parser (recursion limit)") from None
-    ctx = FileContext(module, display, api)
+    ctx = FileContext(module, display, api, text)
     visitors = [checker(ctx, enabled) for checker in active]
     cst.visit_batched(module, visitors)
     for visitor in visitors:
@@ -175,7 +175,14 @@ def _migrate_cst(
     suppressions = Suppressions.scan(text, statements)
     if suppressions.ranges:
         ctx.suppress(lambda node, rule_id: suppressions.covers(line_of(positions, node), rule_id))
-    ctx.resolve_plans()
+
+    def line_anywhere(node: cst.CSTNode) -> int:
+        # A veto names the line that blocks it, which may be a node no finding is reported at.
+        if node not in positions:
+            positions.update(positions_of(module, [node]))
+        return line_of(positions, node)
+
+    ctx.resolve_plans(line_anywhere)
     for visitor in visitors:
         visitor.finalize()
     if not ctx.reports:

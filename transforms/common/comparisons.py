@@ -33,8 +33,12 @@ class LiteralComparisons:
     rewritten: str
     #: The message of a comparison reported for review; `{other}` is the other side's code.
     unsure: str
+    #: The rewrite flips a test of CUDA into a test of the NPU (`npu_migrate.coherence`).
+    guard: bool = False
 
-    def check(self, checker: Checker, node: cst.Comparison) -> None:
+    def check(self, checker: Checker, node: cst.Comparison, leave: Callable[[str], str | None] | None = None) -> None:
+        """Report the comparison's literals; `leave(other)`, when it gives a reason, leaves them as they are
+        with that reason (an info finding)."""
         operands = [node.left, *(target.comparator for target in node.comparisons)]
         for index, target in enumerate(node.comparisons):
             if not isinstance(target.operator, _EQUALITY):
@@ -45,9 +49,12 @@ class LiteralComparisons:
                 if not literals:
                     continue
                 other_code = checker.ctx.code(other)
+                reason = leave(other_code) if leave is not None else None
                 for literal in literals:
-                    if self.visibly(other_code):
-                        checker.report(self.rule, literal, self.rewritten, fix=self.fix)
+                    if reason is not None:
+                        checker.report(self.rule, literal, reason, severity=Severity.INFO)
+                    elif self.visibly(other_code):
+                        checker.report(self.rule, literal, self.rewritten, fix=self.fix, guard=self.guard)
                     else:
                         message = self.unsure.format(other=other_code)
                         checker.report(self.rule, literal, message, severity=Severity.WARNING)

@@ -40,7 +40,7 @@ from npu_migrate.analyze.project import (
     parse,
     relative,
 )
-from npu_migrate.api import load_table
+from npu_migrate.api import cuda_package, package_table
 from npu_migrate.discovery import discover
 from npu_migrate.source import SourceError
 
@@ -66,20 +66,6 @@ TORCH_OP_NAMESPACES = frozenset(
     }
 )
 _ENTRY_METHODS = ("__init__", "forward", "__call__")
-
-
-def package_table() -> dict[str, dict]:
-    return load_table("third_party.toml")["packages"]
-
-
-def cuda_package(qualname: str, table: dict[str, dict]) -> tuple[str, dict] | None:
-    """The longest listed prefix of `qualname` (`apex.optimizers.FusedAdam` -> `apex.optimizers`)."""
-    parts = qualname.split(".")
-    for depth in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:depth])
-        if prefix in table:
-            return prefix, table[prefix]
-    return None
 
 
 # --- the user's code ----------------------------------------------------------------------------------

@@ -1,0 +1,321 @@
+"""Guard flips that would send an NPU host into code that cannot run there (issue #13).
+
+A rewrite must never make a program crash on an NPU host where it ran on a CUDA host. Rules mark the fixes
+that flip a *guard* (a test of whether CUDA is there: `torch.cuda.is_available()`, `x.is_cuda`,
+`device.type == "cuda"`) and the reports whose code, left as it is, *crashes* on an NPU. On an NPU host
+(a CPU build of torch) the original program took the non-CUDA side of every guard; flipped, the guard
+takes the other side, so whatever there still cannot run on an NPU must be migrated in the same change,
+or the guard stays as it is and its finding names the line that blocks it.
+
+What a guard guards: the branch of an `if` / `elif` / `while` / conditional expression that now runs (for
+`!=` and `not`, the `else` side and, when the branch leaves the block or only sets flags, what follows
+it), the right operand of `and` / `or`, and the tests of a variable or attribute assigned from the guard
+(`HAS_GPU = torch.cuda.is_available()`, then every test of `HAS_GPU` in the function or module). Code
+that cannot run there: the reports marked `crashes` whose fix does not stand, uses of a package that only
+runs on NVIDIA GPUs (`transforms/data/third_party.toml`) and CUDA-only torch ops (`torch._scaled_mm`).
+
+The same walk also leaves alone the CUDA branch of code that already supports the NPU (an if-chain that
+tests for "npu" too): its rewrites are dropped (`FileContext.keep_cuda`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+
+from npu_migrate.api import cuda_package, package_table
+from npu_migrate.findings import Severity
+
+# `ctx` below is the file's `context.FileContext` (which calls `check`), a report its `context.CstReport`.
+
+#: torch ops that call cuBLAS / CUDA-only kernels and have no NPU implementation.
+CUDA_ONLY_TORCH_OPS = frozenset({"torch._scaled_mm", "torch._scaled_grouped_mm", "torch._cslt_sparse_mm"})
+
+_NEGATING = (cst.NotEqual, cst.NotIn, cst.IsNot)
+
+
+@dataclass(frozen=True)
+class Unsafe:
+    """A node that fails on an NPU host, and what to say about it."""
+
+    node: cst.CSTNode
+    why: str
+
+
+class _Tree(cst.CSTVisitor):
+    """Parent links of every node, and the names and chains that reach CUDA-only code."""
+
+    def __init__(self, ctx, cuda_only: dict[str, str]) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.cuda_only = cuda_only  # local name -> the CUDA-only package it comes from
+        self.parents: dict[int, cst.CSTNode] = {}
+        self.stack: list[cst.CSTNode] = []
+        self.names: dict[str, list[cst.CSTNode]] = {}  # loads of a plain name, and `self.x` chains as "self.x"
+        self.unsafe: list[Unsafe] = []
+        self._ops = _mentions_ops(ctx.text)
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parents[id(node)] = self.stack[-1]
+        self.stack.append(node)
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            return False
+        if isinstance(node, cst.Name) and not self._is_attribute_name(node):
+            self.names.setdefault(node.value, []).append(node)
+            package = self.cuda_only.get(node.value)
+            if package is not None and self._is_used(node):
+                self.unsafe.append(Unsafe(node, f"uses `{node.value}` from {package}, which only runs on NVIDIA GPUs"))
+        elif isinstance(node, cst.Attribute):
+            if isinstance(node.value, cst.Name) and node.value.value == "self":
+                self.names.setdefault(f"self.{node.attr.value}", []).append(node)
+            if self._ops:
+                qualname = self.ctx.qualname(node)
+                if qualname in CUDA_ONLY_TORCH_OPS:
+                    self.unsafe.append(Unsafe(node, f"calls `{qualname}`, a CUDA-only torch op"))
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        self.stack.pop()
+
+    def _is_attribute_name(self, node: cst.Name) -> bool:
+        parent = self.stack[-2] if len(self.stack) > 1 else None
+        return isinstance(parent, cst.Attribute) and parent.attr is node
+
+    def _is_used(self, node: cst.Name) -> bool:
+        """Called or reached into (`rms_norm(x)`, `flash_attn.flash_attn_func`), not only tested for None."""
+        parent = self.stack[-2] if len(self.stack) > 1 else None
+        return (isinstance(parent, cst.Call) and parent.func is node) or (
+            isinstance(parent, cst.Attribute) and parent.value is node
+        )
+
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        return self.parents.get(id(node))
+
+    def inside(self, node: cst.CSTNode, regions: set[int]) -> bool:
+        while node is not None:
+            if id(node) in regions:
+                return True
+            node = self.parent(node)
+        return False
+
+
+def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
+    """Leave as they are the guard flips whose guarded code cannot run on an NPU, and drop the rewrites in
+    the CUDA branches of code that already supports the NPU. Returns whether an import rewrite was vetoed
+    (the caller decides the imports again)."""
+    guards = [r for r in ctx.reports if r.guard and r.applied]
+    guard_imports = [plan for plan in ctx.accepted_plans if plan.guard]
+    kept = ctx.kept_cuda
+    if not guards and not guard_imports and not kept:
+        return False
+    cuda_only = _cuda_only_bindings(ctx)
+    crashing = [r for r in ctx.reports if r.crashes and not r.applied]
+    if not kept and not crashing and not cuda_only and not _mentions_ops(ctx.text) and _PRESENCE not in ctx.text:
+        return False
+    tree = _Tree(ctx, cuda_only)
+    ctx.module.visit(tree)
+    if kept:
+        regions = {id(node) for node in kept}
+        # The rule that kept a branch says so once, at its test; nothing inside it is rewritten or reported.
+        for report in [r for r in ctx.reports if id(r.node) not in regions and tree.inside(r.node, regions)]:
+            ctx.drop(report)
+    unsafe = [Unsafe(r.node, _crash_why(ctx, r)) for r in ctx.reports if r.crashes and not r.applied]
+    unsafe += tree.unsafe
+    if not unsafe and _PRESENCE not in ctx.text:  # nor a fast path only tested for presence
+        return False
+    for guard in guards:
+        blocking = _blocking(tree, guard.node, ctx, unsafe)
+        if blocking is None:
+            continue
+        what = _guard_code(tree, guard.node, ctx)
+        guard.message = (
+            f"`{what}` left as is: the code it guards at line {line_of(blocking.node)} {blocking.why}; "
+            "migrate that code, then this test"
+        )
+        guard.severity = Severity.WARNING
+        guard.applied = False
+        guard.fix = None
+    # A guard reached through `from torch.cuda import is_available` is flipped by its import: that stays.
+    vetoed_import = False
+    for plan in guard_imports:
+        for use in tree.names.get(plan.binding.local, ()):
+            blocking = _blocking(tree, use, ctx, unsafe)
+            if blocking is not None:
+                ctx.veto(plan.binding, f"it guards code at line {line_of(blocking.node)} that {blocking.why}")
+                vetoed_import = True
+                break
+    return vetoed_import
+
+
+def _blocking(tree: _Tree, guard: cst.CSTNode, ctx, unsafe: list[Unsafe]) -> Unsafe | None:
+    """The first code that cannot run on an NPU among what `guard` guards, if any."""
+    regions = {id(node) for node in _guarded(tree, guard, ctx)}
+    if not regions:
+        return None
+    return next((u for u in [*unsafe, *_fast_path_calls(tree, guard)] if tree.inside(u.node, regions)), None)
+
+
+_PRESENCE = " is not None"
+
+
+def _fast_path_calls(tree: _Tree, guard: cst.CSTNode) -> Iterator[Unsafe]:
+    """`if fast_kernel is not None and x.is_cuda: fast_kernel(x)`: a kernel that may be missing (an optional
+    import of a CUDA library we need not know) which the code hands only CUDA tensors. Flipped, the guard
+    would hand it NPU tensors; kept, the NPU takes the portable code after it."""
+    test = guard
+    while isinstance(tree.parent(test), cst.BooleanOperation) and isinstance(tree.parent(test).operator, cst.And):
+        test = tree.parent(test)
+    if test is guard:
+        return
+    present = {
+        condition.left.value
+        for condition in _conjuncts(test)
+        if isinstance(condition, cst.Comparison)
+        and isinstance(condition.left, cst.Name)
+        and len(condition.comparisons) == 1
+        and isinstance(condition.comparisons[0].operator, cst.IsNot)
+        and isinstance(condition.comparisons[0].comparator, cst.Name)
+        and condition.comparisons[0].comparator.value == "None"
+    }
+    for name in sorted(present):
+        for node in tree.names.get(name, ()):
+            call = tree.parent(node)
+            if isinstance(call, cst.Call) and call.func is node:
+                yield Unsafe(node, f"calls `{name}`, a fast path the original runs only on CUDA tensors")
+
+
+def _conjuncts(test: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        yield from _conjuncts(test.left)
+        yield from _conjuncts(test.right)
+    else:
+        yield test
+
+
+def _mentions_ops(text: str) -> bool:
+    return not text or any(op.rsplit(".", 1)[1] in text for op in CUDA_ONLY_TORCH_OPS)
+
+
+def _cuda_only_bindings(ctx) -> dict[str, str]:
+    table = package_table()
+    found = {}
+    # A name bound in a `try: from flash_attn ... / except ImportError: name = None` is shadowed, and still
+    # CUDA-only where it is called.
+    imported = {local: b.qualname for local, b in ctx.imports.bindings.items()} | ctx.imports.shadowed
+    for local, qualname in imported.items():
+        hit = cuda_package(qualname, table)
+        if hit is not None:
+            found[local] = hit[0]
+    return found
+
+
+def _crash_why(ctx, report) -> str:
+    code = ctx.code(report.node).strip()
+    if len(code) > 60:
+        code = code[:57] + "..."
+    return f"has `{code}`, which is not migrated ({report.rule.id})"
+
+
+def _guard_code(tree: _Tree, node: cst.CSTNode, ctx) -> str:
+    """The test the guard node is part of, as the user wrote it (`torch.cuda.is_available()`)."""
+    parent = tree.parent(node)
+    if isinstance(parent, cst.Call) and parent.func is node:
+        node = parent
+    elif isinstance(parent, cst.Comparison):
+        node = parent
+    elif isinstance(parent, cst.ComparisonTarget):
+        node = tree.parent(parent) or node
+    return ctx.code(node).strip()
+
+
+def _guarded(tree: _Tree, node: cst.CSTNode, ctx, seen: set[str] | None = None) -> Iterator[cst.CSTNode]:
+    """The nodes whose code runs on an NPU host once the guard at `node` is flipped (and did not before)."""
+    seen = set() if seen is None else seen
+    positive = True
+    current = node
+    while True:
+        parent = tree.parent(current)
+        if parent is None:
+            return
+        if isinstance(parent, cst.Call) and parent.func is current:
+            pass
+        elif isinstance(parent, cst.ComparisonTarget):
+            if isinstance(parent.operator, _NEGATING):
+                positive = not positive
+        elif isinstance(parent, cst.Comparison):
+            if current is parent.left and any(isinstance(t.operator, _NEGATING) for t in parent.comparisons):
+                positive = not positive
+        elif isinstance(parent, cst.UnaryOperation) and isinstance(parent.operator, cst.Not):
+            positive = not positive
+        elif isinstance(parent, cst.BooleanOperation):
+            if current is parent.left and isinstance(parent.operator, cst.And) == positive:
+                yield parent.right
+        elif isinstance(parent, (cst.If, cst.While)) and parent.test is current:
+            yield from _branch(tree, parent, positive)
+            return
+        elif isinstance(parent, cst.IfExp) and parent.test is current:
+            yield parent.body if positive else parent.orelse
+            return
+        elif isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
+            yield from _flag_tests(tree, parent, ctx, seen)
+            return
+        else:
+            return
+        current = parent
+
+
+def _branch(tree: _Tree, statement: cst.If | cst.While, positive: bool) -> Iterator[cst.CSTNode]:
+    if positive:
+        yield statement.body
+        return
+    if statement.orelse is not None:
+        yield statement.orelse
+    body = statement.body.body
+    leaves = bool(body) and isinstance(_last_small(body[-1]), (cst.Return, cst.Raise, cst.Continue, cst.Break))
+    only_flags = all(
+        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, (cst.Assign, cst.AnnAssign)) for x in s.body)
+        for s in body
+    )
+    if leaves or only_flags:
+        block = tree.parent(statement)
+        statements = list(getattr(block, "body", ()))
+        if statement in statements:
+            yield from statements[statements.index(statement) + 1 :]
+
+
+def _last_small(statement: cst.CSTNode) -> cst.CSTNode:
+    if isinstance(statement, cst.SimpleStatementLine) and statement.body:
+        return statement.body[-1]
+    return statement
+
+
+def _flag_tests(tree: _Tree, assign: cst.CSTNode, ctx, seen: set[str]) -> Iterator[cst.CSTNode]:
+    """The code guarded by the tests of a flag assigned from a guard, in the function that assigns it
+    (a module-level or `self.` flag: the whole module)."""
+    targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+    for target in targets:
+        if isinstance(target, cst.Name):
+            key = target.value
+        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+            key = f"self.{target.attr.value}"
+        else:
+            continue
+        if key in seen:
+            continue
+        seen.add(key)
+        scope = _scope(tree, assign) if isinstance(target, cst.Name) else None
+        for use in tree.names.get(key, ()):
+            if use is target or (scope is not None and not tree.inside(use, {id(scope)})):
+                continue
+            yield from _guarded(tree, use, ctx, seen)
+
+
+def _scope(tree: _Tree, node: cst.CSTNode) -> cst.CSTNode | None:
+    while node is not None:
+        node = tree.parent(node)
+        if isinstance(node, cst.FunctionDef):
+            return node
+    return None

@@ -1,0 +1,163 @@
+"""Guard flips and the code they guard (`npu_migrate.coherence`, issue #13): a rewrite never sends an NPU
+host into code that cannot run there. Every rule is selected, as in a real run; the one-rule cases are
+fixtures under `fixtures/rules/` (NPU103 cuda_only_kernel, NPU104 fp8_path and npu_aware, NPU206)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from npu_migrate.pipeline import migrate_text
+
+
+def _migrate(source: str) -> tuple[str, dict[tuple[int, str], str]]:
+    text = textwrap.dedent(source).lstrip()
+    migrated, findings = migrate_text(text, path="mod.py")
+    again, _ = migrate_text(migrated, path="mod.py")
+    assert again == migrated, "a second apply must change nothing"
+    messages: dict[tuple[int, str], str] = {}
+    for f in findings:  # two findings of one rule on one line: both messages
+        key = (f.line, f.rule_id)
+        messages[key] = f"{messages[key]} | {f.message}" if key in messages else f.message
+    return migrated, messages
+
+
+def test_a_flag_flipped_in_front_of_a_capability_gate_stands_once_the_gate_is_rewritten():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        HAS_GPU = torch.cuda.is_available()
+        FP16_OK = HAS_GPU and torch.cuda.get_device_capability(0)[0] >= 7
+        """
+    )
+    assert "HAS_GPU = torch.npu.is_available()" in migrated
+    assert "FP16_OK = HAS_GPU and (torch.npu.get_device_capability(0) or (8, 0))[0] >= 7" in migrated
+    assert "left as is" not in findings[(3, "NPU201")]
+
+
+def test_a_guard_stays_when_the_code_behind_its_flag_cannot_run_on_an_npu():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        HAS_GPU = torch.cuda.is_available()
+
+
+        def arch():
+            if HAS_GPU:
+                return torch.cuda.get_arch_list()
+            return []
+        """
+    )
+    assert "HAS_GPU = torch.cuda.is_available()" in migrated
+    assert findings[(3, "NPU201")].startswith(
+        "`torch.cuda.is_available()` left as is: the code it guards at line 8 has `torch.cuda.get_arch_list`"
+    )
+    assert (8, "NPU203") in findings
+
+
+def test_a_negated_guard_guards_what_follows_an_early_return():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+
+        def setup():
+            if not torch.cuda.is_available():
+                return "cpu"
+            torch.cuda.set_device(0)
+            major = torch.cuda.get_device_properties(0).major
+            return major
+        """
+    )
+    assert "if not torch.cuda.is_available():" in migrated
+    assert "torch.npu.set_device(0)" in migrated  # runs only where the guard passes: harmless, and right on a GPU
+    assert "guards at line 8" in findings[(5, "NPU201")]
+
+
+def test_unrelated_crashes_elsewhere_do_not_block_a_guard():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(0)
+        arches = torch.cuda.get_arch_list()
+        """
+    )
+    assert "if torch.npu.is_available():" in migrated
+    assert "torch.npu.set_device(0)" in migrated
+    assert (5, "NPU203") in findings
+
+
+def test_a_self_flag_is_followed_through_the_class():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+
+        class Engine:
+            def __init__(self):
+                self.use_gpu = torch.cuda.is_available()
+
+            def info(self):
+                if self.use_gpu:
+                    return torch.cuda.get_device_properties(0).multi_processor_count
+                return 0
+        """
+    )
+    assert "self.use_gpu = torch.cuda.is_available()" in migrated
+    assert "guards at line 10" in findings[(6, "NPU201")]
+
+
+def test_a_framework_accelerator_string_keeps_its_guard():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        if torch.cuda.is_available():
+            accelerator = "cuda"
+        else:
+            accelerator = "cpu"
+        """
+    )
+    assert migrated.startswith("import torch\n\nif torch.cuda.is_available():")
+    assert "guards at line 4" in findings[(3, "NPU201")]
+    assert "DS_ACCELERATOR=npu" in findings[(4, "NPU105")]
+
+
+def test_a_guard_imported_from_torch_cuda_keeps_its_import():
+    migrated, findings = _migrate(
+        """
+        from torch.cuda import is_available, synchronize
+
+        if is_available():
+            import flash_attn
+
+            flash_attn.flash_attn_func()
+        synchronize()
+        """
+    )
+    # The import is split: the guard keeps asking CUDA, `synchronize` moves to the NPU.
+    assert migrated.startswith(
+        "from torch.cuda import is_available\nimport torch_npu\nfrom torch.npu import synchronize\n"
+    )
+    assert "if is_available():" in migrated
+    assert any("guards code at line 6 that uses `flash_attn`" in message for message in findings.values())
+
+
+def test_existing_npu_support_is_left_alone():
+    source = """
+        import torch
+
+
+        def synchronize(device):
+            if device.type == "npu":
+                torch.npu.synchronize()
+            elif device.type == "cuda":
+                torch.cuda.synchronize()
+        """
+    migrated, findings = _migrate(source)
+    assert migrated == textwrap.dedent(source).lstrip()
+    assert list(findings) == [(7, "NPU104")]
+    assert "already has an NPU branch" in findings[(7, "NPU104")]

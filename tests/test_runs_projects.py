@@ -1,0 +1,105 @@
+"""Issue #13: fixture projects of our own, migrated by `npu-migrate apply --output` and run on the simulated
+NPU host (`npu-migrate verify --smoke`): import, build, forward, backward and an optimizer step.
+
+* `runs_guards` (patterns 1, 2, 4): flags and branches gated on `torch.cuda.is_available()`, capability gates
+  (indexing, tuple comparison, unpacking, `major * 10 + minor`), device properties, a framework
+  accelerator string under a guard, `x.is_cuda` in front of flash_attn's rms_norm, an fp8 path on
+  `torch._scaled_mm` behind `device.type != "cuda"`. Migrated by the tool before issue #13 it crashed at
+  import (`torch.cuda.get_device_capability` under the flipped `HAS_GPU`).
+* `runs_native` (pattern 7): a library that already tests for "npu" next to "cuda". Before issue #13 both
+  branches became npu ones and `is_cuda` read True on the NPU (the program printed `cuda=True`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from npu_migrate.verify import smoke
+
+PROJECTS = Path(__file__).resolve().parent.parent / "fixtures" / "projects"
+
+
+def _apply(project: Path, out: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "npu_migrate", "apply", str(project), "--output", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def _migrated(tmp_path_factory, name: str) -> tuple[Path, Path, str]:
+    base = tmp_path_factory.mktemp(name)
+    original, migrated = base / "original", base / "migrated"
+    shutil.copytree(PROJECTS / name, original)
+    output = _apply(original, migrated)
+    return original, migrated, output
+
+
+@pytest.fixture(scope="module")
+def guards(tmp_path_factory):
+    return _migrated(tmp_path_factory, "runs_guards")
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory):
+    return _migrated(tmp_path_factory, "runs_native")
+
+
+def _unchanged_files(original: Path, migrated: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(original))
+        for p in original.rglob("*.py")
+        if (migrated / p.relative_to(original)).read_bytes() == p.read_bytes()
+    )
+
+
+def test_guards_project_runs_a_training_step_on_the_npu_host(guards):
+    original, migrated, _ = guards
+    report = smoke.run(migrated, factory=migrated / "factory.py", original=original)
+    assert report.passed, report.to_text(verbose=True)
+    assert report.steps == ["import", "build", "forward", "backward", "optimizer step"]
+    # The NPU answers as an Ampere-class GPU: bf16 on, fp8 off; the properties it has are read.
+    assert "gpu=True sm=80 bf16=True fp8=False mem=True accelerator=cpu" in report.output_tail
+
+
+def test_guards_project_keeps_the_guards_it_cannot_make_safe(guards):
+    _, migrated, output = guards
+    hw = (migrated / "gates" / "hw.py").read_text()
+    assert "HAS_GPU = torch.npu.is_available()" in hw
+    assert "MEMORY_GB = torch.npu.get_device_properties(0).total_memory / 2**30" in hw
+    assert "major, minor = (torch.npu.get_device_capability() or (8, 0))" in hw
+    # In front of the framework's accelerator string the guard stays, and says why.
+    assert 'if torch.cuda.is_available():\n    accelerator = "cuda"' in hw
+    assert "hw.py:17:4: NPU201 `torch.cuda.is_available()` left as is: the code it guards at line 18" in output
+    kernels = (migrated / "gates" / "kernels.py").read_text()
+    assert "if x.is_cuda and flash_rms_norm is not None:" in kernels
+    assert 'if x.device.type != "cuda":' in kernels
+    assert "line 11 uses `flash_rms_norm` from flash_attn.ops" in output
+    assert "line 21 calls `torch._scaled_mm`, a CUDA-only torch op" in output
+
+
+def test_native_project_keeps_its_cuda_branches(native):
+    original, migrated, _ = native
+    report = smoke.run(migrated, factory=migrated / "factory.py", original=original)
+    assert report.passed, report.to_text(verbose=True)
+    assert "npu=True cuda=False" in report.output_tail
+    device = (migrated / "native" / "device.py").read_text()
+    assert device == (original / "native" / "device.py").read_text()
+
+
+@pytest.mark.parametrize("name", ["runs_guards", "runs_native"])
+def test_a_second_apply_changes_nothing(name, guards, native):
+    original, migrated, _ = guards if name == "runs_guards" else native
+    untouched = _unchanged_files(original, migrated)
+    again = migrated.parent / "again"
+    _apply(migrated, again)
+    for path in migrated.rglob("*.py"):
+        assert (again / path.relative_to(migrated)).read_bytes() == path.read_bytes(), path
+    assert "gates/model.py" in untouched or name == "runs_native"
