@@ -81,6 +81,14 @@ def test_an_interrupted_review_writes_nothing_not_even_the_files_already_accepte
     assert (project / "a.py").read_text() == TWO_HUNKS
 
 
+def test_a_file_that_cannot_be_read_for_review_stops_every_write(project):
+    (project / "c.py").write_bytes(b"\xff\xfe\x00bad")
+    result = review("y\n" * 4, "a.py", "c.py", cwd=project)
+    assert result.returncode == 2
+    assert "c.py: error:" in result.stderr and "nothing written" in result.stderr
+    assert (project / "a.py").read_text() == TWO_HUNKS
+
+
 def test_interactive_cannot_be_combined_with_a_dry_run(project):
     result = review("", "--diff", ".", cwd=project)
     assert result.returncode == 2 and "--interactive rewrites in place" in result.stderr
@@ -97,8 +105,8 @@ def test_a_file_changed_during_the_review_refuses_every_write(project):
     a, b = _reviewed(project / "a.py"), _reviewed(project / "b.py")
     a.accepted, b.accepted = {0, 1}, {0}
     (project / "b.py").write_text(OTHER + "# edited meanwhile\n")
-    errors = write_all([a, b])
-    assert errors == [("b.py", "changed on disk during the review; not overwritten")]
+    errors, written = write_all([a, b])
+    assert errors == [("b.py", "changed on disk during the review; not overwritten")] and not written
     assert (project / "a.py").read_text() == TWO_HUNKS
 
 
@@ -110,7 +118,8 @@ def test_a_partial_acceptance_that_does_not_parse_is_refused(tmp_path):
     assert len(hunks) == 2
     path = tmp_path / "v.py"
     partial = Review(Job(path, "v.py"), read_source(path), "python", after, hunks, accepted={0})
-    [(name, reason)] = write_all([partial])
+    [(name, reason)], written = write_all([partial])
+    assert not written
     assert name == "v.py" and "the accepted hunks alone do not parse" in reason
     assert path.read_text() == before
 

@@ -185,6 +185,27 @@ def test_a_dirty_file_that_would_change_refuses_the_whole_in_place_run_before_an
     assert all(b".npu()" in data for data in _tree(tmp_path).values())
 
 
+def test_a_git_that_cannot_say_what_changed_refuses_the_in_place_run(tmp_path):
+    git("init", "-q", cwd=tmp_path)
+    (tmp_path / "a.py").write_text(CUDA)
+    _commit(tmp_path, "a.py")
+    (tmp_path / ".git" / "index").write_bytes(b"not an index")  # `git status` fails: unknown is not clean
+    result = run_cli("apply", ".", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "cannot tell which files" in result.stderr and "--force" in result.stderr
+    assert (tmp_path / "a.py").read_text() == CUDA
+
+
+def test_a_renamed_file_is_dirty_under_its_new_name_and_its_old_name_is_not_misread(tmp_path):
+    git("init", "-q", cwd=tmp_path)
+    (tmp_path / "old_name.py").write_text(CUDA)
+    _commit(tmp_path, "old_name.py")
+    git("mv", "old_name.py", "new_name.py", cwd=tmp_path)
+    result = run_cli("apply", ".", cwd=tmp_path)
+    assert result.returncode == 2 and "new_name.py" in result.stderr
+    assert (tmp_path / "new_name.py").read_text() == CUDA
+
+
 def test_untracked_files_and_dirty_files_with_nothing_to_migrate_do_not_refuse_the_run(tmp_path):
     git("init", "-q", cwd=tmp_path)
     (tmp_path / "notes.py").write_text("import torch\n")

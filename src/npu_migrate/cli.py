@@ -212,7 +212,14 @@ def apply(
     Exit 1 when --check finds a file that would change, or when an open finding at or above --fail-on
     remains (findings only a human can act on never fail by default); exit 2 on an error.
     """
-    from npu_migrate.discovery import discover, uncommitted
+    from npu_migrate.discovery import GitStateUnknown, discover, uncommitted
+
+    def _uncommitted(paths, files):
+        try:
+            return uncommitted(paths, files)
+        except GitStateUnknown as exc:
+            raise _fail(f"{exc}; commit or stash first, or pass --force") from None
+
     from npu_migrate.pipeline import Job, Mode, Plan, Status
     from npu_migrate.report import (
         Summary,
@@ -269,7 +276,7 @@ def apply(
     root = _common_root(paths) if paths else Path.cwd()
     mode = Mode.OUTPUT if output is not None else (Mode.DIFF if diff or check else Mode.IN_PLACE)
     dirty = (
-        uncommitted(paths, found.files) if mode is Mode.IN_PLACE and config.require_clean_git and not force else set()
+        _uncommitted(paths, found.files) if mode is Mode.IN_PLACE and config.require_clean_git and not force else set()
     )
     plan = Plan(
         enabled,
@@ -410,10 +417,15 @@ def _review(job_list, plan, *, quiet: bool) -> int:
     except (EOFError, KeyboardInterrupt):
         typer.echo("\nnpu-migrate: review interrupted; nothing written", err=True)
         return EXIT_ERROR
-    errors += write_all(reviews)
+    # All files or none: a file that could not even be read for review stops the writing of the others.
+    written_any = False
+    if not errors:
+        errors, written_any = write_all(reviews)
     for name, reason in errors:
         typer.echo(f"{name}: error: {reason}", err=True)
-    if errors and any(r.result() != r.source.text for r in reviews):
+    if errors and written_any:
+        typer.echo("some files were written before the error above: review them with git diff", err=True)
+    elif errors and any(r.result() != r.source.text for r in reviews):
         typer.echo("nothing written: fix the errors above and review again", err=True)
     elif not quiet:
         written = [r.job.display for r in reviews if r.result() != r.source.text]

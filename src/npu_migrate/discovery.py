@@ -204,8 +204,25 @@ def uncommitted(roots: list[Path], files: list[Path]) -> set[Path]:
                 capture_output=True,
                 timeout=120,
             )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        # Entries are "XY path"; a rename's original path follows as an entry of its own.
-        changed.update((top / os.fsdecode(e[3:])).resolve() for e in proc.stdout.split(b"\0") if len(e) > 3)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise GitStateUnknown(top, str(exc)) from None
+        if proc.returncode != 0:  # "dubious ownership", a corrupt index: not knowing is not "clean"
+            raise GitStateUnknown(top, os.fsdecode(proc.stderr).strip().splitlines()[-1:] or "git status failed")
+        entries = proc.stdout.split(b"\0")
+        index = 0
+        while index < len(entries):
+            entry = entries[index]
+            index += 1
+            if len(entry) > 3:
+                changed.add((top / os.fsdecode(entry[3:])).resolve())
+                if b"R" in entry[:2] or b"C" in entry[:2]:  # a rename's or copy's original path follows, bare
+                    index += 1
     return {f for f in files if f.resolve() in changed}
+
+
+class GitStateUnknown(Exception):
+    """git is there and the files are in a work tree of it, but it cannot say which have changes."""
+
+    def __init__(self, top: Path, reason) -> None:
+        reason = reason[0] if isinstance(reason, list) else reason
+        super().__init__(f"cannot tell which files under {top} have uncommitted changes: {reason}")

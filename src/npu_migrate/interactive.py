@@ -126,10 +126,10 @@ def ask(review: Review, ask_line: Callable[[str], str], say: Callable[[str], Non
         index += 1
 
 
-def write_all(reviews: list[Review]) -> list[tuple[str, str]]:
+def write_all(reviews: list[Review]) -> tuple[list[tuple[str, str]], bool]:
     """Write every reviewed file whose result differs from what was read, all or none: each is first
     checked to still hold the bytes read (and that its result parses); returns the (file, reason) errors,
-    and writes nothing when there is any."""
+    and whether any file was written (only a write failing midway leaves some written)."""
     errors: list[tuple[str, str]] = []
     ready: list[tuple[Path, bytes, bytes]] = []
     for review in reviews:
@@ -151,10 +151,13 @@ def write_all(reviews: list[Review]) -> list[tuple[str, str]]:
             continue
         ready.append((review.job.path, review.source.encode(text), review.source.raw))
     if errors:
-        return errors
+        return errors, False
+    written = False
     for path, data, expected in ready:
         try:
             atomic_write(path, data, expected=expected)
         except SourceError as exc:
             errors.append((str(path), str(exc)))
-    return errors
+            break
+        written = True
+    return errors, written
