@@ -7,6 +7,7 @@ CUDA (docstrings, comments, log messages, argparse help, dictionary keys) is nev
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import libcst as cst
 
@@ -454,11 +455,27 @@ class DeviceChecker(Checker):
                 )
         for node in self._comparisons:
             _COMPARISONS.check(self, node, self._already_tells_npu)
+        if self._device_names:
+            loads = _Loads()
+            self.ctx.module.visit(loads)
+            device_uses = Counter(name for name, _ in self._device_names)
         for name, where in self._device_names:
             values = self._assigned.get(name, [])
-            # Only a name given one value in the whole file: anything else needs scope analysis.
+            # Only a name given one value in the whole file (anything else needs scope analysis), and read
+            # only where a device goes: `acc = "cuda"` also passed to `Trainer(accelerator=acc)` or
+            # printed must keep its value there.
             if len(values) == 1 and values[0] is not None and not _mentions_device(name):
-                self._device_value(values[0], f"`{name}`, used as {where}", containers=True)
+                if loads.count[name] <= device_uses[name]:
+                    self._device_value(values[0], f"`{name}`, used as {where}", containers=True)
+                elif device_literal(values[0]) is not None:
+                    self.report(
+                        DEVICE_STRING,
+                        values[0],
+                        f"`{name}` is used as {where} and elsewhere: left as is; pass an NPU device where it "
+                        "selects one",
+                        severity=Severity.WARNING,
+                    )
+                    device_uses[name] = 0  # one finding per value
 
     # -- comparisons -----------------------------------------------------------------------------------
 
@@ -517,6 +534,46 @@ _CUDA_TEST = re.compile(r"""["']cuda(:\d+)?["']|\bis_cuda\b|\bcuda\.is_available
 def _names_npu(node: cst.BaseExpression) -> bool:
     value = string_value(node)
     return value is not None and re.fullmatch(r"npu(:\d+)?", value) is not None
+
+
+class _Loads(cst.CSTVisitor):
+    """How often each plain name is read in a module (not assigned, declared, imported or a keyword)."""
+
+    def __init__(self) -> None:
+        self.count: Counter[str] = Counter()
+        self._not_reads: set[int] = set()
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        return False
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        return False
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._not_reads.add(id(node.attr))
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self._not_reads.add(id(node.keyword))
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._not_reads.add(id(node.name))
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._not_reads.add(id(node.name))
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._not_reads.add(id(node.name))
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._not_reads.add(id(node.target))
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._not_reads.add(id(node.target))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if id(node) not in self._not_reads:
+            self.count[node.value] += 1
 
 
 def _device_literals(node: cst.BaseExpression) -> list[cst.CSTNode]:
