@@ -161,3 +161,42 @@ def test_existing_npu_support_is_left_alone():
     assert migrated == textwrap.dedent(source).lstrip()
     assert list(findings) == [(7, "NPU104")]
     assert "already has an NPU branch" in findings[(7, "NPU104")]
+
+
+def test_a_cuda_only_kernel_chosen_as_a_value_keeps_its_guard():
+    migrated, findings = _migrate(
+        """
+        import torch.nn.functional as F
+
+        try:
+            from flash_attn import flash_attn_func
+        except ImportError:
+            flash_attn_func = None
+
+
+        def attention(q, k, v):
+            fn = flash_attn_func if q.is_cuda else F.scaled_dot_product_attention
+            return fn(q, k, v)
+        """
+    )
+    assert "fn = flash_attn_func if q.is_cuda else" in migrated
+    assert "uses `flash_attn_func` from flash_attn" in findings[(10, "NPU103")]
+
+
+def test_a_fast_path_only_tested_for_presence_keeps_its_is_cuda_guard():
+    migrated, findings = _migrate(
+        """
+        try:
+            from my_kernels import fused_norm
+        except ImportError:
+            fused_norm = None
+
+
+        def norm(x, weight):
+            if fused_norm is not None and x.is_cuda:
+                return fused_norm(x, weight)
+            return x * weight
+        """
+    )
+    assert "if fused_norm is not None and x.is_cuda:" in migrated
+    assert "calls `fused_norm`, a fast path the original runs only on CUDA tensors" in findings[(8, "NPU103")]

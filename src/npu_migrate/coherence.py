@@ -85,11 +85,19 @@ class _Tree(cst.CSTVisitor):
         return isinstance(parent, cst.Attribute) and parent.attr is node
 
     def _is_used(self, node: cst.Name) -> bool:
-        """Called or reached into (`rms_norm(x)`, `flash_attn.flash_attn_func`), not only tested for None."""
+        """Read for its value (`rms_norm(x)`, `flash_attn.flash_attn_func`, `fn = flash_attn_func`), not only
+        tested for presence (`rms_norm is not None`) nor assigned (`rms_norm = None`)."""
         parent = self.stack[-2] if len(self.stack) > 1 else None
-        return (isinstance(parent, cst.Call) and parent.func is node) or (
-            isinstance(parent, cst.Attribute) and parent.value is node
-        )
+        if isinstance(parent, (cst.AssignTarget, cst.Param)) or (
+            isinstance(parent, cst.Arg) and parent.keyword is node
+        ):
+            return False
+        if isinstance(parent, cst.Comparison):
+            return not all(
+                isinstance(c.operator, (cst.Is, cst.IsNot)) and isinstance(c.comparator, cst.Name)
+                for c in parent.comparisons
+            )
+        return True
 
     def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
         return self.parents.get(id(node))
