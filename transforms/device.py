@@ -7,6 +7,7 @@ CUDA (docstrings, comments, log messages, argparse help, dictionary keys) is nev
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import libcst as cst
 
@@ -155,11 +156,13 @@ DEVICE_COMPARISON = Rule(
     id="NPU104",
     name="device-comparison",
     family="device",
-    summary="`x.device.type == 'cuda'` and `'cuda' in device` compare against `'npu'`",
+    summary="`x.device.type == 'cuda'`, `'cuda' in device` and `device.startswith('cuda:')` test for `'npu'`",
     what="""
-    Comparisons with "cuda" whose other side is visibly a device (`.device`, `.type`, a name containing
-    "device") are rewritten to compare with "npu"; other comparisons with "cuda" (`backend == "cuda"`)
-    are reported for review, not rewritten.
+    Comparisons with "cuda" and prefix tests `.startswith("cuda")` / `.startswith("cuda:")` whose
+    tested value is visibly a device (`.device`, `.type`, a name containing "device") or a variable
+    holding a device string this rule family rewrites (`loc = f"cuda:{rank}"`, then `map_location=loc`)
+    are rewritten to test for "npu"; other such tests (`backend == "cuda"`) are reported for review,
+    not rewritten.
     """,
     why="""
     After migration tensors live on "npu" devices, so a comparison with "cuda" silently becomes False
@@ -274,6 +277,7 @@ class DeviceChecker(Checker):
         # `map_location=loc`): the names used where a device goes, and every value each name is given.
         self._device_names: list[tuple[str, str]] = []
         self._assigned: dict[str, list[cst.BaseExpression | None]] = {}
+        self._prefix_tests: list[tuple[cst.BaseExpression, cst.SimpleString]] = []  # `x.startswith("cuda:")`
 
     # -- device strings ------------------------------------------------------------------------------
 
@@ -332,6 +336,8 @@ class DeviceChecker(Checker):
                 self._device_value(arg.value, f"`.{func.attr.value}(...)`")
         elif isinstance(func, cst.Attribute) and func.attr.value == "add_argument":
             self._argparse_device(node, positional)
+        elif isinstance(func, cst.Attribute) and func.attr.value == "startswith" and len(node.args) == 1:
+            self._prefix_test(func.value, node.args[0])
         for arg in node.args:
             if arg.keyword is not None and arg.keyword.value == "accelerator":
                 self._accelerator_value(arg.value)
@@ -339,6 +345,13 @@ class DeviceChecker(Checker):
                 self._device_value(arg.value, f"`{arg.keyword.value}=`", containers=arg.keyword.value == "map_location")
             elif arg.keyword is not None and arg.keyword.value == "type" and qualname == "torch.device":
                 self._device_value(arg.value, "`torch.device(type=...)`")
+
+    def _prefix_test(self, tested: cst.BaseExpression, arg: cst.Arg) -> None:
+        prefix = string_value(arg.value) if arg.keyword is None and arg.star == "" else None
+        if prefix is not None and _NPU_PREFIX.fullmatch(prefix):
+            self._npu_tested.add(self.ctx.code(tested))
+        elif prefix is not None and _CUDA_PREFIX.fullmatch(prefix) and isinstance(arg.value, cst.SimpleString):
+            self._prefix_tests.append((tested, arg.value))
 
     def _argparse_device(self, node: cst.Call, positional: list[cst.Arg]) -> None:
         flags = [string_value(arg.value) or "" for arg in positional]
@@ -452,13 +465,50 @@ class DeviceChecker(Checker):
                     fix=lambda updated: updated.with_changes(attr=cst.Name("is_npu")),
                     guard=True,
                 )
+        comparisons = replace(_COMPARISONS, visibly=lambda code: _visibly_device(code) or self._travelling(code))
         for node in self._comparisons:
-            _COMPARISONS.check(self, node, self._already_tells_npu)
+            comparisons.check(self, node, self._already_tells_npu)
+        for tested, literal in self._prefix_tests:
+            self._check_prefix_test(self.ctx.code(tested), literal)
         for name, where in self._device_names:
-            values = self._assigned.get(name, [])
-            # Only a name given one value in the whole file: anything else needs scope analysis.
-            if len(values) == 1 and values[0] is not None and not _mentions_device(name):
-                self._device_value(values[0], f"`{name}`, used as {where}", containers=True)
+            value = self._single_value(name)
+            if value is not None and not _mentions_device(name):
+                self._device_value(value, f"`{name}`, used as {where}", containers=True)
+
+    def _single_value(self, name: str) -> cst.BaseExpression | None:
+        """The value of a name given exactly one in the whole file: anything else needs scope analysis."""
+        values = self._assigned.get(name, [])
+        return values[0] if len(values) == 1 else None
+
+    def _travelling(self, code: str) -> bool:
+        """Whether `code` is a variable whose one device-string value `finish` rewrites (used as a device)."""
+        value = self._single_value(code)
+        return (
+            DEVICE_STRING.id in self.enabled
+            and value is not None
+            and any(name == code for name, _ in self._device_names)
+            and _holds_device(value)
+        )
+
+    def _check_prefix_test(self, tested: str, literal: cst.SimpleString) -> None:
+        reason = self._already_tells_npu(tested)
+        if reason is not None:
+            self.report(DEVICE_COMPARISON, literal, reason, severity=Severity.INFO)
+        elif _visibly_device(tested) or self._travelling(tested):
+            self.report(
+                DEVICE_COMPARISON,
+                literal,
+                "prefix test of a device string now tests for the NPU",
+                fix=rewrite_device_literal,
+                guard=True,
+            )
+        else:
+            self.report(
+                DEVICE_COMPARISON,
+                literal,
+                f'`{tested}.startswith(...)` tests for a CUDA device string: if `{tested}` is a device, test for "npu"',
+                severity=Severity.WARNING,
+            )
 
     # -- comparisons -----------------------------------------------------------------------------------
 
@@ -510,8 +560,20 @@ def _plainly_module(receiver: cst.BaseExpression) -> bool:
     return name in ("model", "module", "net", "self") or name.endswith(("model", "_net", "module"))
 
 
-_NPU_TEST = re.compile(r"""["']npu(:\d+)?["']|\bis_npu\b""")
-_CUDA_TEST = re.compile(r"""["']cuda(:\d+)?["']|\bis_cuda\b|\bcuda\.is_available\b""")
+_NPU_TEST = re.compile(r"""["']npu(:\d*)?["']|\bis_npu\b""")
+_CUDA_TEST = re.compile(r"""["']cuda(:\d*)?["']|\bis_cuda\b|\bcuda\.is_available\b""")
+_CUDA_PREFIX = re.compile(r"cuda(:\d*)?")
+_NPU_PREFIX = re.compile(r"npu(:\d*)?")
+
+
+def _visibly_device(code: str) -> bool:
+    return _mentions_device(code) or code.endswith(".type")
+
+
+def _holds_device(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.IfExp):
+        return _holds_device(value.body) or _holds_device(value.orelse)
+    return device_literal(value) is not None
 
 
 def _names_npu(node: cst.BaseExpression) -> bool:
@@ -530,7 +592,7 @@ def _device_literals(node: cst.BaseExpression) -> list[cst.CSTNode]:
 _COMPARISONS = LiteralComparisons(
     DEVICE_COMPARISON,
     literals=_device_literals,
-    visibly=lambda code: _mentions_device(code) or code.endswith(".type"),
+    visibly=_visibly_device,
     fix=rewrite_device_literal,
     rewritten="comparison with the device type now tests for the NPU",
     unsure='comparison of `{other}` with a CUDA device string: if it is a device, compare with "npu" instead',
