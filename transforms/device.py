@@ -65,7 +65,10 @@ DEVICE_STRING = Rule(
     `{"map_location": "cuda"}` keyword dicts), variables given one value in the file and used there
     (`loc = "cuda:{}".format(gpu)`, then `map_location=loc`), variables,
     attributes, dictionary entries and parameters whose name mentions "device", argparse `--device`
-    defaults and choices, and `'cuda' if torch.cuda.is_available() else 'cpu'`. f-strings
+    defaults and choices, and `'cuda' if torch.cuda.is_available() else 'cpu'`. A `device_type="cuda"`
+    keyword to a function of the same file is rewritten when that function passes the parameter on to
+    autocast or a device position (`torch.autocast(device_type=device_type)`, `.to(device_type)`), and
+    reported otherwise. f-strings
     (`f"cuda:{rank}"`), `"cuda:{}".format(i)` and `"cuda:%d" % i` are handled too. Strings that only
     mention CUDA are left alone.
     """,
@@ -277,6 +280,10 @@ class DeviceChecker(Checker):
         # `map_location=loc`): the names used where a device goes, and every value each name is given.
         self._device_names: list[tuple[str, str]] = []
         self._assigned: dict[str, list[cst.BaseExpression | None]] = {}
+        self._defs: dict[str, list[cst.FunctionDef]] = {}
+        # `run(model, device_type="cuda")` to a function of this file: decided in `finish`, from what the function
+        # does with the parameter.
+        self._wrapper_calls: list[tuple[str, cst.Arg]] = []
         self._prefix_tests: list[tuple[cst.BaseExpression, cst.SimpleString]] = []  # `x.startswith("cuda:")`
 
     # -- device strings ------------------------------------------------------------------------------
@@ -338,13 +345,37 @@ class DeviceChecker(Checker):
             self._argparse_device(node, positional)
         elif isinstance(func, cst.Attribute) and func.attr.value == "startswith" and len(node.args) == 1:
             self._prefix_test(func.value, node.args[0])
+        callee = _target_name(func) if isinstance(func, (cst.Name, cst.Attribute)) else ""
         for arg in node.args:
+            if (
+                arg.keyword is not None
+                and arg.keyword.value == "device_type"
+                and not (qualname or "").startswith("torch.")
+            ):
+                if device_literal(arg.value) is not None:
+                    self._wrapper_calls.append((callee, arg))
             if arg.keyword is not None and arg.keyword.value == "accelerator":
                 self._accelerator_value(arg.value)
             if arg.keyword is not None and arg.keyword.value in DEVICE_KEYWORDS:
                 self._device_value(arg.value, f"`{arg.keyword.value}=`", containers=arg.keyword.value == "map_location")
             elif arg.keyword is not None and arg.keyword.value == "type" and qualname == "torch.device":
                 self._device_value(arg.value, "`torch.device(type=...)`")
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._defs.setdefault(node.name.value, []).append(node)
+
+    def _check_wrapper_call(self, callee: str, arg: cst.Arg) -> None:
+        defs = self._defs.get(callee, [])
+        if len(defs) == 1 and _passes_on_device(self.ctx, defs[0], "device_type"):
+            self._device_value(arg.value, f"`device_type=` of `{callee}` (it passes it on as a device)")
+            return
+        self.report(
+            DEVICE_STRING,
+            arg.value,
+            f'`device_type="cuda"` passed to `{callee or "a callable"}` left as is: it is not visibly passed on to '
+            'autocast or a device in this file; if it selects the device there, pass "npu"',
+            severity=Severity.WARNING,
+        )
 
     def _prefix_test(self, tested: cst.BaseExpression, arg: cst.Arg) -> None:
         prefix = string_value(arg.value) if arg.keyword is None and arg.star == "" else None
@@ -468,6 +499,8 @@ class DeviceChecker(Checker):
         comparisons = replace(_COMPARISONS, visibly=lambda code: _visibly_device(code) or self._travelling(code))
         for node in self._comparisons:
             comparisons.check(self, node, self._already_tells_npu)
+        for callee, arg in self._wrapper_calls:
+            self._check_wrapper_call(callee, arg)
         for tested, literal in self._prefix_tests:
             self._check_prefix_test(self.ctx.code(tested), literal)
         for name, where in self._device_names:
@@ -568,6 +601,35 @@ _NPU_PREFIX = re.compile(r"npu(:\d*)?")
 
 def _visibly_device(code: str) -> bool:
     return _mentions_device(code) or code.endswith(".type")
+
+
+_DEVICE_POSITIONS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.device", "torch.set_default_device"})
+
+
+def _passes_on_device(ctx, function: cst.FunctionDef, param: str) -> bool:
+    """Whether `function` has a parameter `param` that it hands, unchanged, to autocast or a device position:
+    a `device_type=` / device keyword, the first argument of `torch.autocast` / `torch.device`, `.to(...)`."""
+    params = function.params
+    named = [*params.posonly_params, *params.params, *params.kwonly_params]
+    if not any(p.name.value == param for p in named):
+        return False
+    found = False
+
+    class _Uses(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            positional = [a for a in node.args if a.keyword is None and a.star == ""]
+            to = isinstance(node.func, cst.Attribute) and node.func.attr.value in ("to", "to_empty")
+            for arg in node.args:
+                if not (isinstance(arg.value, cst.Name) and arg.value.value == param):
+                    continue
+                if arg.keyword is not None:
+                    found |= arg.keyword.value in DEVICE_KEYWORDS or arg.keyword.value == "device_type"
+                elif to or (positional and arg is positional[0] and ctx.qualname(node.func) in _DEVICE_POSITIONS):
+                    found = True
+
+    function.body.visit(_Uses())
+    return found
 
 
 def _holds_device(value: cst.BaseExpression) -> bool:
