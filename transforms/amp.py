@@ -34,8 +34,8 @@ CUDA_AMP = Rule(
     `torch.get_autocast_dtype("npu")`, float16 unless changed), `torch.cuda.amp.GradScaler(...)` ->
     `torch.amp.GradScaler("npu", ...)`, and the `custom_fwd` / `custom_bwd` decorators ->
     `torch.amp.custom_fwd(..., device_type="npu")`. `amp = partial(torch.cuda.amp.autocast, ...)` becomes
-    `partial(torch.amp.autocast, "npu", ...)` when `amp` is only ever called with keywords (a positional
-    argument would land one place off). Imports from `torch.cuda.amp` are rebound to
+    `partial(torch.amp.autocast, "npu", ...)` when `amp` is a function's local or a private module-level
+    name, only ever called with keywords (a positional argument would land one place off). Imports from `torch.cuda.amp` are rebound to
     `torch.amp` and their uses rewritten, only if every use can be. For torch_npu versions whose torch
     lacks the `torch.amp` name, the name moves to `torch.npu.amp`, which keeps the CUDA signature.
     """,
@@ -230,17 +230,34 @@ def _npu_partial(partial: cst.Call, func: cst.BaseExpression | None, spec: dict)
 
 
 def _bound_name(module: cst.Module, value: cst.BaseExpression) -> str | None:
-    """The name `value` is assigned to (`amp_ctx = partial(...)`), if that is the name's only assignment."""
+    """The name `value` is assigned to (`amp_ctx = partial(...)`), if that is the name's only assignment and no
+    other file can call it: a function's local, or a private (`_`) module-level name. A public module-level
+    name may be imported and called elsewhere, and a class attribute is called as `self.amp(...)`."""
     targets: dict[str, int] = {}
     found: list[str] = []
+    scopes: list[type] = []
 
     class _Assignments(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            scopes.append(cst.FunctionDef)
+
+        def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+            scopes.pop()
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            scopes.append(cst.ClassDef)
+
+        def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+            scopes.pop()
+
         def visit_Assign(self, node: cst.Assign) -> None:
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
-                    targets[target.target.value] = targets.get(target.target.value, 0) + 1
-                    if node.value is value and len(node.targets) == 1:
-                        found.append(target.target.value)
+                    name = target.target.value
+                    targets[name] = targets.get(name, 0) + 1
+                    local = scopes[-1:] == [cst.FunctionDef] or (not scopes and name.startswith("_"))
+                    if node.value is value and len(node.targets) == 1 and local:
+                        found.append(name)
 
     module.visit(_Assignments())
     return found[0] if found and targets[found[0]] == 1 else None
@@ -430,7 +447,10 @@ class AmpChecker(NameUseChecker):
             return f"the partial's arguments are unpacked with `*`; {advice}"
         name = _bound_name(self.ctx.module, partial)
         if name is None or not _called_with_keywords_only(self.ctx.module, name):
-            return f"a partial of it is not bound to a name called with keywords only here; {advice}"
+            return (
+                "a partial of it is not bound to a local or private name called with keywords only in this file; "
+                + advice
+            )
         return None
 
     def _fix(self, use: Use, plan: str, new_func: cst.BaseExpression | None) -> None:
