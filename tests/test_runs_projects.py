@@ -8,6 +8,12 @@ NPU host (`npu-migrate verify --smoke`): import, build, forward, backward and an
   import (`torch.cuda.get_device_capability` under the flipped `HAS_GPU`).
 * `runs_native` (pattern 7): a library that already tests for "npu" next to "cuda". Before issue #13 both
   branches became npu ones and `is_cuda` read True on the NPU (the program printed `cuda=True`).
+* `runs_values` (patterns 3, 5): device values that travel (an f-string device tested with
+  `.startswith("cuda:")` before `set_device`, a `.format` device into `map_location`, `device_type="cuda"`
+  given to a wrapper of autocast, a private `partial(torch.cuda.amp.autocast, ...)`, `GradScaler()` without
+  a device) and a bitsandbytes-style parameter whose `.cuda()` quantises in place (a local stand-in module
+  named `bitsandbytes`: the rule keys on that import name). Migrated by the tool before these rewrites it ran
+  but silently wrong: `set_device` never ran (`bound=[]`) and autocast was off (`autocast=False`).
 """
 
 from __future__ import annotations
@@ -52,6 +58,11 @@ def native(tmp_path_factory):
     return _migrated(tmp_path_factory, "runs_native")
 
 
+@pytest.fixture(scope="module")
+def values(tmp_path_factory):
+    return _migrated(tmp_path_factory, "runs_values")
+
+
 def _unchanged_files(original: Path, migrated: Path) -> list[str]:
     return sorted(
         str(p.relative_to(original))
@@ -94,12 +105,32 @@ def test_native_project_keeps_its_cuda_branches(native):
     assert device == (original / "native" / "device.py").read_text()
 
 
-@pytest.mark.parametrize("name", ["runs_guards", "runs_native"])
-def test_a_second_apply_changes_nothing(name, guards, native):
-    original, migrated, _ = guards if name == "runs_guards" else native
+def test_values_project_runs_with_its_device_values_on_the_npu(values):
+    original, migrated, _ = values
+    report = smoke.run(migrated, factory=migrated / "factory.py", original=original)
+    assert report.passed, report.to_text(verbose=True)
+    assert report.steps == ["import", "build", "forward", "backward", "optimizer step"]
+    # set_device ran behind the prefix test, the checkpoint landed on the NPU, the in-place quantisation
+    # happened, autocast and loss scaling are on.
+    assert "bound=['npu:0'] state=npu quantised=True autocast=True scaler=True" in report.output_tail
+
+
+def test_values_project_reports_the_in_place_cuda_call(values):
+    _, migrated, output = values
+    assert "        self.weight.cuda()\n" in (migrated / "values" / "quant.py").read_text()
+    assert "quant.py:14:9: NPU101 `.cuda()` not rewritten: its result is thrown away" in output
+    model = (migrated / "values" / "model.py").read_text()
+    assert '_head_precision = partial(torch.amp.autocast, "npu", dtype=torch.bfloat16)' in model
+    assert 'forward_step(self.quant, x, device_type="npu")' in model
+
+
+@pytest.mark.parametrize("name", ["runs_guards", "runs_native", "runs_values"])
+def test_a_second_apply_changes_nothing(name, guards, native, values):
+    original, migrated, _ = {"runs_guards": guards, "runs_native": native, "runs_values": values}[name]
     untouched = _unchanged_files(original, migrated)
     again = migrated.parent / "again"
     _apply(migrated, again)
     for path in migrated.rglob("*.py"):
         assert (again / path.relative_to(migrated)).read_bytes() == path.read_bytes(), path
-    assert "gates/model.py" in untouched or name == "runs_native"
+    # A file with nothing to rewrite (only a finding) stays byte for byte.
+    assert {"runs_guards": "gates/model.py", "runs_values": "values/quant.py"}.get(name, "") in untouched + [""]

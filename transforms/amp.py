@@ -33,7 +33,9 @@ CUDA_AMP = Rule(
     `dtype`, `cache_enabled` become keywords; like torch's own replacement the dtype then defaults to
     `torch.get_autocast_dtype("npu")`, float16 unless changed), `torch.cuda.amp.GradScaler(...)` ->
     `torch.amp.GradScaler("npu", ...)`, and the `custom_fwd` / `custom_bwd` decorators ->
-    `torch.amp.custom_fwd(..., device_type="npu")`. Imports from `torch.cuda.amp` are rebound to
+    `torch.amp.custom_fwd(..., device_type="npu")`. `amp = partial(torch.cuda.amp.autocast, ...)` becomes
+    `partial(torch.amp.autocast, "npu", ...)` when `amp` is a function's local or a private module-level
+    name, only ever called with keywords (a positional argument would land one place off). Imports from `torch.cuda.amp` are rebound to
     `torch.amp` and their uses rewritten, only if every use can be. For torch_npu versions whose torch
     lacks the `torch.amp` name, the name moves to `torch.npu.amp`, which keeps the CUDA signature.
     """,
@@ -141,7 +143,8 @@ AMP_NOT_MIGRATED = Rule(
     summary="`torch.cuda.amp` uses that cannot be rewritten safely are reported",
     what="""
     Reports the `torch.cuda.amp` uses NPU401 cannot rewrite: a class used other than by calling it
-    (`isinstance(s, GradScaler)`, passing `autocast` around), `*args` whose position is unknown, private
+    (`isinstance(s, GradScaler)`, passing `autocast` around, a `partial` of it that may be called with
+    positional arguments), `*args` whose position is unknown, private
     helpers, or names the chosen torch_npu version lacks. The code (and its import) is left alone; the
     finding says what to write.
     """,
@@ -216,6 +219,80 @@ def _with_device(args: list[cst.Arg], spec: dict) -> list[cst.Arg]:
     return [*args[:-1], last.with_changes(comma=comma), new]
 
 
+def _npu_partial(partial: cst.Call, func: cst.BaseExpression | None, spec: dict) -> cst.Call:
+    """`partial(torch.cuda.amp.X, ...)` with `func` (if given) for the function and the NPU device added."""
+    first, rest = partial.args[0], list(partial.args[1:])
+    if func is not None:
+        first = first.with_changes(value=func)
+    if not isinstance(first.comma, cst.Comma):
+        first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return partial.with_changes(args=[first, *_with_device(rest, spec)])
+
+
+def _bound_name(module: cst.Module, value: cst.BaseExpression) -> str | None:
+    """The name `value` is assigned to (`amp_ctx = partial(...)`), if that is the name's only assignment and no
+    other file can call it: a function's local, or a private (`_`) module-level name. A public module-level
+    name may be imported and called elsewhere, and a class attribute is called as `self.amp(...)`."""
+    targets: dict[str, int] = {}
+    found: list[str] = []
+    scopes: list[type] = []
+
+    class _Assignments(cst.CSTVisitor):
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+            scopes.append(cst.FunctionDef)
+
+        def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+            scopes.pop()
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> None:
+            scopes.append(cst.ClassDef)
+
+        def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+            scopes.pop()
+
+        def visit_Assign(self, node: cst.Assign) -> None:
+            for target in node.targets:
+                if isinstance(target.target, cst.Name):
+                    name = target.target.value
+                    targets[name] = targets.get(name, 0) + 1
+                    local = scopes[-1:] == [cst.FunctionDef] or (not scopes and name.startswith("_"))
+                    if node.value is value and len(node.targets) == 1 and local:
+                        found.append(name)
+
+    module.visit(_Assignments())
+    return found[0] if found and targets[found[0]] == 1 else None
+
+
+def _called_with_keywords_only(module: cst.Module, name: str) -> bool:
+    """Whether every read of `name` in `module` is a call with keyword arguments only."""
+    calls: set[int] = set()
+    reads: list[cst.Name] = []
+
+    class _Reads(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            if all(a.keyword is not None and a.star == "" for a in node.args):
+                calls.add(id(node.func))
+
+        def visit_Assign(self, node: cst.Assign) -> bool:
+            node.value.visit(self)
+            return False  # the targets are writes
+
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
+            node.value.visit(self)
+            return False  # `x.name` is no read of `name`
+
+        def visit_Arg(self, node: cst.Arg) -> bool:
+            node.value.visit(self)
+            return False  # nor is the keyword of `f(name=...)`
+
+        def visit_Name(self, node: cst.Name) -> None:
+            if node.value == name:
+                reads.append(node)
+
+    module.visit(_Reads())
+    return all(id(node) in calls for node in reads)
+
+
 def _rebind_statements(line: cst.SimpleStatementLine, statements: dict[int, dict[int, str]]):
     # From the last statement backwards, so that a statement split in two does not shift the ones before it.
     for index in sorted(statements, reverse=True):
@@ -263,6 +340,8 @@ class AmpChecker(NameUseChecker):
         super().__init__(ctx, enabled)
         self._parents: dict[int, cst.Call | cst.Decorator] = {}
         self._uses: list[Use] = []
+        # `partial(torch.cuda.amp.autocast, ...)`: the reference's node -> the partial call.
+        self._partials: dict[int, cst.Call] = {}
         self._new_torch = _torch_version(ctx)
 
     # -- the walk -----------------------------------------------------------------------------------
@@ -273,6 +352,8 @@ class AmpChecker(NameUseChecker):
     def visit_Call(self, node: cst.Call) -> None:
         self._parents[id(node.func)] = node
         qualname = self.ctx.qualname(node.func)
+        if qualname == "functools.partial" and node.args and node.args[0].keyword is None and node.args[0].star == "":
+            self._partials[id(node.args[0].value)] = node
         if qualname in _DEVICE_TYPE_ARGS:
             position, name = _DEVICE_TYPE_ARGS[qualname]
             arg = argument(node, position if position >= 0 else 1 << 16, name)
@@ -343,12 +424,33 @@ class AmpChecker(NameUseChecker):
         spec = _CUDA_AMP[name]
         if isinstance(use.parent, cst.Decorator) and spec["device"] == "keyword":
             return None
+        if id(use.node) in self._partials and spec["device"] == "first":
+            return self._why_not_partial(self._partials[id(use.node)], spec)
         if not isinstance(use.parent, cst.Call):
             return (
                 f"`{use.qualname}` is used other than by calling it; use `{spec['target']}` with the NPU device by hand"
             )
         if spec.get("keywords") and any(a.star for a in use.parent.args):
             return 'its arguments are unpacked with `*`; pass the device "npu" to torch.amp by hand'
+        return None
+
+    def _why_not_partial(self, partial: cst.Call, spec: dict) -> str | None:
+        """Why `partial(torch.cuda.amp.X, ...)` cannot become `partial(torch.amp.X, "npu", ...)` (None if it can).
+
+        The device goes first, so positional arguments given later to what the partial returns would land one
+        place off (`enabled` -> `dtype`): the partial must be bound to a name that is only ever called with
+        keywords.
+        """
+        wanted = self.ctx.code(_npu_partial(partial, cst.parse_expression(spec["target"]), spec))
+        advice = f"write `{wanted}` and call it with keywords only"
+        if any(a.star for a in partial.args):
+            return f"the partial's arguments are unpacked with `*`; {advice}"
+        name = _bound_name(self.ctx.module, partial)
+        if name is None or not _called_with_keywords_only(self.ctx.module, name):
+            return (
+                "a partial of it is not bound to a local or private name called with keywords only in this file; "
+                + advice
+            )
         return None
 
     def _fix(self, use: Use, plan: str, new_func: cst.BaseExpression | None) -> None:
@@ -361,6 +463,14 @@ class AmpChecker(NameUseChecker):
             return
         spec = _CUDA_AMP[name]
         message = f"`{use.qualname}` -> `{target}` on the NPU"
+        if id(use.node) in self._partials:
+            self.report(
+                CUDA_AMP,
+                self._partials[id(use.node)],
+                message + " (in a partial)",
+                fix=lambda updated: _npu_partial(updated, new_func, spec),
+            )
+            return
         if isinstance(use.parent, cst.Call):
 
             def fix(updated: cst.Call) -> cst.Call:

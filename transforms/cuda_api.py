@@ -129,8 +129,9 @@ BEHAVIOUR_DIFFERS = Rule(
     what="""
     Reports `torch.cuda` APIs whose `torch.npu` namesake runs but answers differently:
     `torch.npu.get_device_capability()` returns None, `get_device_properties()` has no `major` /
-    `minor`, float64 tensor types are mostly unsupported. The code is left as it is; the finding
-    explains what to do.
+    `minor`, float64 tensor types are mostly unsupported. Also `torch.version.cuda` read in a test
+    (`if torch.version.cuda and ...: dtype = torch.bfloat16`): it is None on an NPU host, so the feature
+    is silently off. The code is left as it is; the finding explains what to do.
     """,
     why="""
     A rename would run and give wrong answers: `get_device_capability()[0] >= 8` crashes on NPU.
@@ -251,6 +252,7 @@ class CudaApiChecker(Checker):
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         self.api = ctx.api
+        self._version_reported: set[int] = set()
 
     def visit_Call(self, node: cst.Call) -> None:
         # `torch.cuda.get_device_capability(0)`: a call, rewritten whole (the answer may be None on NPU).
@@ -321,6 +323,53 @@ class CudaApiChecker(Checker):
     def visit_Arg(self, node: cst.Arg) -> None:
         if node.keyword is not None:
             self.ctx.claim(node.keyword)
+
+    # -- `torch.version.cuda` deciding a feature -----------------------------------------------------------
+
+    def visit_If(self, node: cst.If) -> None:
+        self._version_tests(node.test)
+
+    def visit_IfExp(self, node: cst.IfExp) -> None:
+        self._version_tests(node.test)
+
+    def visit_While(self, node: cst.While) -> None:
+        self._version_tests(node.test)
+
+    def visit_Assert(self, node: cst.Assert) -> None:
+        self._version_tests(node.test)
+
+    def visit_BooleanOperation(self, node: cst.BooleanOperation) -> None:
+        self._version_tests(node)
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        self._version_tests(node)
+
+    def _version_tests(self, test: cst.BaseExpression) -> None:
+        """Report `torch.version.cuda` read in a test: None on an NPU host, so the feature it gates is off there."""
+        if BEHAVIOUR_DIFFERS.id not in self.enabled:
+            return
+        found: list[cst.Attribute] = []
+        ctx = self.ctx
+
+        class _Reads(cst.CSTVisitor):
+            def visit_Attribute(self, node: cst.Attribute) -> bool:
+                if node.attr.value == "cuda" and ctx.qualname(node) == "torch.version.cuda":
+                    found.append(node)
+                    return False
+                return True
+
+        test.visit(_Reads())
+        fresh = [node for node in found if id(node) not in self._version_reported]
+        self._version_reported.update(id(node) for node in found)
+        if fresh:  # once per test: `torch.version.cuda and int(torch.version.cuda[:2]) >= 11` is one decision
+            self.report(
+                BEHAVIOUR_DIFFERS,
+                fresh[0],
+                "`torch.version.cuda` is None on an NPU host, so what this test enables (bf16, a fused path) is "
+                "silently off there: ask the device instead, `torch.npu.is_bf16_supported()` for bf16 (True on "
+                "Ascend 910B-class devices), or test `torch.npu.is_available()` for the NPU path",
+                severity=Severity.WARNING,
+            )
 
     def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
         # Names inside import statements are not uses; the import is rewritten through its binding.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import replace
 
 import libcst as cst
 
@@ -65,7 +66,10 @@ DEVICE_STRING = Rule(
     `{"map_location": "cuda"}` keyword dicts), variables given one value in the file and used there
     (`loc = "cuda:{}".format(gpu)`, then `map_location=loc`), variables,
     attributes, dictionary entries and parameters whose name mentions "device", argparse `--device`
-    defaults and choices, and `'cuda' if torch.cuda.is_available() else 'cpu'`. f-strings
+    defaults and choices, and `'cuda' if torch.cuda.is_available() else 'cpu'`. A `device_type="cuda"`
+    keyword to a function of the same file is rewritten when that function passes the parameter on to
+    autocast or a device position (`torch.autocast(device_type=device_type)`, `.to(device_type)`), and
+    reported otherwise. f-strings
     (`f"cuda:{rank}"`), `"cuda:{}".format(i)` and `"cuda:%d" % i` are handled too. Strings that only
     mention CUDA are left alone.
     """,
@@ -156,11 +160,13 @@ DEVICE_COMPARISON = Rule(
     id="NPU104",
     name="device-comparison",
     family="device",
-    summary="`x.device.type == 'cuda'` and `'cuda' in device` compare against `'npu'`",
+    summary="`x.device.type == 'cuda'`, `'cuda' in device` and `device.startswith('cuda:')` test for `'npu'`",
     what="""
-    Comparisons with "cuda" whose other side is visibly a device (`.device`, `.type`, a name containing
-    "device") are rewritten to compare with "npu"; other comparisons with "cuda" (`backend == "cuda"`)
-    are reported for review, not rewritten.
+    Comparisons with "cuda" and prefix tests `.startswith("cuda")` / `.startswith("cuda:")` whose
+    tested value is visibly a device (`.device`, `.type`, a name containing "device") or a variable
+    holding a device string this rule family rewrites (`loc = f"cuda:{rank}"`, then `map_location=loc`)
+    are rewritten to test for "npu"; other such tests (`backend == "cuda"`) are reported for review,
+    not rewritten.
     """,
     why="""
     After migration tensors live on "npu" devices, so a comparison with "cuda" silently becomes False
@@ -275,6 +281,12 @@ class DeviceChecker(Checker):
         # `map_location=loc`): the names used where a device goes, and every value each name is given.
         self._device_names: list[tuple[str, str]] = []
         self._assigned: dict[str, list[cst.BaseExpression | None]] = {}
+        self._defs: dict[str, list[cst.FunctionDef]] = {}
+        # `run(model, device_type="cuda")` to a function of this file: decided in `finish`, from what the function
+        # does with the parameter.
+        self._wrapper_calls: list[tuple[str, cst.Arg]] = []
+        self._prefix_tests: list[tuple[cst.BaseExpression, cst.SimpleString]] = []  # `x.startswith("cuda:")`
+        self._loads: _Loads | None = None  # the reads of each name, counted once, when a value travels
 
     # -- device strings ------------------------------------------------------------------------------
 
@@ -333,13 +345,46 @@ class DeviceChecker(Checker):
                 self._device_value(arg.value, f"`.{func.attr.value}(...)`")
         elif isinstance(func, cst.Attribute) and func.attr.value == "add_argument":
             self._argparse_device(node, positional)
+        elif isinstance(func, cst.Attribute) and func.attr.value == "startswith" and len(node.args) == 1:
+            self._prefix_test(func.value, node.args[0])
+        callee = _target_name(func) if isinstance(func, (cst.Name, cst.Attribute)) else ""
         for arg in node.args:
+            if (
+                arg.keyword is not None
+                and arg.keyword.value == "device_type"
+                and not (qualname or "").startswith("torch.")
+            ):
+                if device_literal(arg.value) is not None:
+                    self._wrapper_calls.append((callee, arg))
             if arg.keyword is not None and arg.keyword.value == "accelerator":
                 self._accelerator_value(arg.value)
             if arg.keyword is not None and arg.keyword.value in DEVICE_KEYWORDS:
                 self._device_value(arg.value, f"`{arg.keyword.value}=`", containers=arg.keyword.value == "map_location")
             elif arg.keyword is not None and arg.keyword.value == "type" and qualname == "torch.device":
                 self._device_value(arg.value, "`torch.device(type=...)`")
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._defs.setdefault(node.name.value, []).append(node)
+
+    def _check_wrapper_call(self, callee: str, arg: cst.Arg) -> None:
+        defs = self._defs.get(callee, [])
+        if len(defs) == 1 and _passes_on_device(self.ctx, defs[0], "device_type"):
+            self._device_value(arg.value, f"`device_type=` of `{callee}` (it passes it on as a device)")
+            return
+        self.report(
+            DEVICE_STRING,
+            arg.value,
+            f'`device_type="cuda"` passed to `{callee or "a callable"}` left as is: it is not visibly passed on to '
+            'autocast or a device in this file; if it selects the device there, pass "npu"',
+            severity=Severity.WARNING,
+        )
+
+    def _prefix_test(self, tested: cst.BaseExpression, arg: cst.Arg) -> None:
+        prefix = string_value(arg.value) if arg.keyword is None and arg.star == "" else None
+        if prefix is not None and _NPU_PREFIX.fullmatch(prefix):
+            self._npu_tested.add(self.ctx.code(tested))
+        elif prefix is not None and _CUDA_PREFIX.fullmatch(prefix) and isinstance(arg.value, cst.SimpleString):
+            self._prefix_tests.append((tested, arg.value))
 
     def _argparse_device(self, node: cst.Call, positional: list[cst.Arg]) -> None:
         flags = [string_value(arg.value) or "" for arg in positional]
@@ -453,29 +498,79 @@ class DeviceChecker(Checker):
                     fix=lambda updated: updated.with_changes(attr=cst.Name("is_npu")),
                     guard=True,
                 )
+        comparisons = replace(_COMPARISONS, visibly=lambda code: _visibly_device(code) or self._travelling(code))
         for node in self._comparisons:
-            _COMPARISONS.check(self, node, self._already_tells_npu)
-        if self._device_names:
-            loads = _Loads()
-            self.ctx.module.visit(loads)
-            device_uses = Counter(name for name, _ in self._device_names)
+            comparisons.check(self, node, self._already_tells_npu)
+        for callee, arg in self._wrapper_calls:
+            self._check_wrapper_call(callee, arg)
+        for tested, literal in self._prefix_tests:
+            self._check_prefix_test(self.ctx.code(tested), literal)
+        reported: set[str] = set()
         for name, where in self._device_names:
-            values = self._assigned.get(name, [])
-            # Only a name given one value in the whole file (anything else needs scope analysis), and read
-            # only where a device goes: `acc = "cuda"` also passed to `Trainer(accelerator=acc)` or
-            # printed must keep its value there.
-            if len(values) == 1 and values[0] is not None and not _mentions_device(name):
-                if loads.count[name] <= device_uses[name]:
-                    self._device_value(values[0], f"`{name}`, used as {where}", containers=True)
-                elif device_literal(values[0]) is not None:
-                    self.report(
-                        DEVICE_STRING,
-                        values[0],
-                        f"`{name}` is used as {where} and elsewhere: left as is; pass an NPU device where it "
-                        "selects one",
-                        severity=Severity.WARNING,
-                    )
-                    device_uses[name] = 0  # one finding per value
+            value = self._single_value(name)
+            if value is None or _mentions_device(name):
+                continue
+            if self._read_only_as_a_device(name):
+                self._device_value(value, f"`{name}`, used as {where}", containers=True)
+            elif device_literal(value) is not None and name not in reported:
+                reported.add(name)
+                self.report(
+                    DEVICE_STRING,
+                    value,
+                    f"`{name}` is used as {where} and elsewhere: left as is; pass an NPU device where it selects one",
+                    severity=Severity.WARNING,
+                )
+
+    def _read_only_as_a_device(self, name: str) -> bool:
+        """Whether every read of `name` selects a device or tests one: `acc = "cuda"` also passed to
+        `Trainer(accelerator=acc)` or printed must keep its value there."""
+        if self._loads is None:
+            self._loads = _Loads()
+            self.ctx.module.visit(self._loads)
+        device_reads = sum(n == name for n, _ in self._device_names)
+        device_reads += sum(self.ctx.code(tested) == name for tested, _ in self._prefix_tests)
+        device_reads += sum(
+            self.ctx.code(operand) == name
+            for node in self._comparisons
+            for operand in (node.left, *(target.comparator for target in node.comparisons))
+        )
+        return self._loads.count[name] <= device_reads
+
+    def _single_value(self, name: str) -> cst.BaseExpression | None:
+        """The value of a name given exactly one in the whole file: anything else needs scope analysis."""
+        values = self._assigned.get(name, [])
+        return values[0] if len(values) == 1 else None
+
+    def _travelling(self, code: str) -> bool:
+        """Whether `code` is a variable whose one device-string value `finish` rewrites (used as a device)."""
+        value = self._single_value(code)
+        return (
+            DEVICE_STRING.id in self.enabled
+            and value is not None
+            and any(name == code for name, _ in self._device_names)
+            and _holds_device(value)
+            and self._read_only_as_a_device(code)
+        )
+
+    def _check_prefix_test(self, tested: str, literal: cst.SimpleString) -> None:
+        reason = self._already_tells_npu(tested)
+        if reason is not None:
+            self.report(DEVICE_COMPARISON, literal, reason, severity=Severity.INFO)
+        elif _visibly_device(tested) or self._travelling(tested):
+            self.report(
+                DEVICE_COMPARISON,
+                literal,
+                "prefix test of a device string now tests for the NPU",
+                fix=rewrite_device_literal,
+                guard=True,
+            )
+        else:
+            self.report(
+                DEVICE_COMPARISON,
+                literal,
+                f'`{tested}.startswith(...)` tests for a CUDA device string: if `{tested}` is a device, test for "npu"',
+                severity=Severity.WARNING,
+            )
 
     # -- comparisons -----------------------------------------------------------------------------------
 
@@ -527,8 +622,49 @@ def _plainly_module(receiver: cst.BaseExpression) -> bool:
     return name in ("model", "module", "net", "self") or name.endswith(("model", "_net", "module"))
 
 
-_NPU_TEST = re.compile(r"""["']npu(:\d+)?["']|\bis_npu\b""")
-_CUDA_TEST = re.compile(r"""["']cuda(:\d+)?["']|\bis_cuda\b|\bcuda\.is_available\b""")
+_NPU_TEST = re.compile(r"""["']npu(:\d*)?["']|\bis_npu\b""")
+_CUDA_TEST = re.compile(r"""["']cuda(:\d*)?["']|\bis_cuda\b|\bcuda\.is_available\b""")
+_CUDA_PREFIX = re.compile(r"cuda(:\d*)?")
+_NPU_PREFIX = re.compile(r"npu(:\d*)?")
+
+
+def _visibly_device(code: str) -> bool:
+    return _mentions_device(code) or code.endswith(".type")
+
+
+_DEVICE_POSITIONS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.device", "torch.set_default_device"})
+
+
+def _passes_on_device(ctx, function: cst.FunctionDef, param: str) -> bool:
+    """Whether `function` has a parameter `param` that it hands, unchanged, to autocast or a device position:
+    a `device_type=` / device keyword, the first argument of `torch.autocast` / `torch.device`, `.to(...)`."""
+    params = function.params
+    named = [*params.posonly_params, *params.params, *params.kwonly_params]
+    if not any(p.name.value == param for p in named):
+        return False
+    found = False
+
+    class _Uses(cst.CSTVisitor):
+        def visit_Call(self, node: cst.Call) -> None:
+            nonlocal found
+            positional = [a for a in node.args if a.keyword is None and a.star == ""]
+            to = isinstance(node.func, cst.Attribute) and node.func.attr.value in ("to", "to_empty")
+            for arg in node.args:
+                if not (isinstance(arg.value, cst.Name) and arg.value.value == param):
+                    continue
+                if arg.keyword is not None:
+                    found |= arg.keyword.value in DEVICE_KEYWORDS or arg.keyword.value == "device_type"
+                elif to or (positional and arg is positional[0] and ctx.qualname(node.func) in _DEVICE_POSITIONS):
+                    found = True
+
+    function.body.visit(_Uses())
+    return found
+
+
+def _holds_device(value: cst.BaseExpression) -> bool:
+    if isinstance(value, cst.IfExp):
+        return _holds_device(value.body) or _holds_device(value.orelse)
+    return device_literal(value) is not None
 
 
 def _names_npu(node: cst.BaseExpression) -> bool:
@@ -536,8 +672,12 @@ def _names_npu(node: cst.BaseExpression) -> bool:
     return value is not None and re.fullmatch(r"npu(:\d+)?", value) is not None
 
 
+_LOGGING = frozenset({"debug", "info", "warning", "warn", "error", "exception", "critical", "log"})
+
+
 class _Loads(cst.CSTVisitor):
-    """How often each plain name is read in a module (not assigned, declared, imported or a keyword)."""
+    """How often each plain name is read in a module (not assigned, declared, imported, a keyword, nor only
+    printed or logged)."""
 
     def __init__(self) -> None:
         self.count: Counter[str] = Counter()
@@ -571,6 +711,15 @@ class _Loads(cst.CSTVisitor):
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         self._not_reads.add(id(node.target))
 
+    def visit_Call(self, node: cst.Call) -> None:
+        # Printing or logging a device shows the device: that it now says "npu" is what the user wants.
+        func = node.func
+        shown = (isinstance(func, cst.Name) and func.value == "print") or (
+            isinstance(func, cst.Attribute) and func.attr.value in _LOGGING
+        )
+        if shown:
+            self._not_reads.update(id(arg.value) for arg in node.args if isinstance(arg.value, cst.Name))
+
     def visit_Name(self, node: cst.Name) -> None:
         if id(node) not in self._not_reads:
             self.count[node.value] += 1
@@ -587,7 +736,7 @@ def _device_literals(node: cst.BaseExpression) -> list[cst.CSTNode]:
 _COMPARISONS = LiteralComparisons(
     DEVICE_COMPARISON,
     literals=_device_literals,
-    visibly=lambda code: _mentions_device(code) or code.endswith(".type"),
+    visibly=_visibly_device,
     fix=rewrite_device_literal,
     rewritten="comparison with the device type now tests for the NPU",
     unsure='comparison of `{other}` with a CUDA device string: if it is a device, compare with "npu" instead',
