@@ -12,7 +12,7 @@ from test_cli import run_cli
 from npu_migrate.report import CHANGE_CELL
 
 FUSED = ROOT / "fixtures" / "rules" / "NPU701" / "llama_style.in.py"
-TRAIN = "import torch\n\nx = torch.ones(2).cuda()\nmajor, minor = torch.cuda.get_device_capability()\n"
+TRAIN = "import torch\n\nx = torch.ones(2).cuda()\nsms = torch.cuda.get_device_properties(0).multi_processor_count\n"
 
 
 def test_change_list_has_rewrites_and_manual_work_with_output_relative_paths(tmp_path):
