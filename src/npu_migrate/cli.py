@@ -110,7 +110,7 @@ class FailOn(str, enum.Enum):
     cls=Command,
     epilog=examples(
         "npu-migrate apply --diff src/ > npu.patch      # review the migration as a patch; writes nothing",
-        "npu-migrate apply src/                         # migrate in place (git keeps the old version)",
+        "npu-migrate apply src/                         # migrate in place (git keeps the tracked files' old versions)",
         "npu-migrate apply --check --statistics .       # CI: exit 1 while something is left to migrate",
         "npu-migrate apply - --stdin-filename train.py < train.py   # editors: the migrated text on stdout",
     ),
