@@ -200,3 +200,37 @@ def test_a_fast_path_only_tested_for_presence_keeps_its_is_cuda_guard():
     )
     assert "if fused_norm is not None and x.is_cuda:" in migrated
     assert "calls `fused_norm`, a fast path the original runs only on CUDA tensors" in findings[(8, "NPU103")]
+
+
+def test_a_guard_whose_value_is_returned_stays_when_the_file_has_cuda_only_code():
+    migrated, findings = _migrate(
+        """
+        import torch
+        from flash_attn import flash_attn_func
+
+
+        def has_cuda():
+            return torch.cuda.is_available()
+
+
+        def attention(q, k, v):
+            if has_cuda():
+                return flash_attn_func(q, k, v)
+            return q
+        """
+    )
+    assert "return torch.cuda.is_available()" in migrated
+    assert "its value is passed on where it cannot be followed" in findings[(6, "NPU201")]
+
+
+def test_a_returned_guard_in_a_file_without_cuda_only_code_is_migrated():
+    migrated, _ = _migrate(
+        """
+        import torch
+
+
+        def has_cuda():
+            return torch.cuda.is_available()
+        """
+    )
+    assert "return torch.npu.is_available()" in migrated

@@ -136,13 +136,22 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
         return False
     for guard in guards:
         blocking = _blocking(tree, guard.node, ctx, unsafe)
-        if blocking is None:
-            continue
         what = _guard_code(tree, guard.node, ctx)
-        guard.message = (
-            f"`{what}` left as is: the code it guards at line {line_of(blocking.node)} {blocking.why}; "
-            "migrate that code, then this test"
-        )
+        if blocking is not None:
+            guard.message = (
+                f"`{what}` left as is: the code it guards at line {line_of(blocking.node)} {blocking.why}; "
+                "migrate that code, then this test"
+            )
+        elif unsafe and _escapes(tree, guard.node):
+            # Returned, passed on or packed: the code it decides is out of sight, and this file has code
+            # that cannot run on an NPU. Not knowing is not safe.
+            blocking = unsafe[0]
+            guard.message = (
+                f"`{what}` left as is: its value is passed on where it cannot be followed, and the code at line "
+                f"{line_of(blocking.node)} {blocking.why}; migrate that code, then this test"
+            )
+        else:
+            continue
         guard.severity = Severity.WARNING
         guard.applied = False
         guard.fix = None
@@ -273,6 +282,26 @@ def _guarded(tree: _Tree, node: cst.CSTNode, ctx, seen: set[str] | None = None) 
         else:
             return
         current = parent
+
+
+_ESCAPES = (cst.Return, cst.Arg, cst.Tuple, cst.List, cst.Element, cst.Dict, cst.DictElement, cst.NamedExpr, cst.Lambda)
+
+
+def _escapes(tree: _Tree, node: cst.CSTNode) -> bool:
+    """Whether the guard's value leaves the expression it is in (`return torch.cuda.is_available()`,
+    `M(use_cuda=x.is_cuda)`, `ok, n = torch.cuda.is_available(), 2`, a walrus) before any test uses it."""
+    current = node
+    while (parent := tree.parent(current)) is not None:
+        if isinstance(parent, _ESCAPES):
+            return True
+        if not isinstance(
+            parent, (cst.Call, cst.ComparisonTarget, cst.Comparison, cst.UnaryOperation, cst.BooleanOperation)
+        ):
+            return False
+        if isinstance(parent, cst.Call) and parent.func is not current:
+            return True  # an argument: `cst.Arg` above catches the usual case
+        current = parent
+    return False
 
 
 def _branch(tree: _Tree, statement: cst.If | cst.While, positive: bool) -> Iterator[cst.CSTNode]:
