@@ -144,7 +144,10 @@ CASES = {
         "one_projection",
         _module("PackedSwiGLU", 16, 24),
         _forward,
-        ("npu_swiglu(self.w12(x), dim=-1)", "npu_swiglu(torch.cat(self.w12(x).chunk(2, -1)[::-1], -1), dim=-1)"),
+        (
+            "_npu_swiglu_halves(self.w12(x), -1)",
+            "_npu_swiglu_halves(torch.cat(self.w12(x).chunk(2, -1)[::-1], -1), -1)",
+        ),
     ),
 }
 

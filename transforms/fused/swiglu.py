@@ -94,8 +94,10 @@ SWIGLU = Rule(
 
             def _npu_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
                 """`silu(gate) * up`, by npu_swiglu on the two concatenated where they have one shape and dtype."""
-                # `torch.cat` would neither broadcast them nor keep the dtype a mixed product promotes to.
-                if gate.shape == up.shape and gate.dtype == up.dtype:
+                # `torch.cat` would neither broadcast them nor keep the dtype a mixed product promotes to; npu_swiglu
+                # takes fp16, bf16 or fp32 in 1 to 8 dims.
+                fits = gate.dtype in (torch.float16, torch.bfloat16, torch.float32) and 1 <= gate.dim() <= 8
+                if fits and gate.shape == up.shape and gate.dtype == up.dtype:
                     return _npu_swiglu(torch.cat((gate, up), dim=-1), dim=-1)
                 return torch.nn.functional.silu(gate) * up
 
@@ -131,6 +133,7 @@ TEMPLATE = "fused/swiglu.py.j2"
 IS_SILU = "fused/is_silu.py.j2"
 #: `_npu_silu_mul(gate, up)`: the kernel on two operands concatenated, where their shapes allow.
 SILU_MUL = "fused/silu_mul.py.j2"
+SWIGLU_HALVES = "fused/swiglu_halves.py.j2"
 _ACTIVATION_FACTORIES = ("ACT2FN", "get_activation", "ACT2CLS")
 
 
@@ -215,11 +218,9 @@ def match(fn: Function) -> Outcome | None:
                 "SwiGLU not fused: SiLU is applied to the second chunk, npu_swiglu activates the first",
             )
         tensor, dim = _chunked_tensor(gate_half[0], fn)
-        fused = ast.Call(
-            func=ast.Name("_npu_swiglu", ast.Load()),
-            args=[tensor],
-            keywords=[ast.keyword("dim", dim)],
-        )
+        # The chunked tensor is computed in the branch: the helper checks it against the kernel's limits.
+        fused = ast.Call(ast.Name("_npu_swiglu_halves", ast.Load()), [tensor, dim], [])
+        helpers += (SWIGLU_HALVES,)
     else:
         if _chunk_half(gate) or _chunk_half(up):
             return Outcome(SWIGLU, "SwiGLU not fused: only one operand is a chunk")
@@ -245,5 +246,5 @@ IDIOM = Idiom(
     kernels=("npu_swiglu",),
     match=match,
     template=TEMPLATE,
-    helpers={IS_SILU: "_is_silu", SILU_MUL: "_npu_silu_mul"},
+    helpers={IS_SILU: "_is_silu", SILU_MUL: "_npu_silu_mul", SWIGLU_HALVES: "_npu_swiglu_halves"},
 )
