@@ -112,7 +112,7 @@ RMS_NORM = Rule(
                 def forward(self, x):
                     if (
                         _is_npu(x)
-                        and x.dim() >= 2
+                        and 2 <= x.dim() <= 8
                         and self.weight.shape == x.shape[-1:]
                         and self.weight.dtype == x.dtype
                         and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
@@ -448,7 +448,7 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
         )
 
     xs = source(x)
-    guards = [f"{xs}.dim() >= 2", f"{source(leaf)}.shape == {xs}.shape[-1:]"]
+    guards = [f"2 <= {xs}.dim() <= 8", f"{source(leaf)}.shape == {xs}.shape[-1:]"]
     if site.dim is not None:
         guards.append(f"{source(site.dim)} in (-1, {xs}.dim() - 1)")
     if upcast is not None and not after_cast:
@@ -528,7 +528,11 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
     if result is not call and not (upcast is not None and inner is call):
         return Outcome(RMS_NORM, "RMS normalisation not fused: the result is combined with more than the norm")
     xs = source(x)
-    guards = [f"{xs}.dim() >= 2"]
+    guards = [f"2 <= {xs}.dim() <= 8"]
+    for part in (weight, eps):
+        # A parameter may be None at run time (rms_norm's own default): the kernel needs a tensor and a float.
+        if isinstance(part, ast.Name) and part.id in fn.params:
+            guards.append(f"{part.id} is not None")
     if has_weight:
         # rms_norm itself requires weight.shape == normalized_shape: this pins the shape to the last dim.
         guards.append(f"{source(weight)}.shape == {xs}.shape[-1:]")
