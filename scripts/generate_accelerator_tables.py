@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import ast
 import copy
-import subprocess
 import sys
 import tomllib
 import zipfile
@@ -52,6 +51,7 @@ from accelerator_counterparts import (
     NO_ACCELERATOR_OBSERVED_ON,
 )
 from generate_api_tables import GenerationError, _list_changes, dump_toml, extract_all, version_key
+from wheels import cached_wheel, download_wheel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = REPO_ROOT / "benchmarks" / ".cache" / "wheels"
@@ -82,8 +82,8 @@ DEFAULT_VERSIONS = [
 CUDA_REFERENCE = "2.13.0"
 
 # Up to 2.11 the macOS wheels are tagged 11.0, from 2.12 on 14.0; pip takes both.
+PACKAGE = "torch"
 PLATFORMS = ["macosx_11_0_arm64", "macosx_14_0_arm64"]
-PYTHON_VERSION = "3.11"
 
 ACCELERATOR = "torch/accelerator"
 C_STUB = "torch/_C/__init__.pyi"
@@ -502,50 +502,17 @@ HEADER = (
 )
 
 
-def cached_wheel(cache: Path, version: str) -> Path | None:
-    matches = sorted(cache.glob(f"torch-{version}-*.whl"))
-    return matches[0] if matches else None
-
-
-def download_wheel(cache: Path, version: str) -> Path | None:
-    """Fetch one wheel into the cache; None (after a warning) if pip cannot."""
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--python-version",
-        PYTHON_VERSION,
-        "--disable-pip-version-check",
-        "--quiet",
-        "-d",
-        str(cache),
-    ]
-    for platform in PLATFORMS:
-        command += ["--platform", platform]
-    command.append(f"torch=={version}")
-    completed = subprocess.run(command, capture_output=True, text=True)
-    wheel = cached_wheel(cache, version)
-    if completed.returncode == 0 and wheel is not None:
-        return wheel
-    last_error = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-    print(f"warning: skipping torch {version}: pip download failed ({last_error})", file=sys.stderr)
-    return None
-
-
 def build_tables(args: argparse.Namespace) -> dict:
     args.cache.mkdir(parents=True, exist_ok=True)
     versions, surfaces, signatures, wheels = {}, {}, {}, {}
     for version in sorted(set(args.versions), key=version_key):
-        wheel = cached_wheel(args.cache, version)
+        wheel = cached_wheel(args.cache, PACKAGE, version)
         if wheel is None and args.offline:
             print(f"warning: skipping torch {version}: not in {args.cache} (--offline)", file=sys.stderr)
             continue
         if wheel is None:
             print(f"downloading torch {version} ...", file=sys.stderr)
-            wheel = download_wheel(args.cache, version)
+            wheel = download_wheel(args.cache, PACKAGE, version, [PLATFORMS])
             if wheel is None:
                 continue
         extracted = extract_wheel(wheel)

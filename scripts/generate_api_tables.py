@@ -32,12 +32,13 @@ import argparse
 import ast
 import importlib.util
 import re
-import subprocess
 import sys
 import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from wheels import cached_wheel, download_wheel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = REPO_ROOT / "benchmarks" / ".cache" / "wheels"
@@ -65,11 +66,11 @@ DEFAULT_VERSIONS = [
 # Older lines are published as manylinux2014 wheels, newer ones as
 # manylinux_2_28; aarch64 is the fallback because some releases were built
 # for Kunpeng hosts first.  The Python sources are the same across platforms.
+PACKAGE = "torch_npu"
 PLATFORM_GROUPS = [
     ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64"],
     ["manylinux2014_aarch64", "manylinux_2_17_aarch64", "manylinux_2_28_aarch64"],
 ]
-PYTHON_VERSION = "3.11"
 
 # Ops whose full schema the fused-op transforms check before rewriting.
 SCHEMA_OPS = [
@@ -584,47 +585,6 @@ def extract_torch(root: Path) -> tuple[str, dict]:
 
 
 # --------------------------------------------------------------------------
-# Downloading
-# --------------------------------------------------------------------------
-
-
-def cached_wheel(cache: Path, version: str) -> Path | None:
-    # x86 wheels sort before aarch64 ones, which keeps the choice stable.
-    matches = sorted(cache.glob(f"torch_npu-{version}-*.whl"), key=lambda p: ("aarch64" in p.name, p.name))
-    return matches[0] if matches else None
-
-
-def download_wheel(cache: Path, version: str) -> Path | None:
-    """Fetch one wheel into the cache; None (after a warning) if pip cannot."""
-    last_error = ""
-    for platforms in PLATFORM_GROUPS:
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            PYTHON_VERSION,
-            "--disable-pip-version-check",
-            "--quiet",
-            "-d",
-            str(cache),
-        ]
-        for platform in platforms:
-            command += ["--platform", platform]
-        command.append(f"torch_npu=={version}")
-        completed = subprocess.run(command, capture_output=True, text=True)
-        wheel = cached_wheel(cache, version)
-        if completed.returncode == 0 and wheel is not None:
-            return wheel
-        last_error = (completed.stderr.strip().splitlines() or ["no output"])[-1]
-    print(f"warning: skipping torch_npu {version}: pip download failed ({last_error})", file=sys.stderr)
-    return None
-
-
-# --------------------------------------------------------------------------
 # Reporting
 # --------------------------------------------------------------------------
 
@@ -679,13 +639,13 @@ def build_tables(args: argparse.Namespace) -> dict:
     args.cache.mkdir(parents=True, exist_ok=True)
     versions = {}
     for version in sorted(set(args.versions), key=version_key):
-        wheel = cached_wheel(args.cache, version)
+        wheel = cached_wheel(args.cache, PACKAGE, version)
         if wheel is None and args.offline:
             print(f"warning: skipping torch_npu {version}: not in {args.cache} (--offline)", file=sys.stderr)
             continue
         if wheel is None:
             print(f"downloading torch_npu {version} ...", file=sys.stderr)
-            wheel = download_wheel(args.cache, version)
+            wheel = download_wheel(args.cache, PACKAGE, version, PLATFORM_GROUPS)
             if wheel is None:
                 continue
         versions[version] = extract_wheel(wheel)

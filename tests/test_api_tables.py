@@ -27,11 +27,16 @@ def tables():
 
 @pytest.fixture(scope="module")
 def generator():
-    spec = importlib.util.spec_from_file_location("generate_api_tables", SCRIPT_PATH)
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses resolves string annotations through sys.modules.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    # The generator imports its sibling module `wheels` by name, as it does when run as a script.
+    sys.path.insert(0, str(SCRIPT_PATH.parent))
+    try:
+        spec = importlib.util.spec_from_file_location("generate_api_tables", SCRIPT_PATH)
+        module = importlib.util.module_from_spec(spec)
+        # dataclasses resolves string annotations through sys.modules.
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPT_PATH.parent))
     return module
 
 
