@@ -18,11 +18,10 @@ the function returns) is left to a person.
 
 from __future__ import annotations
 
-import ast
-
 import libcst as cst
 
 from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.transforms.fused import attention_eager
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Function, Outcome
 
@@ -183,16 +182,18 @@ ATTENTION = Rule(
 )
 
 HELPER = "fused/sdpa.py.j2"
-WRAPPER = "_npu_sdpa"
-SDPA = "torch.nn.functional.scaled_dot_product_attention"
+WRAPPER = attention_eager.SDPA_WRAPPER
+#: `_npu_fusion_sdpa`: SDPA's arguments mapped onto the kernel, shared by the SDPA wrapper and the eager branch.
+FUSION_HELPER = "fused/fusion_sdpa.py.j2"
+EAGER_TEMPLATE = "fused/eager_attention.py.j2"
+EAGER_HELPER = "fused/npu_eager_attention.py.j2"
+SDPA = attention_eager.SDPA
 FLASH_ATTN = (
     "flash_attn.flash_attn_func",
     "flash_attn.flash_attn_interface.flash_attn_func",
     "flash_attn.flash_attn_varlen_func",
     "flash_attn.flash_attn_interface.flash_attn_varlen_func",
 )
-_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax")
-_MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
 
 
 def match_call(name: str | None, api, names=None) -> Outcome | None:
@@ -224,7 +225,7 @@ def match_call(name: str | None, api, names=None) -> Outcome | None:
         "scaled_dot_product_attention gets a fused `torch_npu.npu_fusion_attention` path (`_npu_sdpa`); "
         "float masks, fp32, and shapes the kernel does not take run the original call",
         template=HELPER,
-        helpers=(HELPER,),
+        helpers=(HELPER, FUSION_HELPER),
     )
 
 
@@ -234,92 +235,28 @@ def wrap(call: cst.Call) -> cst.Call:
     return call.with_changes(func=cst.Name(WRAPPER))
 
 
-# -- hand-written attention: reported only ---------------------------------------------------------
-
-
-def _is_matmul(node: ast.AST, fn: Function) -> bool:
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-        return True
-    return isinstance(node, ast.Call) and fn.qualname(node.func) in _MATMUL
-
-
-def _softmax_input(node: ast.AST, fn: Function) -> ast.expr | None:
-    if not isinstance(node, ast.Call):
-        return None
-    if fn.qualname(node.func) in _SOFTMAX and node.args:
-        return node.args[0]
-    if isinstance(node.func, ast.Attribute) and node.func.attr == "softmax" and fn.qualname(node.func) is None:
-        return node.func.value
-    return None
+# -- hand-written attention ---------------------------------------------------------------------------
 
 
 def match(fn: Function) -> Outcome | None:
-    """A finding for hand-written attention: a softmax over matmul scores, multiplied by a matmul again."""
-    # Without a softmax and a matmul somewhere in the function nothing below can hold; most functions
-    # of a class that mentions softmax have neither, and the search below walks each statement again
-    # and again.
-    if not any(_softmax_input(n, fn) is not None for n in fn.nodes) or not any(_is_matmul(n, fn) for n in fn.nodes):
+    """A branch for hand-written attention, or a finding that says why it gets none."""
+    if not attention_eager.is_hand_written_attention(fn):
         return None
-    # The hand-written fallback of a function that also calls SDPA (`if self.fused_attn: ... else: ...`):
-    # that call is the site, wrapped or reported; the fallback is not a second one.
-    if any(fn.qualname(c.func) == SDPA or (isinstance(c.func, ast.Name) and c.func.id == WRAPPER) for c in fn.calls):
-        return None
-    scores: set[str] = set()  # names bound to something computed from a matmul
-    probabilities: set[str] = set()  # names bound to a softmax of scores (or computed from one)
-    applied = False  # the probabilities reach a matmul
-
-    def from_scores(node: ast.AST) -> bool:
-        return any(_is_matmul(n, fn) or (isinstance(n, ast.Name) and n.id in scores) for n in ast.walk(node))
-
-    def is_probabilities(node: ast.AST) -> bool:
-        """A softmax of scores, or computed from one elementwise (dropout, a cast, a head mask): a matmul
-        with the probabilities (`attn @ v`) is the attention's output, not probabilities."""
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if _is_matmul(n, fn):
-                continue
-            if (isinstance(n, ast.Name) and n.id in probabilities) or (
-                (inner := _softmax_input(n, fn)) is not None and from_scores(inner)
-            ):
-                return True
-            stack.extend(ast.iter_child_nodes(n))
-        return False
-
-    statements = [
-        stmt
-        for stmt in fn.nodes
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Return)) and stmt.value is not None
-    ]
-    for stmt in statements * 2:  # twice: the walk is breadth-first, not in execution order
-        value = stmt.value
-        applied = applied or any(
-            _is_matmul(n, fn) and any(is_probabilities(child) for child in ast.iter_child_nodes(n))
-            for n in ast.walk(value)
-        )
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
-        names = {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
-        if is_probabilities(value):
-            probabilities |= names
-        elif from_scores(value):
-            scores |= names
-    if not applied:
-        return None
-    returned = {
-        n.id
-        for stmt in fn.nodes
-        if isinstance(stmt, ast.Return) and stmt.value is not None
-        for n in ast.walk(stmt.value)
-        if isinstance(n, ast.Name)
-    }
-    if returned & probabilities:
-        why = "it also returns the attention probabilities, which npu_fusion_attention does not compute"
-    else:
-        why = (
-            "only `F.scaled_dot_product_attention` calls are rewritten; call it here (SDPA float masks are "
-            "additive, bool masks True = attend) to get the fused path"
-        )
-    return Outcome(ATTENTION, f"hand-written attention (softmax of q @ k^T, then @ v) not fused: {why}")
+    try:
+        fusion = attention_eager.fuse(fn)
+    except attention_eager.Declined as why:
+        return Outcome(ATTENTION, f"hand-written attention (softmax of q @ k^T, then @ v) not fused: {why}")
+    if fusion is None:
+        return None  # fused by an earlier run
+    return Outcome(
+        ATTENTION,
+        "hand-written attention gets a fused `torch_npu.npu_fusion_attention` branch (`_npu_eager_attention`);"
+        " masks other than 0 / -inf, fp32, and shapes the kernel does not take run the original code",
+        EAGER_TEMPLATE,
+        fusion.context(),
+        (FUSION_HELPER, EAGER_HELPER),
+        before=fusion.before,
+    )
 
 
 IDIOM = Idiom(
@@ -328,7 +265,8 @@ IDIOM = Idiom(
     identifiers=("scaled_dot_product_attention", "flash_attn_func", "softmax"),
     kernels=("npu_fusion_attention",),
     match=match,
-    helpers={HELPER: WRAPPER},
+    template=EAGER_TEMPLATE,
+    helpers={HELPER: WRAPPER, FUSION_HELPER: "_npu_fusion_sdpa", EAGER_HELPER: "_npu_eager_attention"},
     calls=(SDPA, *FLASH_ATTN),
     match_call=match_call,
     wrap_call=wrap,
