@@ -577,6 +577,9 @@ def fuse(fn: Function) -> Fusion | None:
     tail, positions = _without_probabilities(tail, intermediates)
     if positions:
         _weights_not_needed(fn, attention, positions, tail[-1])
+        # TorchScript compiles the branch unless this test rules it out at compile time, and a None where
+        # the original returns a tensor does not compile.
+        attention.guards.insert(0, "not torch.jit.is_scripting()")
     return Fusion(body[start], attention, "\n".join(ast.unparse(stmt) for stmt in tail))
 
 
