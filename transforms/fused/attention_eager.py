@@ -400,11 +400,12 @@ def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
             before = (attention.additive_mask, attention.masked_out)
             if _mask_step(step, skipped, fn, attention) is None:
                 raise Declined(f"the scores go through `{source(step)}` where `{source(test)}`")
-            # A mask applied under a test: the branch passes it under the same test.
+            # A mask applied under a test: the branch passes it under the same test (`if mask is not None`
+            # needs none: the mask is None where the test is false).
             if attention.additive_mask is not before[0]:
-                attention.additive_mask = ast.IfExp(test, attention.additive_mask, ast.Constant(None))
+                attention.additive_mask = _under(test, attention.additive_mask)
             else:
-                attention.masked_out = ast.IfExp(test, attention.masked_out, ast.Constant(None))
+                attention.masked_out = _under(test, attention.masked_out)
             if scaled:
                 raise Declined("it scales the scores after masking them")
             node = skipped
@@ -434,6 +435,20 @@ def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
         raise Declined(f"the scores go through `{source(node)}`, which the kernel does not compute")
 
 
+def _under(test: ast.expr, mask: ast.expr) -> ast.expr:
+    """`mask if test else None`, or `mask` itself where the test is `mask is not None`."""
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.IsNot)
+        and _constant(test.comparators[0]) is None
+        and isinstance(test.comparators[0], ast.Constant)
+        and same(test.left, mask)
+    ):
+        return mask
+    return ast.IfExp(test, mask, ast.Constant(None))
+
+
 def _mask_step(node: ast.expr, inner: ast.expr | None, fn: Function, attention: Attention) -> ast.expr | None:
     """The scores under a mask step (`s + mask`, `s.masked_fill(drop, -inf)`), recorded in `attention`, or
     None if `node` is no mask step (of `inner`, when given)."""
@@ -446,7 +461,10 @@ def _mask_step(node: ast.expr, inner: ast.expr | None, fn: Function, attention: 
                         " ALiBi or a relative position is no mask the kernel can take"
                     )
                 if attention.additive_mask is not None:
-                    raise Declined("it adds two masks to the scores")
+                    raise Declined(
+                        f"it adds more than one term to the scores (`{source(mask)}`, "
+                        f"`{source(attention.additive_mask)}`): only a single mask of 0 and -inf converts"
+                    )
                 attention.additive_mask = mask
                 return scores
         return None
@@ -495,6 +513,22 @@ def _fold_assignment(stmt: ast.stmt, env: dict[str, ast.expr], fn: Function) -> 
         env[stmt.targets[0].id] = substitute(stmt.value, env)
     elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
         env[stmt.target.id] = substitute(stmt.value, env)
+    elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+        # `scores += bias`, which is `scores = scores + bias` for the tensors here (in place or not).
+        target = ast.Name(stmt.target.id, ast.Load())
+        env[stmt.target.id] = substitute(ast.BinOp(target, stmt.op, stmt.value), env)
+    elif (
+        isinstance(stmt, ast.Assign)
+        and len(stmt.targets) == 1
+        and isinstance(stmt.targets[0], ast.Tuple)
+        and isinstance(stmt.value, ast.Tuple)
+        and len(stmt.targets[0].elts) == len(stmt.value.elts)
+        and all(isinstance(e, ast.Name) for e in stmt.targets[0].elts)
+        and not any(isinstance(e, ast.Starred) for e in stmt.value.elts)
+    ):
+        # `a, b = x, y`: every value is computed before any name is bound.
+        values = [substitute(value, env) for value in stmt.value.elts]
+        env.update((target.id, value) for target, value in zip(stmt.targets[0].elts, values))
     elif isinstance(stmt, ast.If):
         _fold_if(stmt, env, fn)
     else:
@@ -532,6 +566,7 @@ class Fusion:
     def context(self) -> dict[str, object]:
         a = self.attention
         return {
+            "tensor": source(_device_tensor(a)),
             "query": source(a.query),
             "key": source(a.key),
             "value": source(a.value),
@@ -543,6 +578,22 @@ class Fusion:
             "output": FUSED,
             "tail": self.tail,
         }
+
+
+def _device_tensor(attention: Attention) -> ast.expr:
+    """What `_is_npu` looks at: the tensor q, k or v is a view or cast of (`q` for `q.transpose(1, 2)`), so
+    that the branch's test computes nothing; the query expression itself where each is computed."""
+    for operand in (attention.query, attention.key, attention.value):
+        tensor = operand
+        while (
+            isinstance(tensor, ast.Call)
+            and isinstance(tensor.func, ast.Attribute)
+            and tensor.func.attr in _VIEW_METHODS - {"size", "dim"}
+        ):
+            tensor = tensor.func.value
+        if isinstance(tensor, (ast.Name, ast.Attribute, ast.Subscript)):
+            return tensor
+    return attention.query
 
 
 def fuse(fn: Function) -> Fusion | None:
