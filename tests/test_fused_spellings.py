@@ -526,6 +526,39 @@ def test_hand_written_attention_is_reported_once_with_its_true_reason():
     assert sorted(by_line) == [1, 8, 16, 30]
 
 
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        (
+            "eager_bias",
+            {
+                12: "an additive term computed here (`alibi(slopes, q.size(-2))`): a bias such as ALiBi",
+                19: "gets a fused `torch_npu.npu_fusion_attention` branch",
+                25: "masked scores are set to `-1000000000.0`, not -inf or the dtype's lowest",
+                32: "it scales the scores after masking them",
+            },
+        ),
+        (
+            "eager_weights_discarded",
+            {
+                19: "gets a fused `torch_npu.npu_fusion_attention` branch",
+                37: "returns the attention probabilities, which npu_fusion_attention does not compute, and the call on"
+                " line 43 keeps them",
+            },
+        ),
+    ],
+)
+def test_hand_written_attention_declines_say_why(case, expected):
+    from npu_migrate.pipeline import migrate_text
+
+    source = (RULES / "NPU704" / f"{case}.in.py").read_text(encoding="utf-8")
+    _, findings = migrate_text(source, path="attention.py", select=["NPU704"])
+    by_line = {f.line: f.message for f in findings if f.rule_id == "NPU704" and f.line != 1}
+    assert sorted(by_line) == sorted(expected)
+    for line, reason in expected.items():
+        assert reason in by_line[line]
+
+
 def test_a_file_with_its_own_npu_attention_path_gets_no_second_one():
     from npu_migrate.pipeline import migrate_text
 

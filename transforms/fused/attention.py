@@ -11,9 +11,9 @@ and evaluated as before, and only gets renamed to a typed wrapper with SDPA's si
 tensors are on an NPU and `_npu_fusion_sdpa` can map them, traps included (inverted bool mask, scale
 always passed, the compressed causal mask with sparse_mode 2, keep_prob = 1 - dropout_p).
 
-Hand-written attention (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`) and flash-attn calls
-are reported, not rewritten: proving them equal to SDPA (mask polarity and kind, scale, dropout, what
-the function returns) is left to a person.
+Hand-written attention (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`) gets a branch in front
+of its scores (`attention_eager.py`), where its mask is converted at run time if it can be and the
+probabilities are provably not needed. flash-attn calls are reported, not rewritten.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ ATTENTION = Rule(
     id="NPU704",
     name="fused-attention",
     family="fused",
-    summary="`F.scaled_dot_product_attention` calls get a guarded `torch_npu.npu_fusion_attention` path",
+    summary="`F.scaled_dot_product_attention` calls and hand-written attention get a guarded"
+    " `torch_npu.npu_fusion_attention` path",
     what="""
     Renames every call of `torch.nn.functional.scaled_dot_product_attention` (however imported) to
     `_npu_sdpa(<the original arguments>)`, a typed wrapper with SDPA's signature. Off an NPU, under
@@ -45,10 +46,24 @@ ATTENTION = Rule(
     passed (the kernel's default is 1.0, SDPA's 1/sqrt(D)); keep_prob = 1 - dropout_p.
 
     Float (additive) masks run the original call: the kernel has no additive mask besides `pse`, whose
-    shapes and scaling differ. Reported without a rewrite: hand-written attention
-    (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`, e.g. HF's `eager_attention_forward`, which
-    also returns the probabilities the kernel does not compute) and flash-attn's `flash_attn_func`
-    (BSND layout, bottom-right causal: sparse_mode 3).
+    shapes and scaling differ.
+
+    Hand-written attention, `softmax(q @ k.transpose(-2, -1) * scale + mask) @ v` (or `torch.matmul`,
+    `/ sqrt(d)`, a softmax upcast and cast back, dropout by `F.dropout` or an `nn.Dropout`, the output
+    transposed and projected after), gets a branch in front of the statement computing the scores:
+    what comes before it (`repeat_kv`, the heads' transposes) runs on both paths, so the kernel gets the
+    tensors the matmuls get. `_npu_eager_attention` converts an additive mask to the kernel's bool mask
+    only where every value is 0 or -inf / the dtype's lowest, ORs in a `masked_fill(cond, -inf or
+    finfo.min)` condition, declines a row that drops every key (the original spreads it evenly or gives
+    NaN), and otherwise calls `_npu_fusion_sdpa` (the same checks as above, fp16 / bf16 only); where it
+    returns None the original code runs. The branch copies the statements after the output and returns
+    None in place of the probabilities only where they are not needed: a false `output_attentions` /
+    `need_weights` parameter (guarded), or a private function every caller in the file discards them
+    from (`out, _ = self._attn(...)`). Declined, with the reason: an additive term computed in the
+    function (ALiBi, relative position) or two of them, masked scores set to a value other than -inf or
+    the lowest, a scale applied after the mask, probabilities used or possibly needed, einsum or 3-D
+    layouts, softcapping, code interleaved with the attention. Reported without a rewrite: flash-attn's
+    `flash_attn_func` (BSND layout, bottom-right causal: sparse_mode 3).
     """,
     why="""
     `torch_npu.npu_fusion_attention` is the NPU's fused attention kernel, and its conventions differ from

@@ -54,6 +54,8 @@ _VIEW_METHODS = frozenset(
 )
 _PURE_FUNCTIONS = ("math.sqrt", "torch.finfo")
 _PURE_BUILTINS = ("float", "int", "len", "min", "max")
+#: Statements with a body: their own expressions are checked apart from their body's statements.
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match)
 _CASTS = frozenset("float half bfloat16 to type type_as".split())
 
 
@@ -336,8 +338,8 @@ def _probabilities(node: ast.expr, fn: Function, attention: Attention) -> ast.ex
         scores = _softmax_input(node, fn)
         if scores is None:
             raise _NotProbabilities
-        dim = node.args[1] if len(node.args) > 1 and fn.qualname(node.func) in _SOFTMAX else None
-        dim = dim or next((k.value for k in node.keywords if k.arg == "dim"), None)
+        at = 1 if fn.qualname(node.func) in _SOFTMAX else 0  # `F.softmax(s, dim)` or `s.softmax(dim)`
+        dim = node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == "dim"), None)
         if not (isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub) and _constant(dim.operand) == 1):
             raise Declined(f"the softmax is not over the last dim (`{source(node)}`)")
         return scores
@@ -642,8 +644,10 @@ def _is_our_branch(stmt: ast.stmt) -> bool:
 
 
 def _without_probabilities(tail: list[ast.stmt], intermediates: set[str]) -> tuple[list[ast.stmt], set[int]]:
-    """The tail with each intermediate (scores, probabilities) that is an element of a returned tuple
-    replaced by None, and those positions; any other use of one declines."""
+    """The tail with each intermediate (scores, probabilities) that is an element of a tuple replaced by
+    None, and those positions. Such a tuple may only be returned, or held by a local that is returned
+    (`outputs = (out, probs)`; `outputs = outputs + (cache,)`): any other use of it, or of an
+    intermediate, declines."""
     positions: set[int] = set()
     replaced: dict[int, ast.expr] = {}
     for stmt in tail:
@@ -654,12 +658,25 @@ def _without_probabilities(tail: list[ast.stmt], intermediates: set[str]) -> tup
                 if isinstance(element, ast.Name) and element.id in intermediates:
                     replaced[id(element)] = ast.Constant(None)
                     positions.add(position)
-    for stmt in tail:
-        for node in ast.walk(stmt):
+    holders: set[str] = set()  # locals holding a tuple with a None in place of the probabilities
+    for stmt in (s for top in tail for s in ast.walk(top) if isinstance(s, ast.stmt)):
+        line = ast.unparse(stmt).splitlines()[0]
+        if isinstance(stmt, ast.Return):
+            expressions = []
+        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            expressions = []
+            if any(id(n) in replaced or isinstance(n, ast.Name) and n.id in holders for n in ast.walk(stmt.value)):
+                holders.add(stmt.targets[0].id)
+        else:
+            expressions = [c for c in ast.iter_child_nodes(stmt) if not isinstance(c, ast.stmt)]
+        for node in (n for e in expressions for n in ast.walk(e)):
+            if isinstance(node, ast.Name) and node.id in holders:
+                raise Declined(f"the tuple holding the probabilities is used, not only returned (`{line}`)")
+        for node in ast.walk(stmt if not isinstance(stmt, _COMPOUND) else ast.Module(expressions, [])):
             if isinstance(node, ast.Name) and node.id in intermediates and id(node) not in replaced:
-                line = ast.unparse(stmt).splitlines()[0]
                 raise Declined(f"it uses `{node.id}`, computed by the attention, after its output (`{line}`)")
-
+            if id(node) in replaced and not isinstance(stmt, (ast.Return, ast.Assign)):
+                raise Declined(f"the probabilities are used, not only returned (`{line}`)")
     return [replace_nodes(stmt, replaced) for stmt in tail], positions
 
 
