@@ -161,7 +161,8 @@ def _reevaluable(node: ast.AST | None, fn: Function) -> bool:
     if isinstance(node, ast.UnaryOp):
         return _reevaluable(node.operand, fn)
     if isinstance(node, ast.BinOp):
-        return _reevaluable(node.left, fn) and _reevaluable(node.right, fn)
+        # Not a matmul: the branch would compute what the attention computes, to test or pass it.
+        return not isinstance(node.op, ast.MatMult) and _reevaluable(node.left, fn) and _reevaluable(node.right, fn)
     if isinstance(node, ast.Compare):
         return all(_reevaluable(part, fn) for part in (node.left, *node.comparators))
     if isinstance(node, ast.BoolOp):
@@ -496,8 +497,11 @@ def _mask_step(node: ast.expr, inner: ast.expr | None, fn: Function, attention: 
 
 def _fold_if(stmt: ast.If, env: dict[str, ast.expr], fn: Function) -> None:
     """`if test: a = ...` (an `else` of assignments too) folded into `env` as `a = ... if test else a`."""
-    if not _reevaluable(stmt.test, fn):
-        raise Declined(f"the attention is computed under `if {source(stmt.test)}`")
+    test = substitute(stmt.test, env)
+    if not _reevaluable(test, fn):
+        raise Declined(
+            f"a step of the attention runs under `if {source(stmt.test)}`, which the branch cannot test first"
+        )
     arms = []
     for block in (stmt.body, stmt.orelse):
         arm = dict(env)
@@ -507,7 +511,7 @@ def _fold_if(stmt: ast.If, env: dict[str, ast.expr], fn: Function) -> None:
     for name in set(arms[0]) | set(arms[1]):
         if arms[0].get(name) is not arms[1].get(name):
             body, orelse = (arm.get(name, ast.Name(name, ast.Load())) for arm in arms)
-            env[name] = ast.IfExp(stmt.test, body, orelse)
+            env[name] = ast.IfExp(test, body, orelse)
 
 
 def _fold_assignment(stmt: ast.stmt, env: dict[str, ast.expr], fn: Function) -> None:
