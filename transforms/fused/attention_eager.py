@@ -622,9 +622,8 @@ def fuse(fn: Function) -> Fusion | None:
     matmul, attention = found
     if not all(_reevaluable(part, fn) for part in (attention.query, attention.key, attention.value)):
         raise Declined("q, k or v is computed by a call in the attention, which the branch cannot repeat")
-    for part in (attention.dropout_p,):
-        if part is not None and not _reevaluable(part, fn):
-            raise Declined(f"the dropout probability `{source(part)}` is computed by a call")
+    if attention.dropout_p is not None and not _reevaluable(attention.dropout_p, fn):
+        raise Declined(f"the dropout probability `{source(attention.dropout_p)}` is computed by a call")
     intermediates = set(env)  # names the attention binds: unbound where the branch runs
     tail = [replace_nodes(stmt, {id(matmul): ast.Name(FUSED, ast.Load())}), *body[index + 1 :]]
     if not isinstance(tail[-1], ast.Return):
