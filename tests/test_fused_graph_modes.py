@@ -37,6 +37,13 @@ def _attention(dtype=torch.float32):
     return tuple(torch.randn(2, 4, 6, 8, generator=g).to(dtype) for _ in range(3))
 
 
+def _float_mask(*shape):
+    """0 where a query attends, -inf where it does not (never a whole row)."""
+    keep = torch.rand(*shape, generator=torch.Generator().manual_seed(2)) > 0.4
+    keep[..., 0] = True
+    return torch.zeros(shape).masked_fill(~keep, float("-inf"))
+
+
 def _linear(module, name, features_in, features_out):
     setattr(module, name, torch.nn.Linear(features_in, features_out))
     return module
@@ -86,6 +93,21 @@ CASES = [
     ("NPU704", "sdpa_module", lambda ns: ns["SelfAttention"]().eval(), lambda: (torch.randn(2, 5, 64),)),
     ("NPU704", "sdpa_torch_path", lambda ns: ns["attention"], lambda: (*_attention(), None)),
     ("NPU704", "torchscript", lambda ns: ns["attend"], _attention),
+    (
+        "NPU704",
+        "eager_weights_discarded",
+        lambda ns: ns["SelfAttention"](64, 4).eval(),
+        lambda: (torch.randn(2, 6, 64), _float_mask(2, 1, 6, 6)),
+    ),
+    (
+        "NPU704",
+        "eager_output_attentions",
+        lambda ns: ns["attention"],
+        lambda: (*_attention(), torch.ones(6, 6, dtype=torch.bool).tril()),
+    ),
+    ("NPU704", "eager_masks", lambda ns: ns["additive_mask"], lambda: (*_attention(), _float_mask(2, 1, 6, 6))),
+    ("NPU704", "eager_bias", lambda ns: ns["attend_with_bias"], lambda: (*_attention(), torch.randn(1, 4, 6, 6))),
+    ("NPU704", "hand_written_reasons", lambda ns: ns["attend_output_only"], lambda: (*_attention(), _float_mask(6, 6))),
 ]
 
 
@@ -99,6 +121,8 @@ ORIGINAL_FAILS = {
     ("sdpa_torch_path", "jit.script"),  # **kwargs
     ("sdpa_torch_path", "fx.symbolic_trace"),  # **kwargs of a proxy
     ("torchscript", "fx.symbolic_trace"),  # already a ScriptFunction
+    ("eager_output_attentions", "jit.script"),  # torch.finfo
+    ("eager_output_attentions", "fx.symbolic_trace"),  # torch.finfo of a proxy's dtype
 }
 
 

@@ -282,16 +282,176 @@ def test_a_dim_other_than_the_last_keeps_the_original_code():
     assert TORCH_NPU.calls["npu_rms_norm"] == before
 
 
+# -- NPU704: hand-written attention -----------------------------------------------------------------
+
+
+def _keep(*shape, seed=4):
+    """A bool mask, True where a query attends, with a kept and a dropped key in every row: neither it nor
+    its inverse drops a whole row (which the branch leaves to the original code)."""
+    keep = torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) > 0.4
+    keep[..., 0], keep[..., -1] = True, False
+    return keep
+
+
+def _additive(keep, dtype, fill=float("-inf")):
+    """The float form of `keep`: 0 where it attends, `fill` where it does not."""
+    return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, fill)
+
+
+def _bnsd(dtype, shape=(2, 4, 6, 16)):
+    g = torch.Generator().manual_seed(5)
+    return tuple((2 * torch.randn(shape, generator=g)).to(dtype) for _ in range(3))
+
+
+def _module_call(name, *args, **kwargs):
+    """A module of the fixture, perturbed and in `dtype`, called on (2, 6, dim) inputs and `extra(dtype)`."""
+
+    def run(namespace, dtype, extra):
+        torch.manual_seed(0)
+        module = _perturb(namespace[name](*args, **kwargs).eval(), torch.Generator().manual_seed(1)).to(dtype)
+        x = torch.randn(2, 6, args[0], generator=torch.Generator().manual_seed(2)).to(dtype)
+        return module(x, *extra(dtype))
+
+    return run
+
+
+def _function_call(name, inputs, **kwargs):
+    return lambda namespace, dtype, extra: namespace[name](*inputs(dtype), *extra(dtype), **kwargs)
+
+
+# case -> (fixture, how to call it, its extra arguments by dtype, mutant of the generated code that must be caught)
+EAGER_CASES = {
+    "bsnd_weights_discarded": (
+        "eager_weights_discarded",
+        _module_call("SelfAttention", 64, 4),
+        lambda dtype: (_additive(_keep(2, 1, 6, 6), dtype),),
+        ("1.0 / math.sqrt(q.size(-1)),\n", "1.0,\n"),  # the scale left out
+    ),
+    "output_attentions_false": (
+        "eager_output_attentions",
+        _function_call("attention", _bnsd),
+        lambda dtype: (_keep(6, 6),),
+        ("query, key, value, None, ~causal,", "query, key, value, None, causal,"),  # the mask inverted
+    ),
+    "additive_0_inf": (
+        "eager_masks",
+        _function_call("additive_mask", _bnsd),
+        lambda dtype: (_additive(_keep(2, 1, 6, 6), dtype),),
+        ("_npu_fusion_sdpa(query, key, value, keep,", "_npu_fusion_sdpa(query, key, value, dropped,"),
+    ),
+    "mask_built_with_finfo_min": (
+        "eager_masks",
+        _function_call("mask_from_bool", _bnsd),
+        lambda dtype: (_keep(2, 4, 6, 6),),
+        ("(q, k, v, mask, None, 0.0, 1.0 / math.sqrt(k.size(-1)))", "(q, k, v, mask, None, 0.0, 1.0)"),
+    ),
+    "causal_or_padding": (
+        "eager_masks",
+        _module_call("CausalSelfAttention", 32, 2),
+        lambda dtype: (_additive(torch.arange(6) < 5, dtype).expand(2, 1, 1, 6),),
+        # The causal condition dropped where a padding mask is given too: the two are not OR-ed.
+        ("dropped = lowest if dropped is None else dropped | lowest", "dropped = lowest"),
+    ),
+    "bias_that_is_a_mask": (
+        "eager_bias",
+        _function_call("attend_with_bias", _bnsd),
+        lambda dtype: (_additive(_keep(1, 1, 6, 6), dtype, torch.finfo(dtype).min),),
+        ("(q, k, v, position_bias, None, 0.0, q.size(-1) ** (-0.5))", "(q, k, v, position_bias, None, 0.0, 1.0)"),
+    ),
+}
+
+
+def _eager_compare(name, dtype, mutate=None, extra=None):
+    """(cosine of the forced branch vs the original, kernel calls, fallback bit-identical) for one case; the
+    output alone is compared (the branch returns None for probabilities nobody takes)."""
+    case, call, default_extra, _ = EAGER_CASES[name]
+    extra = extra or default_extra
+    folder = RULES / "NPU704"
+    namespaces = (
+        _load(folder / f"{case}.in.py", forced=False),
+        _load(folder / f"{case}.out.py", forced=True, mutate=mutate),
+        _load(folder / f"{case}.out.py", forced=False),
+    )
+    results = []
+    for namespace in namespaces:
+        before = TORCH_NPU.calls["npu_fusion_attention"]
+        with torch.no_grad():
+            result = call(namespace, dtype, extra)
+        output = result[0] if isinstance(result, tuple) else result
+        results.append((output, TORCH_NPU.calls["npu_fusion_attention"] - before))
+    (expected, _), (got, calls), (kept, _) = results
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    return _cosine(got, expected), calls, torch.equal(kept, expected)
+
+
+@pytest.mark.parametrize("dtype, floor", [(torch.float16, 0.999), (torch.bfloat16, 0.99)], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name", EAGER_CASES)
+def test_eager_attention_branch_agrees_with_the_original(name, dtype, floor):
+    cosine, calls, fallback_identical = _eager_compare(name, dtype)
+    assert calls == 1
+    assert cosine >= floor
+    assert fallback_identical
+
+
+@pytest.mark.parametrize("name", EAGER_CASES)
+def test_eager_attention_broken_rewrite_is_caught(name):
+    cosine, calls, _ = _eager_compare(name, torch.float16, mutate=EAGER_CASES[name][3])
+    assert calls == 1
+    assert cosine < 0.999
+
+
+@pytest.mark.parametrize("name", EAGER_CASES)
+def test_eager_attention_in_fp32_runs_the_original(name):
+    """The kernel path takes fp16 and bf16, as the SDPA wrapper's does: fp32 keeps the original's bits."""
+    cosine, calls, fallback_identical = _eager_compare(name, torch.float32)
+    assert calls == 0 and cosine == pytest.approx(1.0) and fallback_identical
+
+
+@pytest.mark.parametrize(
+    "name, why, extra",
+    [
+        (
+            "bias_that_is_a_mask",
+            "a real bias (ALiBi-like)",
+            lambda dtype: (torch.randn(1, 4, 6, 6, generator=torch.Generator().manual_seed(6)).to(dtype),),
+        ),
+        (
+            "additive_0_inf",
+            "a mask of -10000 instead of -inf",
+            lambda dtype: (_additive(_keep(2, 1, 6, 6), dtype, -10000.0),),
+        ),
+        ("additive_0_inf", "a row that drops every key", lambda dtype: (_additive(torch.zeros(6, 6).bool(), dtype),)),
+        ("output_attentions_false", "a row that drops every key", lambda dtype: (torch.ones(6, 6).bool().tril(-1),)),
+    ],
+)
+def test_eager_attention_masks_the_kernel_cannot_take_run_the_original(name, why, extra):
+    cosine, calls, _ = _eager_compare(name, torch.float16, extra=extra)
+    assert calls == 0, why
+    assert cosine == pytest.approx(1.0) or cosine != cosine  # NaN rows (all -inf) stay NaN, as in the original
+
+
+def test_eager_attention_weights_wanted_or_head_mask_run_the_original():
+    original = _load(RULES / "NPU704" / "eager_output_attentions.in.py", forced=False)["attention"]
+    migrated = _load(RULES / "NPU704" / "eager_output_attentions.out.py", forced=True)["attention"]
+    q, k, v = _bnsd(torch.float16)
+    causal = _keep(6, 6)
+    for kwargs in ({"output_attentions": True}, {"head_mask": torch.rand(1, 4, 1, 1).half()}):
+        before = TORCH_NPU.calls["npu_fusion_attention"]
+        got, expected = migrated(q, k, v, causal, **kwargs), original(q, k, v, causal, **kwargs)
+        assert TORCH_NPU.calls["npu_fusion_attention"] == before, kwargs
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
 # -- our own Qwen-7B-shaped model, migrated as a user would ------------------------------------------
 
 PROJECT = FIXTURES / "projects" / "qwen_like"
-#: Sites of `qwen_like/modeling.py` by op and status: the norm class, both MLPs and the partial rotary
-#: fused; `_attn` (it returns the probabilities) declined.
+#: Sites of `qwen_like/modeling.py` by op and status: the norm class, both MLPs, the partial rotary and
+#: `_attn` (it returns the probabilities, which its one caller discards) fused.
 EXPECTED_SITES = {
     ("torch_npu.npu_rms_norm", "applied"): 1,
     ("torch_npu.npu_swiglu", "applied"): 2,
     ("torch_npu.npu_rotary_mul", "applied"): 1,
-    ("torch_npu.npu_fusion_attention", "declined"): 1,
+    ("torch_npu.npu_fusion_attention", "applied"): 1,
 }
 
 
@@ -346,8 +506,11 @@ def test_qwen_like_block_migrated_with_apply_output(tmp_path, monkeypatch, dtype
     monkeypatch.setattr(migrated, "torch_npu", TORCH_NPU)
     before = dict(TORCH_NPU.calls)
     got = run(migrated.QBlock, x)
-    calls = {k: TORCH_NPU.calls[k] - before.get(k, 0) for k in ("npu_rms_norm", "npu_swiglu", "npu_rotary_mul")}
-    assert calls == {"npu_rms_norm": 2, "npu_swiglu": 2, "npu_rotary_mul": 2}
+    ops = ("npu_rms_norm", "npu_swiglu", "npu_rotary_mul", "npu_fusion_attention")
+    calls = {k: TORCH_NPU.calls[k] - before.get(k, 0) for k in ops}
+    # The attention kernel takes fp16 and bf16 only: in fp32 `_attn` runs the original code.
+    attention = 1 if dtype != torch.float32 else 0
+    assert calls == {"npu_rms_norm": 2, "npu_swiglu": 2, "npu_rotary_mul": 2, "npu_fusion_attention": attention}
     assert _cosine(got, expected) >= floor
 
 
@@ -357,10 +520,43 @@ def test_hand_written_attention_is_reported_once_with_its_true_reason():
     case = RULES / "NPU704" / "hand_written_reasons.in.py"
     _, findings = migrate_text(case.read_text(encoding="utf-8"), path="attention.py", select=["NPU704"])
     by_line = {f.line: f.message for f in findings if f.rule_id == "NPU704"}
-    assert "only `F.scaled_dot_product_attention` calls are rewritten" in by_line[8]
-    assert "also returns the attention probabilities" in by_line[16]
+    assert "gets a fused `torch_npu.npu_fusion_attention` branch" in by_line[8]
+    assert "returns the attention probabilities" in by_line[16] and "is public" in by_line[16]
     # Line 1: the helpers; line 30: the class's SDPA call, wrapped. Its fallback body gets no finding.
     assert sorted(by_line) == [1, 8, 16, 30]
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        (
+            "eager_bias",
+            {
+                12: "an additive term computed here (`alibi(slopes, q.size(-2))`): a bias such as ALiBi",
+                19: "gets a fused `torch_npu.npu_fusion_attention` branch",
+                25: "masked scores are set to `-1000000000.0`, not -inf or the dtype's lowest",
+                32: "it scales the scores after masking them",
+            },
+        ),
+        (
+            "eager_weights_discarded",
+            {
+                19: "gets a fused `torch_npu.npu_fusion_attention` branch",
+                37: "returns the attention probabilities, which npu_fusion_attention does not compute, and the call on"
+                " line 43 keeps them",
+            },
+        ),
+    ],
+)
+def test_hand_written_attention_declines_say_why(case, expected):
+    from npu_migrate.pipeline import migrate_text
+
+    source = (RULES / "NPU704" / f"{case}.in.py").read_text(encoding="utf-8")
+    _, findings = migrate_text(source, path="attention.py", select=["NPU704"])
+    by_line = {f.line: f.message for f in findings if f.rule_id == "NPU704" and f.line != 1}
+    assert sorted(by_line) == sorted(expected)
+    for line, reason in expected.items():
+        assert reason in by_line[line]
 
 
 def test_a_file_with_its_own_npu_attention_path_gets_no_second_one():

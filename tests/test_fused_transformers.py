@@ -267,3 +267,56 @@ def test_forced_fused_branches_compute_the_same_model(runs, name, attention):
     got = torch.tensor(forced["models"][name]["logits"])
     tolerance = SETUPS[attention][1]
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+
+
+# -- hand-written attention in a real model: MegatronBERT's self-attention (a float padding mask of 0 and
+# the dtype's lowest, an `output_attentions` parameter) ------------------------------------------------
+
+
+def _migrated_module(name: str, tmp_path: Path):
+    """transformers' `modeling_<name>.py` migrated, imported inside the package (its relative imports)."""
+    original = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    text, found = migrate_text(Path(original.__file__).read_text(encoding="utf-8"), path=f"modeling_{name}.py")
+    path = tmp_path / f"modeling_{name}.py"
+    path.write_text(text, encoding="utf-8")
+    qualified = f"transformers.models.{name}._npu_migrated"
+    spec = importlib.util.spec_from_file_location(qualified, path, submodule_search_locations=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = f"transformers.models.{name}"
+    sys.modules[qualified] = module
+    spec.loader.exec_module(module)
+    return original, module, found
+
+
+@pytest.mark.parametrize("dtype, floor", [("float16", 0.999), ("bfloat16", 0.99)])
+def test_megatron_bert_eager_attention_is_fused(tmp_path, monkeypatch, dtype, floor):
+    import torch
+    from transformers import MegatronBertConfig
+
+    from npu_migrate.verify.reference import torch_npu_module
+
+    original, migrated, found = _migrated_module("megatron_bert", tmp_path)
+    assert [f.line for f in found if f.rule_id == "NPU704" and f.fixed and "helpers" not in f.message] == [126]
+    config = MegatronBertConfig(
+        vocab_size=99, hidden_size=64, num_hidden_layers=LAYERS, num_attention_heads=4, intermediate_size=96
+    )
+    config._attn_implementation = "eager"
+    ids = torch.randint(1, 99, (2, 7), generator=torch.Generator().manual_seed(1))
+    padding = torch.ones(2, 7, dtype=torch.long)
+    padding[1, 5:] = 0
+
+    def run(module):
+        torch.manual_seed(0)
+        model = module.MegatronBertModel(config).eval().to(getattr(torch, dtype))
+        with torch.no_grad():
+            return model(ids, attention_mask=padding).last_hidden_state
+
+    expected = run(original)
+    assert torch.equal(run(migrated), expected), "off an NPU the migrated model gives the same bits"
+    fake = torch_npu_module()
+    monkeypatch.setattr(migrated, "_is_npu", lambda x: True)
+    monkeypatch.setattr(migrated, "torch_npu", fake)
+    got = run(migrated)
+    assert fake.calls["npu_fusion_attention"] == LAYERS
+    cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
+    assert cosine.item() >= floor

@@ -217,16 +217,32 @@ def _imports_torch_npu(tree: ast.Module) -> bool:
     )
 
 
-def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement) -> cst.FunctionDef:
+def _statement_index(node: ast.FunctionDef, statement: ast.stmt) -> int:
+    """The position of the top-level body `statement` (which starts its line) among libcst's statements,
+    where simple statements sharing a line are one."""
+    return len({s.lineno for s in node.body if s.lineno < statement.lineno})
+
+
+def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement, index: int | None = None) -> cst.FunctionDef:
+    """The function with `branch` first in its body (after the docstring), or in front of statement `index`."""
     body = list(updated.body.body)
-    first = body[0] if body else None
-    docstring = (
-        isinstance(first, cst.SimpleStatementLine)
-        and len(first.body) == 1
-        and isinstance(first.body[0], cst.Expr)
-        and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
-    )
-    body.insert(1 if docstring else 0, branch)
+    if index is None:
+        first = body[0] if body else None
+        docstring = (
+            isinstance(first, cst.SimpleStatementLine)
+            and len(first.body) == 1
+            and isinstance(first.body[0], cst.Expr)
+            and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+        )
+        body.insert(1 if docstring else 0, branch)
+    else:
+        # The blank lines above the statement go above the branch; its comments stay with it.
+        leading = list(body[index].leading_lines)
+        blanks = 0
+        while blanks < len(leading) and leading[blanks].comment is None:
+            blanks += 1
+        body[index] = body[index].with_changes(leading_lines=leading[blanks:])
+        body.insert(index, branch.with_changes(leading_lines=leading[:blanks]))
     return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
@@ -246,6 +262,7 @@ class FusedOpsChecker(TreeChecker):
 
     def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
         self.source = source
+        self.tree = tree
         self.names = index.names
         names = Names.of(tree)
         self.bindings = names.bindings
@@ -305,7 +322,9 @@ class FusedOpsChecker(TreeChecker):
         if not idioms or has_fused_branch(node):
             return
         siblings = {s.name: s for s in owner.body if isinstance(s, _DEFS)} if owner is not None else {}
-        fn = Function(node, owner is not None, self._qualname, siblings, self.functions, self.api, self.names)
+        fn = Function(
+            node, owner is not None, self._qualname, siblings, self.functions, self.api, self.names, module=self.tree
+        )
         for idiom in idioms:
             outcome = idiom.match(fn)
             if outcome is not None:
@@ -332,9 +351,16 @@ class FusedOpsChecker(TreeChecker):
         if outcome.template is not None and self.bindings.get("torch") != "torch":
             outcome.message += " not injected: the file does not `import torch` at module level, which the branch uses"
             outcome.template = None
-        if outcome.template is not None and isinstance(node, _DEFS) and not self.source.starts_line(node.body[0]):
-            outcome.message += " not injected: the function body is on the `def` line"
-            outcome.template = None
+        if outcome.template is not None and isinstance(node, _DEFS):
+            before = outcome.before or node.body[0]
+            if not self.source.starts_line(before):
+                where = (
+                    "the function body is on the `def` line"
+                    if before is node.body[0]
+                    else "a statement shares its line"
+                )
+                outcome.message += f" not injected: {where}"
+                outcome.template = None
         if outcome.template is None:
             self.reports.append(TreeReport(outcome.rule, node, outcome.message))
             return
@@ -345,7 +371,8 @@ class FusedOpsChecker(TreeChecker):
             code = self._laid_out(node, render(outcome.template, **outcome.context))
             helpers += _kernel_helpers(code, outcome.template)
             branch = cst.parse_statement(code)
-            fix = lambda updated: _insert_branch(updated, branch)  # noqa: E731
+            index = None if outcome.before is None else _statement_index(node, outcome.before)
+            fix = lambda updated: _insert_branch(updated, branch, index)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
         self.applied.append((helpers, self.reports[-1]))
 

@@ -11,18 +11,17 @@ and evaluated as before, and only gets renamed to a typed wrapper with SDPA's si
 tensors are on an NPU and `_npu_fusion_sdpa` can map them, traps included (inverted bool mask, scale
 always passed, the compressed causal mask with sparse_mode 2, keep_prob = 1 - dropout_p).
 
-Hand-written attention (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`) and flash-attn calls
-are reported, not rewritten: proving them equal to SDPA (mask polarity and kind, scale, dropout, what
-the function returns) is left to a person.
+Hand-written attention (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`) gets a branch in front
+of its scores (`attention_eager.py`), where its mask is converted at run time if it can be and the
+probabilities are provably not needed. flash-attn calls are reported, not rewritten.
 """
 
 from __future__ import annotations
 
-import ast
-
 import libcst as cst
 
 from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.transforms.fused import attention_eager
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Function, Outcome
 
@@ -30,7 +29,8 @@ ATTENTION = Rule(
     id="NPU704",
     name="fused-attention",
     family="fused",
-    summary="`F.scaled_dot_product_attention` calls get a guarded `torch_npu.npu_fusion_attention` path",
+    summary="`F.scaled_dot_product_attention` calls and hand-written attention get a guarded"
+    " `torch_npu.npu_fusion_attention` path",
     what="""
     Renames every call of `torch.nn.functional.scaled_dot_product_attention` (however imported) to
     `_npu_sdpa(<the original arguments>)`, a typed wrapper with SDPA's signature. Off an NPU, under
@@ -46,10 +46,24 @@ ATTENTION = Rule(
     passed (the kernel's default is 1.0, SDPA's 1/sqrt(D)); keep_prob = 1 - dropout_p.
 
     Float (additive) masks run the original call: the kernel has no additive mask besides `pse`, whose
-    shapes and scaling differ. Reported without a rewrite: hand-written attention
-    (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`, e.g. HF's `eager_attention_forward`, which
-    also returns the probabilities the kernel does not compute) and flash-attn's `flash_attn_func`
-    (BSND layout, bottom-right causal: sparse_mode 3).
+    shapes and scaling differ.
+
+    Hand-written attention, `softmax(q @ k.transpose(-2, -1) * scale + mask) @ v` (or `torch.matmul`,
+    `/ sqrt(d)`, a softmax upcast and cast back, dropout by `F.dropout` or an `nn.Dropout`, the output
+    transposed and projected after), gets a branch in front of the statement computing the scores:
+    what comes before it (`repeat_kv`, the heads' transposes) runs on both paths, so the kernel gets the
+    tensors the matmuls get. `_npu_eager_attention` converts an additive mask to the kernel's bool mask
+    only where every value is 0 or -inf / the dtype's lowest, ORs in a `masked_fill(cond, -inf or
+    finfo.min)` condition, declines a row that drops every key (the original spreads it evenly or gives
+    NaN), and otherwise calls `_npu_fusion_sdpa` (the same checks as above, fp16 / bf16 only); where it
+    returns None the original code runs. The branch copies the statements after the output and returns
+    None in place of the probabilities only where they are not needed: a false `output_attentions` /
+    `need_weights` parameter (guarded), or a private function every caller in the file discards them
+    from (`out, _ = self._attn(...)`). Declined, with the reason: an additive term computed in the
+    function (ALiBi, relative position) or two of them, masked scores set to a value other than -inf or
+    the lowest, a scale applied after the mask, probabilities used or possibly needed, einsum or 3-D
+    layouts, softcapping, code interleaved with the attention. Reported without a rewrite: flash-attn's
+    `flash_attn_func` (BSND layout, bottom-right causal: sparse_mode 3).
     """,
     why="""
     `torch_npu.npu_fusion_attention` is the NPU's fused attention kernel, and its conventions differ from
@@ -183,16 +197,18 @@ ATTENTION = Rule(
 )
 
 HELPER = "fused/sdpa.py.j2"
-WRAPPER = "_npu_sdpa"
-SDPA = "torch.nn.functional.scaled_dot_product_attention"
+WRAPPER = attention_eager.SDPA_WRAPPER
+#: `_npu_fusion_sdpa`: SDPA's arguments mapped onto the kernel, shared by the SDPA wrapper and the eager branch.
+FUSION_HELPER = "fused/fusion_sdpa.py.j2"
+EAGER_TEMPLATE = "fused/eager_attention.py.j2"
+EAGER_HELPER = "fused/npu_eager_attention.py.j2"
+SDPA = attention_eager.SDPA
 FLASH_ATTN = (
     "flash_attn.flash_attn_func",
     "flash_attn.flash_attn_interface.flash_attn_func",
     "flash_attn.flash_attn_varlen_func",
     "flash_attn.flash_attn_interface.flash_attn_varlen_func",
 )
-_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax")
-_MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
 
 
 def match_call(name: str | None, api, names=None) -> Outcome | None:
@@ -224,7 +240,7 @@ def match_call(name: str | None, api, names=None) -> Outcome | None:
         "scaled_dot_product_attention gets a fused `torch_npu.npu_fusion_attention` path (`_npu_sdpa`); "
         "float masks, fp32, and shapes the kernel does not take run the original call",
         template=HELPER,
-        helpers=(HELPER,),
+        helpers=(HELPER, FUSION_HELPER),
     )
 
 
@@ -234,92 +250,28 @@ def wrap(call: cst.Call) -> cst.Call:
     return call.with_changes(func=cst.Name(WRAPPER))
 
 
-# -- hand-written attention: reported only ---------------------------------------------------------
-
-
-def _is_matmul(node: ast.AST, fn: Function) -> bool:
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-        return True
-    return isinstance(node, ast.Call) and fn.qualname(node.func) in _MATMUL
-
-
-def _softmax_input(node: ast.AST, fn: Function) -> ast.expr | None:
-    if not isinstance(node, ast.Call):
-        return None
-    if fn.qualname(node.func) in _SOFTMAX and node.args:
-        return node.args[0]
-    if isinstance(node.func, ast.Attribute) and node.func.attr == "softmax" and fn.qualname(node.func) is None:
-        return node.func.value
-    return None
+# -- hand-written attention ---------------------------------------------------------------------------
 
 
 def match(fn: Function) -> Outcome | None:
-    """A finding for hand-written attention: a softmax over matmul scores, multiplied by a matmul again."""
-    # Without a softmax and a matmul somewhere in the function nothing below can hold; most functions
-    # of a class that mentions softmax have neither, and the search below walks each statement again
-    # and again.
-    if not any(_softmax_input(n, fn) is not None for n in fn.nodes) or not any(_is_matmul(n, fn) for n in fn.nodes):
+    """A branch for hand-written attention, or a finding that says why it gets none."""
+    if not attention_eager.is_hand_written_attention(fn):
         return None
-    # The hand-written fallback of a function that also calls SDPA (`if self.fused_attn: ... else: ...`):
-    # that call is the site, wrapped or reported; the fallback is not a second one.
-    if any(fn.qualname(c.func) == SDPA or (isinstance(c.func, ast.Name) and c.func.id == WRAPPER) for c in fn.calls):
-        return None
-    scores: set[str] = set()  # names bound to something computed from a matmul
-    probabilities: set[str] = set()  # names bound to a softmax of scores (or computed from one)
-    applied = False  # the probabilities reach a matmul
-
-    def from_scores(node: ast.AST) -> bool:
-        return any(_is_matmul(n, fn) or (isinstance(n, ast.Name) and n.id in scores) for n in ast.walk(node))
-
-    def is_probabilities(node: ast.AST) -> bool:
-        """A softmax of scores, or computed from one elementwise (dropout, a cast, a head mask): a matmul
-        with the probabilities (`attn @ v`) is the attention's output, not probabilities."""
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if _is_matmul(n, fn):
-                continue
-            if (isinstance(n, ast.Name) and n.id in probabilities) or (
-                (inner := _softmax_input(n, fn)) is not None and from_scores(inner)
-            ):
-                return True
-            stack.extend(ast.iter_child_nodes(n))
-        return False
-
-    statements = [
-        stmt
-        for stmt in fn.nodes
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Return)) and stmt.value is not None
-    ]
-    for stmt in statements * 2:  # twice: the walk is breadth-first, not in execution order
-        value = stmt.value
-        applied = applied or any(
-            _is_matmul(n, fn) and any(is_probabilities(child) for child in ast.iter_child_nodes(n))
-            for n in ast.walk(value)
-        )
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
-        names = {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
-        if is_probabilities(value):
-            probabilities |= names
-        elif from_scores(value):
-            scores |= names
-    if not applied:
-        return None
-    returned = {
-        n.id
-        for stmt in fn.nodes
-        if isinstance(stmt, ast.Return) and stmt.value is not None
-        for n in ast.walk(stmt.value)
-        if isinstance(n, ast.Name)
-    }
-    if returned & probabilities:
-        why = "it also returns the attention probabilities, which npu_fusion_attention does not compute"
-    else:
-        why = (
-            "only `F.scaled_dot_product_attention` calls are rewritten; call it here (SDPA float masks are "
-            "additive, bool masks True = attend) to get the fused path"
-        )
-    return Outcome(ATTENTION, f"hand-written attention (softmax of q @ k^T, then @ v) not fused: {why}")
+    try:
+        fusion = attention_eager.fuse(fn)
+    except attention_eager.Declined as why:
+        return Outcome(ATTENTION, f"hand-written attention (softmax of q @ k^T, then @ v) not fused: {why}")
+    if fusion is None:
+        return None  # fused by an earlier run
+    return Outcome(
+        ATTENTION,
+        "hand-written attention gets a fused `torch_npu.npu_fusion_attention` branch (`_npu_eager_attention`);"
+        " masks other than 0 / -inf, fp32, and shapes the kernel does not take run the original code",
+        EAGER_TEMPLATE,
+        fusion.context(),
+        (FUSION_HELPER, EAGER_HELPER),
+        before=fusion.before,
+    )
 
 
 IDIOM = Idiom(
@@ -328,7 +280,8 @@ IDIOM = Idiom(
     identifiers=("scaled_dot_product_attention", "flash_attn_func", "softmax"),
     kernels=("npu_fusion_attention",),
     match=match,
-    helpers={HELPER: WRAPPER},
+    template=EAGER_TEMPLATE,
+    helpers={HELPER: WRAPPER, FUSION_HELPER: "_npu_fusion_sdpa", EAGER_HELPER: "_npu_eager_attention"},
     calls=(SDPA, *FLASH_ATTN),
     match_call=match_call,
     wrap_call=wrap,

@@ -33,6 +33,9 @@ class Outcome:
     template: str | None = None
     context: dict[str, object] = field(default_factory=dict)
     helpers: tuple[str, ...] = ()  # module-level helper templates the branch calls, besides the prelude
+    #: The top-level body statement the branch goes in front of, when not the first: the statements before
+    #: it (which the branch reads, as `repeat_kv` before hand-written attention) run on both paths.
+    before: ast.stmt | None = None
 
 
 def nodes_of(tree: ast.AST) -> list[ast.AST]:
@@ -69,6 +72,9 @@ class Function:
     #: Every identifier of the file (`AstIndex.names`), when known: a matcher may skip looking for a call
     #: whose name is not among them.
     names: frozenset[str] | set[str] | None = None
+
+    #: The module the function is in, when known: who calls it, for a matcher that must know.
+    module: ast.Module | None = None
 
     @functools.cached_property
     def nodes(self) -> list[ast.AST]:

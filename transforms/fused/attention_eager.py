@@ -1,0 +1,763 @@
+"""NPU704 on hand-written attention: `softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`.
+
+Hand-written attention sits among other code (`repeat_kv` before it, a transpose and a projection after),
+and whether its mask is one the kernel can take (0 to keep, -inf or the dtype's lowest to drop) is mostly
+known only at run time. So the branch goes in front of the statement that computes the scores, where
+everything the attention reads is computed (the repeated kv heads included: no grouping to prove), and
+calls `_npu_eager_attention`, which checks the mask and returns None where the kernel would compute
+something else; then the original code runs, untouched:
+
+    key_states = repeat_kv(key, groups)
+    if _is_npu(query):
+        fused_attention = _npu_eager_attention(query, key_states, value_states, mask, None, p, scaling)
+        if fused_attention is not None:
+            attn_output = fused_attention            # the output statement, the matmul replaced
+            return attn_output.transpose(1, 2)       # what follows it, copied
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    ...
+
+The kernel does not compute the probabilities: a function that returns them is fused only where they
+are provably not needed (a false `output_attentions` / `need_weights` parameter, or every caller in the
+file discarding them from a private function); the branch returns None in their place.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from npu_migrate.transforms.fused.symbolic import (
+    Function,
+    body_statements,
+    method_call,
+    replace_nodes,
+    same,
+    source,
+    substitute,
+    walk_shared,
+)
+
+_SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax")
+_MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
+_DROPOUT = ("torch.nn.functional.dropout", "torch.dropout")
+_DROPOUT_MODULES = ("torch.nn.Dropout", "torch.nn.modules.dropout.Dropout")
+SDPA = "torch.nn.functional.scaled_dot_product_attention"
+SDPA_WRAPPER = "_npu_sdpa"
+#: Parameters whose false value says the caller does not want the probabilities.
+WEIGHT_FLAGS = ("output_attentions", "need_weights")
+#: The branch's name for the kernel's output.
+FUSED = "fused_attention"
+#: Methods that compute nothing but a view, a cast or a shape: safe to evaluate again in the branch.
+_VIEW_METHODS = frozenset(
+    "transpose permute contiguous view reshape size dim float half bfloat16 to type_as unsqueeze squeeze "
+    "expand bool logical_not".split()
+)
+_PURE_FUNCTIONS = ("math.sqrt", "torch.finfo")
+_PURE_BUILTINS = ("float", "int", "len", "min", "max")
+#: Statements with a body: their own expressions are checked apart from their body's statements.
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match)
+_CASTS = frozenset("float half bfloat16 to type type_as".split())
+
+
+class Declined(Exception):
+    """The function is hand-written attention the kernel cannot be proven to compute; the message says why."""
+
+
+class _NotProbabilities(Exception):
+    """A matmul whose left operand is not softmax probabilities: not the attention's output."""
+
+
+# -- is it hand-written attention? --------------------------------------------------------------------
+
+
+def _is_matmul(node: ast.AST, fn: Function) -> bool:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return True
+    return isinstance(node, ast.Call) and fn.qualname(node.func) in _MATMUL
+
+
+def _softmax_input(node: ast.AST, fn: Function) -> ast.expr | None:
+    if not isinstance(node, ast.Call):
+        return None
+    if fn.qualname(node.func) in _SOFTMAX and node.args:
+        return node.args[0]
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "softmax" and fn.qualname(node.func) is None:
+        return node.func.value
+    return None
+
+
+def is_hand_written_attention(fn: Function) -> bool:
+    """A softmax over matmul scores, multiplied by a matmul again, in a function that does not call SDPA."""
+    # Without a softmax and a matmul somewhere in the function nothing below can hold; most functions
+    # of a class that mentions softmax have neither, and the search below walks each statement again
+    # and again.
+    if not any(_softmax_input(n, fn) is not None for n in fn.nodes) or not any(_is_matmul(n, fn) for n in fn.nodes):
+        return False
+    # The hand-written fallback of a function that also calls SDPA (`if self.fused_attn: ... else: ...`):
+    # that call is the site, wrapped or reported; the fallback is not a second one.
+    if any(
+        fn.qualname(c.func) == SDPA or (isinstance(c.func, ast.Name) and c.func.id == SDPA_WRAPPER) for c in fn.calls
+    ):
+        return False
+    scores: set[str] = set()  # names bound to something computed from a matmul
+    probabilities: set[str] = set()  # names bound to a softmax of scores (or computed from one)
+    applied = False  # the probabilities reach a matmul
+
+    def from_scores(node: ast.AST) -> bool:
+        return any(_is_matmul(n, fn) or (isinstance(n, ast.Name) and n.id in scores) for n in ast.walk(node))
+
+    def is_probabilities(node: ast.AST) -> bool:
+        """A softmax of scores, or computed from one elementwise (dropout, a cast, a head mask): a matmul
+        with the probabilities (`attn @ v`) is the attention's output, not probabilities."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if _is_matmul(n, fn):
+                continue
+            if (isinstance(n, ast.Name) and n.id in probabilities) or (
+                (inner := _softmax_input(n, fn)) is not None and from_scores(inner)
+            ):
+                return True
+            stack.extend(ast.iter_child_nodes(n))
+        return False
+
+    statements = [
+        stmt
+        for stmt in fn.nodes
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Return)) and stmt.value is not None
+    ]
+    for stmt in statements * 2:  # twice: the walk is breadth-first, not in execution order
+        value = stmt.value
+        applied = applied or any(
+            _is_matmul(n, fn) and any(is_probabilities(child) for child in ast.iter_child_nodes(n))
+            for n in ast.walk(value)
+        )
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+        names = {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if is_probabilities(value):
+            probabilities |= names
+        elif from_scores(value):
+            scores |= names
+    return applied
+
+
+# -- expressions the branch may evaluate again -------------------------------------------------------
+
+
+def _reevaluable(node: ast.AST | None, fn: Function) -> bool:
+    """Names, attributes, constants, subscripts, arithmetic, and views, casts and shapes of them: what
+    the branch can evaluate in front of the original code, which evaluates it again if the kernel does not
+    run, with no effect but the value."""
+    if node is None or isinstance(node, (ast.Name, ast.Constant)):
+        return True
+    if isinstance(node, ast.Attribute):
+        return _reevaluable(node.value, fn)
+    if isinstance(node, ast.Subscript):
+        return _reevaluable(node.value, fn) and _reevaluable(node.slice, fn)
+    if isinstance(node, ast.Slice):
+        return all(_reevaluable(part, fn) for part in (node.lower, node.upper, node.step))
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return all(_reevaluable(e, fn) for e in node.elts)
+    if isinstance(node, ast.UnaryOp):
+        return _reevaluable(node.operand, fn)
+    if isinstance(node, ast.BinOp):
+        # Not a matmul: the branch would compute what the attention computes, to test or pass it.
+        return not isinstance(node.op, ast.MatMult) and _reevaluable(node.left, fn) and _reevaluable(node.right, fn)
+    if isinstance(node, ast.Compare):
+        return all(_reevaluable(part, fn) for part in (node.left, *node.comparators))
+    if isinstance(node, ast.BoolOp):
+        return all(_reevaluable(v, fn) for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return all(_reevaluable(part, fn) for part in (node.test, node.body, node.orelse))
+    if isinstance(node, ast.Call):
+        pure = (
+            fn.qualname(node.func) in _PURE_FUNCTIONS
+            or _builtin(node.func, fn) in _PURE_BUILTINS
+            or (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr in _VIEW_METHODS
+                and fn.qualname(node.func) is None
+                and _reevaluable(node.func.value, fn)
+            )
+        )
+        return (
+            pure
+            and all(_reevaluable(a, fn) and not isinstance(a, ast.Starred) for a in node.args)
+            and all(k.arg is not None and _reevaluable(k.value, fn) for k in node.keywords)
+        )
+    return False
+
+
+def _builtin(func: ast.expr, fn: Function) -> str | None:
+    """`float` for the builtin `float` (a name the file neither imports nor defines)."""
+    if isinstance(func, ast.Name) and fn.qualname(func) is None and func.id not in fn.functions:
+        return func.id
+    return None
+
+
+def _lowest_value(node: ast.expr, fn: Function) -> bool:
+    """-inf (`float("-inf")`, `-math.inf`, `-torch.inf`) or a dtype's lowest (`torch.finfo(t.dtype).min`)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = node.operand
+        if fn.qualname(inner) in ("math.inf", "torch.inf", "numpy.inf"):
+            return True
+        return (
+            isinstance(inner, ast.Call)
+            and _builtin(inner.func, fn) == "float"
+            and len(inner.args) == 1
+            and isinstance(inner.args[0], ast.Constant)
+            and str(inner.args[0].value).lower() in ("inf", "infinity")
+        )
+    if isinstance(node, ast.Call) and _builtin(node.func, fn) == "float" and len(node.args) == 1:
+        return isinstance(node.args[0], ast.Constant) and str(node.args[0].value).lower() in ("-inf", "-infinity")
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "min"
+        and isinstance(node.value, ast.Call)
+        and fn.qualname(node.value.func) == "torch.finfo"
+    )
+
+
+# -- the parts of the attention -----------------------------------------------------------------------
+
+
+@dataclass
+class Attention:
+    """What the kernel needs, as source the branch evaluates."""
+
+    query: ast.expr
+    key: ast.expr
+    value: ast.expr
+    scale: list[tuple[ast.operator, ast.expr]] = field(default_factory=list)
+    additive_mask: ast.expr | None = None  # added to the scores: converted at run time, if exact
+    masked_out: ast.expr | None = None  # a bool, True where `masked_fill` drops the score
+    dropout_p: ast.expr | None = None
+    guards: list[str] = field(default_factory=list)
+
+    def scale_source(self) -> str:
+        """The kernel's scale: the product of the factors (1 / divisor for a division), 1.0 without one."""
+        product: ast.expr | None = None
+        for op, factor in self.scale:
+            term = factor if isinstance(op, ast.Mult) else ast.BinOp(ast.Constant(1.0), ast.Div(), factor)
+            product = term if product is None else ast.BinOp(product, ast.Mult(), term)
+        return "1.0" if product is None else source(product)
+
+
+def _matmul_operands(node: ast.AST, fn: Function) -> tuple[ast.expr, ast.expr] | None:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return node.left, node.right
+    if (
+        isinstance(node, ast.Call)
+        and fn.qualname(node.func) == "torch.matmul"
+        and len(node.args) == 2
+        and not node.keywords
+    ):
+        return node.args[0], node.args[1]
+    return None
+
+
+def _transposed(node: ast.expr) -> ast.expr | None:
+    """`k` for `k.transpose(-2, -1)` (either order), `k.transpose(2, 3)` (4-D: the helper checks) or `k.mT`."""
+    if isinstance(node, ast.Attribute) and node.attr == "mT":
+        return node.value
+    call = method_call(node, "transpose")
+    if call is None or len(call.args) != 2 or call.keywords:
+        return None
+    dims = set()
+    for arg in call.args:
+        if isinstance(arg, ast.UnaryOp) and isinstance(arg.op, ast.USub) and isinstance(arg.operand, ast.Constant):
+            dims.add(-arg.operand.value)
+        elif isinstance(arg, ast.Constant):
+            dims.add(arg.value)
+    return call.func.value if dims in ({-1, -2}, {2, 3}) else None
+
+
+def _scores_matmul(node: ast.AST, fn: Function) -> tuple[ast.expr, ast.expr] | None:
+    """(q, k) for `q @ k.transpose(-2, -1)` or `torch.matmul(q, k.transpose(-2, -1))`."""
+    operands = _matmul_operands(node, fn)
+    if operands is None:
+        return None
+    key = _transposed(operands[1])
+    return None if key is None else (operands[0], key)
+
+
+def _contains_scores(node: ast.AST, fn: Function) -> bool:
+    return any(_scores_matmul(n, fn) is not None for n in walk_shared(node))
+
+
+def _negated(test: ast.expr) -> str:
+    """The source of `not test`, `x is None` for `x is not None`."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot)):
+        flipped = ast.Is() if isinstance(test.ops[0], ast.IsNot) else ast.IsNot()
+        return source(ast.Compare(test.left, [flipped], test.comparators))
+    return source(ast.UnaryOp(ast.Not(), test))
+
+
+def _conditional_step(node: ast.IfExp) -> tuple[ast.expr, ast.expr, ast.expr] | None:
+    """(step, the value it applies to, the test under which it applies) for `step(x) if test else x` or
+    `x if test else step(x)` (the test then negated): an `if test: x = step(x)` folded."""
+    for step, skipped, test in (
+        (node.body, node.orelse, node.test),
+        (node.orelse, node.body, ast.UnaryOp(ast.Not(), node.test)),
+    ):
+        if any(child is skipped or same(child, skipped) for child in ast.walk(step) if child is not step):
+            return step, skipped, test
+    return None
+
+
+def _probabilities(node: ast.expr, fn: Function, attention: Attention) -> ast.expr:
+    """The scores under `node`, a softmax of them through dropout and casts; fills in `attention`'s dropout
+    and guards. Raises `_NotProbabilities` when `node` is no softmax."""
+    while True:
+        if isinstance(node, ast.IfExp):
+            found = _conditional_step(node)
+            if found is None or not _reevaluable(node.test, fn):
+                raise _NotProbabilities
+            step, skipped, test = found
+            dropout = _dropout(step, fn)
+            if dropout is not None and dropout[0] is skipped:
+                if attention.dropout_p is not None:
+                    raise Declined("it applies dropout twice")
+                attention.dropout_p = ast.IfExp(test, dropout[1], ast.Constant(0.0))
+            elif _softmax_input(step, fn) is None:
+                # `if head_mask is not None: probs = probs * head_mask`: the kernel has no such step, so the
+                # branch runs only where the test is false.
+                attention.guards.append(_negated(test))
+            else:
+                raise _NotProbabilities
+            node = skipped
+            continue
+        dropout = _dropout(node, fn)
+        if dropout is not None:
+            if attention.dropout_p is not None:
+                raise Declined("it applies dropout twice")
+            node, attention.dropout_p = dropout
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS:
+            node = node.func.value
+            continue
+        scores = _softmax_input(node, fn)
+        if scores is None:
+            raise _NotProbabilities
+        at = 1 if fn.qualname(node.func) in _SOFTMAX else 0  # `F.softmax(s, dim)` or `s.softmax(dim)`
+        dim = node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == "dim"), None)
+        if not (isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub) and _constant(dim.operand) == 1):
+            raise Declined(f"the softmax is not over the last dim (`{source(node)}`)")
+        return scores
+
+
+def _constant(node: ast.expr):
+    return node.value if isinstance(node, ast.Constant) else None
+
+
+def _dropout(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr] | None:
+    """(its input, the drop probability it applies, as source) for a dropout call, else None."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    name = fn.qualname(node.func)
+    if name in _DROPOUT:
+        p_at, training_at = (1, 2)
+        p = node.args[p_at] if len(node.args) > p_at else next((k.value for k in node.keywords if k.arg == "p"), None)
+        keyword = "training" if name != "torch.dropout" else "train"
+        training = node.args[training_at] if len(node.args) > training_at else None
+        training = training or next((k.value for k in node.keywords if k.arg == keyword), None)
+        if name != "torch.dropout":
+            p = p or ast.Constant(0.5)  # F.dropout's defaults: p=0.5, training=True
+            training = training or ast.Constant(True)
+        if p is None or training is None or any(k.arg == "inplace" for k in node.keywords):
+            return None
+        if _constant(training) is True:
+            return node.args[0], p
+        if _constant(training) is False:
+            return node.args[0], ast.Constant(0.0)
+        return node.args[0], ast.IfExp(training, p, ast.Constant(0.0))
+    # `self.attn_dropout(probs)`, an `nn.Dropout` that `__init__` creates.
+    func = node.func
+    if (
+        len(node.args) == 1
+        and not node.keywords
+        and isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and func.value.id == fn.self_name
+    ):
+        created = fn.attribute_source(func.attr)
+        if isinstance(created, ast.Call) and fn.qualname(created.func) in _DROPOUT_MODULES:
+            p = ast.Attribute(func, "p", ast.Load())
+            return node.args[0], ast.IfExp(ast.Attribute(func, "training", ast.Load()), p, ast.Constant(0.0))
+    return None
+
+
+def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
+    """Fill in `attention` from the scores: `q @ k.transpose(-2, -1)`, scaled, then masked."""
+    scaled = False  # a scale was seen (outside in): a mask under it is scaled with the scores
+    while True:
+        base = _scores_matmul(node, fn)
+        if base is not None:
+            attention.query, attention.key = base
+            return
+        if isinstance(node, ast.IfExp):
+            found = _conditional_step(node)
+            if found is None or not _reevaluable(node.test, fn):
+                raise Declined(f"the scores are chosen by `{source(node.test)}`")
+            step, skipped, test = found
+            before = (attention.additive_mask, attention.masked_out)
+            if _mask_step(step, skipped, fn, attention) is None:
+                raise Declined(f"the scores go through `{source(step)}` where `{source(test)}`")
+            # A mask applied under a test: the branch passes it under the same test (`if mask is not None`
+            # needs none: the mask is None where the test is false).
+            if attention.additive_mask is not before[0]:
+                attention.additive_mask = _under(test, attention.additive_mask)
+            else:
+                attention.masked_out = _under(test, attention.masked_out)
+            if scaled:
+                raise Declined("it scales the scores after masking them")
+            node = skipped
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS:
+            node = node.func.value  # an upcast for the softmax: the kernel computes in float32
+            continue
+        inner = _mask_step(node, None, fn, attention)
+        if inner is not None:
+            if scaled:
+                raise Declined("it scales the scores after masking them")
+            node = inner
+            continue
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
+            sides = ((node.left, node.right), (node.right, node.left)) if isinstance(node.op, ast.Mult) else ()
+            sides = sides or ((node.left, node.right),)
+            for inner, factor in sides:
+                if _contains_scores(inner, fn) and not _contains_scores(factor, fn):
+                    if not _reevaluable(factor, fn):
+                        raise Declined(f"the scale `{source(factor)}` is computed by a call the branch cannot repeat")
+                    attention.scale.insert(0, (node.op, factor))
+                    scaled, node = True, inner
+                    break
+            else:
+                raise Declined(f"the scores go through `{source(node)}`")
+            continue
+        raise Declined(f"the scores go through `{source(node)}`, which the kernel does not compute")
+
+
+def _under(test: ast.expr, mask: ast.expr) -> ast.expr:
+    """`mask if test else None`, or `mask` itself where the test is `mask is not None`."""
+    if (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.IsNot)
+        and _constant(test.comparators[0]) is None
+        and isinstance(test.comparators[0], ast.Constant)
+        and same(test.left, mask)
+    ):
+        return mask
+    return ast.IfExp(test, mask, ast.Constant(None))
+
+
+def _mask_step(node: ast.expr, inner: ast.expr | None, fn: Function, attention: Attention) -> ast.expr | None:
+    """The scores under a mask step (`s + mask`, `s.masked_fill(drop, -inf)`), recorded in `attention`, or
+    None if `node` is no mask step (of `inner`, when given)."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        for scores, mask in ((node.left, node.right), (node.right, node.left)):
+            if (inner is None or scores is inner) and _contains_scores(scores, fn) and not _contains_scores(mask, fn):
+                if not _reevaluable(mask, fn):
+                    raise Declined(
+                        f"the scores get an additive term computed here (`{source(mask)}`): a bias such as"
+                        " ALiBi or a relative position is no mask the kernel can take"
+                    )
+                if attention.additive_mask is not None:
+                    raise Declined(
+                        f"it adds more than one term to the scores (`{source(mask)}`, "
+                        f"`{source(attention.additive_mask)}`): only a single mask of 0 and -inf converts"
+                    )
+                attention.additive_mask = mask
+                return scores
+        return None
+    call = method_call(node, "masked_fill")
+    if call is not None and fn.qualname(call.func) is None and len(call.args) == 2 and not call.keywords:
+        scores, (dropped, value) = call.func.value, call.args
+    elif isinstance(node, ast.Call) and fn.qualname(node.func) == "torch.masked_fill" and len(node.args) == 3:
+        scores, dropped, value = node.args
+    else:
+        return None
+    if inner is not None and scores is not inner:
+        return None
+    if not _lowest_value(value, fn):
+        raise Declined(
+            f"masked scores are set to `{source(value)}`, not -inf or the dtype's lowest: not the kernel's masking"
+        )
+    if not _reevaluable(dropped, fn):
+        raise Declined(f"the mask `{source(dropped)}` is computed by a call the branch cannot repeat")
+    if attention.masked_out is not None:
+        raise Declined("it masks the scores twice with `masked_fill`")
+    attention.masked_out = dropped
+    return scores
+
+
+# -- the function around it ---------------------------------------------------------------------------
+
+
+def _fold_if(stmt: ast.If, env: dict[str, ast.expr], fn: Function) -> None:
+    """`if test: a = ...` (an `else` of assignments too) folded into `env` as `a = ... if test else a`."""
+    test = substitute(stmt.test, env)
+    if not _reevaluable(test, fn):
+        raise Declined(
+            f"a step of the attention runs under `if {source(stmt.test)}`, which the branch cannot test first"
+        )
+    arms = []
+    for block in (stmt.body, stmt.orelse):
+        arm = dict(env)
+        for inner in block:
+            _fold_assignment(inner, arm, fn)
+        arms.append(arm)
+    for name in set(arms[0]) | set(arms[1]):
+        if arms[0].get(name) is not arms[1].get(name):
+            body, orelse = (arm.get(name, ast.Name(name, ast.Load())) for arm in arms)
+            env[name] = ast.IfExp(test, body, orelse)
+
+
+def _fold_assignment(stmt: ast.stmt, env: dict[str, ast.expr], fn: Function) -> None:
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        env[stmt.targets[0].id] = substitute(stmt.value, env)
+    elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+        env[stmt.target.id] = substitute(stmt.value, env)
+    elif isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+        # `scores += bias`, which is `scores = scores + bias` for the tensors here (in place or not).
+        target = ast.Name(stmt.target.id, ast.Load())
+        env[stmt.target.id] = substitute(ast.BinOp(target, stmt.op, stmt.value), env)
+    elif (
+        isinstance(stmt, ast.Assign)
+        and len(stmt.targets) == 1
+        and isinstance(stmt.targets[0], ast.Tuple)
+        and isinstance(stmt.value, ast.Tuple)
+        and len(stmt.targets[0].elts) == len(stmt.value.elts)
+        and all(isinstance(e, ast.Name) for e in stmt.targets[0].elts)
+        and not any(isinstance(e, ast.Starred) for e in stmt.value.elts)
+    ):
+        # `a, b = x, y`: every value is computed before any name is bound.
+        values = [substitute(value, env) for value in stmt.value.elts]
+        env.update((target.id, value) for target, value in zip(stmt.targets[0].elts, values))
+    elif isinstance(stmt, ast.If):
+        _fold_if(stmt, env, fn)
+    else:
+        first_line = ast.unparse(stmt).splitlines()[0]
+        raise Declined(f"the attention is interleaved with other code (`{first_line}`)")
+
+
+def _output(stmt: ast.stmt, env: dict[str, ast.expr], fn: Function) -> tuple[ast.AST, Attention] | None:
+    """(the matmul of `stmt` that is the attention's output, the attention) if `stmt` computes it."""
+    value = getattr(stmt, "value", None)
+    if value is None or not isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Return, ast.Expr)):
+        return None
+    for node in ast.walk(value):
+        operands = _matmul_operands(node, fn)
+        if operands is None:
+            continue
+        attention = Attention(query=None, key=None, value=substitute(operands[1], env))
+        try:
+            scores = _probabilities(substitute(operands[0], env), fn, attention)
+        except _NotProbabilities:
+            continue
+        _scores(scores, fn, attention)
+        return node, attention
+    return None
+
+
+@dataclass
+class Fusion:
+    """A branch to put in front of `before`."""
+
+    before: ast.stmt
+    attention: Attention
+    tail: str  # the output statement and what follows it, as the branch runs them
+
+    def context(self) -> dict[str, object]:
+        a = self.attention
+        return {
+            "tensor": source(_device_tensor(a)),
+            "query": source(a.query),
+            "key": source(a.key),
+            "value": source(a.value),
+            "additive_mask": source(a.additive_mask) if a.additive_mask is not None else "None",
+            "masked_out": source(a.masked_out) if a.masked_out is not None else "None",
+            "dropout_p": source(a.dropout_p) if a.dropout_p is not None else "0.0",
+            "scale": a.scale_source(),
+            "guards": a.guards,
+            "output": FUSED,
+            "tail": self.tail,
+        }
+
+
+def _device_tensor(attention: Attention) -> ast.expr:
+    """What `_is_npu` looks at: the tensor q, k or v is a view or cast of (`q` for `q.transpose(1, 2)`), so
+    that the branch's test computes nothing; the query expression itself where each is computed."""
+    for operand in (attention.query, attention.key, attention.value):
+        tensor = operand
+        while (
+            isinstance(tensor, ast.Call)
+            and isinstance(tensor.func, ast.Attribute)
+            and tensor.func.attr in _VIEW_METHODS - {"size", "dim"}
+        ):
+            tensor = tensor.func.value
+        if isinstance(tensor, (ast.Name, ast.Attribute, ast.Subscript)):
+            return tensor
+    return attention.query
+
+
+def fuse(fn: Function) -> Fusion | None:
+    """The branch for hand-written attention `fn`; None when it already has one. Raises `Declined`."""
+    body = body_statements(fn.tree)
+    if any(_is_our_branch(stmt) for stmt in body):
+        return None
+    start = next((i for i, stmt in enumerate(body) if _contains_scores(stmt, fn)), None)
+    if start is None:
+        raise Declined("the scores are not `q @ k.transpose(-2, -1)` (einsum, bmm or a 3-D layout)")
+    env: dict[str, ast.expr] = {}
+    for index in range(start, len(body)):
+        stmt = body[index]
+        found = _output(stmt, env, fn)
+        if found is not None:
+            break
+        _fold_assignment(stmt, env, fn)
+    else:
+        raise Declined("its output is not a statement of the function's body (it is computed under control flow)")
+    matmul, attention = found
+    if not all(_reevaluable(part, fn) for part in (attention.query, attention.key, attention.value)):
+        raise Declined("q, k or v is computed by a call in the attention, which the branch cannot repeat")
+    if attention.dropout_p is not None and not _reevaluable(attention.dropout_p, fn):
+        raise Declined(f"the dropout probability `{source(attention.dropout_p)}` is computed by a call")
+    intermediates = set(env)  # names the attention binds: unbound where the branch runs
+    tail = [replace_nodes(stmt, {id(matmul): ast.Name(FUSED, ast.Load())}), *body[index + 1 :]]
+    if not isinstance(tail[-1], ast.Return):
+        raise Declined("the function does not end with a `return` after the attention")
+    if FUSED in {n.id for n in fn.nodes if isinstance(n, ast.Name)}:
+        raise Declined(f"the function already uses the name `{FUSED}`, which the branch would bind")
+    tail, positions = _without_probabilities(tail, intermediates)
+    if positions:
+        _weights_not_needed(fn, attention, positions, tail[-1])
+        # TorchScript compiles the branch unless this test rules it out at compile time, and a None where
+        # the original returns a tensor does not compile.
+        attention.guards.insert(0, "not torch.jit.is_scripting()")
+    return Fusion(body[start], attention, "\n".join(ast.unparse(stmt) for stmt in tail))
+
+
+def _is_our_branch(stmt: ast.stmt) -> bool:
+    if not isinstance(stmt, ast.If):
+        return False
+    test = stmt.test.values[0] if isinstance(stmt.test, ast.BoolOp) else stmt.test
+    return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "_is_npu"
+
+
+def _without_probabilities(tail: list[ast.stmt], intermediates: set[str]) -> tuple[list[ast.stmt], set[int]]:
+    """The tail with each intermediate (scores, probabilities) that is an element of a tuple replaced by
+    None, and those positions. Such a tuple may only be returned, or held by a local that is returned
+    (`outputs = (out, probs)`; `outputs = outputs + (cache,)`): any other use of it, or of an
+    intermediate, declines."""
+    positions: set[int] = set()
+    replaced: dict[int, ast.expr] = {}
+    for stmt in tail:
+        for node in ast.walk(stmt):
+            if not isinstance(node, ast.Tuple):
+                continue
+            for position, element in enumerate(node.elts):
+                if isinstance(element, ast.Name) and element.id in intermediates:
+                    replaced[id(element)] = ast.Constant(None)
+                    positions.add(position)
+    holders: set[str] = set()  # locals holding a tuple with a None in place of the probabilities
+    for stmt in (s for top in tail for s in ast.walk(top) if isinstance(s, ast.stmt)):
+        line = ast.unparse(stmt).splitlines()[0]
+        if isinstance(stmt, ast.Return):
+            expressions = []
+        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            expressions = []
+            if any(id(n) in replaced or isinstance(n, ast.Name) and n.id in holders for n in ast.walk(stmt.value)):
+                holders.add(stmt.targets[0].id)
+        else:
+            expressions = [c for c in ast.iter_child_nodes(stmt) if not isinstance(c, ast.stmt)]
+        for node in (n for e in expressions for n in ast.walk(e)):
+            if isinstance(node, ast.Name) and node.id in holders:
+                raise Declined(f"the tuple holding the probabilities is used, not only returned (`{line}`)")
+        for node in ast.walk(stmt if not isinstance(stmt, _COMPOUND) else ast.Module(expressions, [])):
+            if isinstance(node, ast.Name) and node.id in intermediates and id(node) not in replaced:
+                raise Declined(f"it uses `{node.id}`, computed by the attention, after its output (`{line}`)")
+            if id(node) in replaced and not isinstance(stmt, (ast.Return, ast.Assign)):
+                raise Declined(f"the probabilities are used, not only returned (`{line}`)")
+    return [replace_nodes(stmt, replaced) for stmt in tail], positions
+
+
+def _weights_not_needed(fn: Function, attention: Attention, positions: set[int], returned: ast.Return) -> None:
+    """Prove that the returned probabilities are not needed where the branch returns None for them: a
+    guard on a parameter that says so, or every caller discarding them. Raises `Declined`."""
+    flag = next((p for p in WEIGHT_FLAGS if p in fn.params or p in _keyword_only(fn)), None)
+    if flag is not None:
+        attention.guards.insert(0, f"not {flag}")
+        return
+    why = "it returns the attention probabilities, which npu_fusion_attention does not compute"
+    name = fn.tree.name
+    if not name.startswith("_"):
+        raise Declined(f"{why}, and `{name}` is public: callers elsewhere may use them")
+    arity = len(returned.value.elts) if isinstance(returned.value, ast.Tuple) else None
+    if fn.module is None or arity is None:
+        raise Declined(f"{why}, and which callers discard them is unknown")
+    references = _references(fn, name)
+    if not references:
+        raise Declined(f"{why}, and `{name}` is never called in this file")
+    for reference, call, holder in references:
+        if call is None:
+            raise Declined(f"{why}, and line {reference.lineno} passes `{name}` on without calling it")
+        if holder is None or not _discarding_use(call, holder, positions, arity):
+            raise Declined(f"{why}, and the call on line {reference.lineno} keeps them")
+
+
+def _keyword_only(fn: Function) -> list[str]:
+    return [a.arg for a in fn.tree.args.kwonlyargs]
+
+
+def _references(fn: Function, name: str) -> list[tuple[ast.expr, ast.Call | None, ast.AST | None]]:
+    """Each reference to the function in its module (`name`, or `<anything>.name` for a method), with the
+    call it is the callee of and the node holding that call (None where it is not called)."""
+    parents = {id(child): node for node in ast.walk(fn.module) for child in ast.iter_child_nodes(node)}
+    # `self.name(...)` in another class that defines its own `name` calls that one.
+    elsewhere = {
+        id(node)
+        for cls in ast.walk(fn.module)
+        if isinstance(cls, ast.ClassDef)
+        and fn.tree not in cls.body
+        and any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == name for s in cls.body)
+        for method in cls.body
+        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.args.args
+        for node in ast.walk(method)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == method.args.args[0].arg
+    }
+    found = []
+    for node in ast.walk(fn.module):
+        if id(node) in elsewhere:
+            continue
+        if (fn.is_method and isinstance(node, ast.Attribute) and node.attr == name) or (
+            not fn.is_method and isinstance(node, ast.Name) and node.id == name
+        ):
+            call = parents.get(id(node))
+            if isinstance(call, ast.Call) and call.func is node:
+                found.append((node, call, parents.get(id(call))))
+            else:
+                found.append((node, None, None))
+    return found
+
+
+def _discarding_use(call: ast.Call, holder: ast.AST, positions: set[int], arity: int) -> bool:
+    """`f(...)[i]` for an `i` not in `positions`, or `a, _ = f(...)` with `_` at each of them."""
+    if isinstance(holder, ast.Subscript) and holder.value is call:
+        index = _constant(holder.slice)
+        return isinstance(index, int) and index not in positions and -arity <= index < arity
+    if isinstance(holder, ast.Assign) and holder.value is call and len(holder.targets) == 1:
+        target = holder.targets[0]
+        return (
+            isinstance(target, ast.Tuple)
+            and len(target.elts) == arity
+            and all(
+                isinstance(element, ast.Name) and element.id == "_"
+                for position, element in enumerate(target.elts)
+                if position in positions
+            )
+        )
+    return False
