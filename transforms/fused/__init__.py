@@ -217,7 +217,8 @@ def _imports_torch_npu(tree: ast.Module) -> bool:
     )
 
 
-def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement) -> cst.FunctionDef:
+def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement, index: int | None) -> cst.FunctionDef:
+    """`branch` first in the body (after the docstring), or before its `index`-th statement line."""
     body = list(updated.body.body)
     first = body[0] if body else None
     docstring = (
@@ -226,7 +227,7 @@ def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement) -> cst.F
         and isinstance(first.body[0], cst.Expr)
         and isinstance(first.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
     )
-    body.insert(1 if docstring else 0, branch)
+    body.insert((1 if docstring else 0) if index is None else index, branch)
     return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
@@ -335,6 +336,10 @@ class FusedOpsChecker(TreeChecker):
         if outcome.template is not None and isinstance(node, _DEFS) and not self.source.starts_line(node.body[0]):
             outcome.message += " not injected: the function body is on the `def` line"
             outcome.template = None
+        before = outcome.before
+        if outcome.template is not None and before is not None and not self.source.starts_line(before):
+            outcome.message += " not injected: the statement it goes in front of shares a line with another"
+            outcome.template = None
         if outcome.template is None:
             self.reports.append(TreeReport(outcome.rule, node, outcome.message))
             return
@@ -345,7 +350,9 @@ class FusedOpsChecker(TreeChecker):
             code = self._laid_out(node, render(outcome.template, **outcome.context))
             helpers += _kernel_helpers(code, outcome.template)
             branch = cst.parse_statement(code)
-            fix = lambda updated: _insert_branch(updated, branch)  # noqa: E731
+            # libcst has one statement per line where `ast` has one per `;`-separated statement.
+            index = None if before is None else len({s.lineno for s in node.body[: node.body.index(before)]})
+            fix = lambda updated: _insert_branch(updated, branch, index)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
         self.applied.append((helpers, self.reports[-1]))
 

@@ -36,6 +36,7 @@ from npu_migrate.transforms.fused.symbolic import (
     replace_nodes,
     same,
     source,
+    straight_tail,
     walk_shared,
 )
 
@@ -742,10 +743,39 @@ def match(fn: Function) -> Outcome | None:
             )
         except NotStraightLine:
             calls_rotation = False
-        return Outcome(ROTARY, f"rotary embedding not fused: {why}") if calls_rotation else None
+        if not calls_rotation:
+            return _rotate_helper_outcome(fn)
+        tail = _straight_tail_outcome(fn)
+        return tail if tail is not None else Outcome(ROTARY, f"rotary embedding not fused: {why}")
+    return _outcome(fn, result)
+
+
+def _straight_tail_outcome(fn: Function) -> Outcome | None:
+    """The branch in front of the longest straight-line tail of the body that holds the rotary embedding
+    (x-transformers: the tables are prepared under `if`s, then rotated in straight-line code), for the
+    values the names hold there; None when no tail holds one."""
+    body = body_statements(fn.tree)
+    for start in range(1, len(body)):
+        tail = straight_tail(fn, start)
+        try:
+            result = inline_functions(tail, fold(tail))
+        except NotStraightLine:
+            continue
+        if not sites(result, tail):
+            return None
+        if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
+            return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")
+        outcome = _outcome(tail, result)
+        if outcome is not None and outcome.template is not None:
+            outcome.before = body[start]
+        return outcome
+    return None
+
+
+def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
     found = sites(result, fn)
     if not found:
-        return _unmatched_rotation(result, fn)
+        return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn)
     if any(s.flipped for s in found):
         return Outcome(
             ROTARY,
@@ -784,6 +814,34 @@ def _unmatched_rotation(result: ast.expr, fn: Function) -> Outcome | None:
                     "but not summed as `x * cos + rotate(x) * sin` with that same x, which is what "
                     "npu_rotary_mul computes",
                 )
+    return None
+
+
+def _rotate_helper_outcome(fn: Function) -> Outcome | None:
+    """The finding for a function that multiplies what a `rotate*` function returns (`rotate_half(q) * sin`)
+    where no rotation was recognised: the helper is imported, defined conditionally or not straight-line
+    (its body cannot be read), or it computes something else."""
+    for node in fn.nodes:
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for factor in (node.left, node.right):
+            if not isinstance(factor, ast.Call):
+                continue
+            name = factor.func.id if isinstance(factor.func, ast.Name) else getattr(factor.func, "attr", "")
+            if "rotate" not in name.lower():
+                continue
+            if isinstance(factor.func, ast.Name) and name in fn.functions:
+                why = (
+                    f"`{name}` does not compute rotate_half (`cat((-x2, x1), -1)` of the halves of the last dim) "
+                    "or its interleaved form, the rotations npu_rotary_mul applies"
+                )
+            else:
+                why = (
+                    f"`{source(factor.func)}` is not one straight-line function of this module (it is imported, "
+                    "defined twice or has control flow): what it computes cannot be proven to be the rotation "
+                    "npu_rotary_mul applies"
+                )
+            return Outcome(ROTARY, f"rotary embedding not fused: {why}")
     return None
 
 
