@@ -323,17 +323,20 @@ def _real_pairs(node: ast.expr, fn: Function) -> ast.expr | None:
         return None
     lead, pairs, two = call.args
     x = call.func.value
-    # `x.float().reshape(*x.shape[:-1], -1, 2)`: the shape read from x before its upcast.
-    shaped = x.func.value if method_call(x, "float") is not None and not x.args else x
-    leading = ast.Starred(
-        ast.Subscript(
-            ast.Attribute(shaped, "shape", ast.Load()),
-            ast.Slice(None, ast.UnaryOp(ast.USub(), ast.Constant(1)), None),
+    # `x.float().reshape(*x.shape[:-1], -1, 2)`: the shape may be read from x before its upcast.
+    shapes = [x, x.func.value] if method_call(x, "float") is not None and not x.args else [x]
+    leading = [
+        ast.Starred(
+            ast.Subscript(
+                ast.Attribute(shaped, "shape", ast.Load()),
+                ast.Slice(None, ast.UnaryOp(ast.USub(), ast.Constant(1)), None),
+                ast.Load(),
+            ),
             ast.Load(),
-        ),
-        ast.Load(),
-    )
-    if same(lead, leading) and _minus_one(pairs) and isinstance(two, ast.Constant) and two.value == 2:
+        )
+        for shaped in shapes
+    ]
+    if any(same(lead, s) for s in leading) and _minus_one(pairs) and isinstance(two, ast.Constant) and two.value == 2:
         return x
     return None
 
@@ -372,8 +375,8 @@ def _every_other(node: ast.expr, fn: Function) -> tuple[ast.expr, int] | None:
         return None
     if part.lower is None:
         return x, 0
-    if isinstance(part.lower, ast.Constant) and part.lower.value == 1:
-        return x, 1
+    if isinstance(part.lower, ast.Constant) and part.lower.value in (0, 1):  # `0::2` is `::2`
+        return x, part.lower.value
     return None
 
 
@@ -832,8 +835,8 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                 continue
             if isinstance(factor.func, ast.Name) and name in fn.functions:
                 why = (
-                    f"`{name}` does not compute rotate_half (`cat((-x2, x1), -1)` of the halves of the last dim) "
-                    "or its interleaved form, the rotations npu_rotary_mul applies"
+                    f"`{name}` is not recognised as rotate_half (`cat((-x2, x1), -1)` of the halves of the last "
+                    "dim) or its interleaved form, the rotations npu_rotary_mul applies"
                 )
             else:
                 why = (
