@@ -19,6 +19,7 @@ NPU host; the site counts come from every rule.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import itertools
@@ -30,9 +31,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import FIXTURES
 from test_fused_spellings import TORCH_NPU, _compare, _cosine, _perturb, _sites
 
 from npu_migrate.pipeline import migrate_text
+from npu_migrate.transforms.fused.symbolic import has_fused_branch
 
 pytestmark = pytest.mark.integration  # needs torch, x-transformers, rotary-embedding-torch: the `integration` extra
 
@@ -103,6 +106,47 @@ def test_each_rotary_site_is_applied_or_declined_with_its_reason(analysis):
     assert set(rotary) == set(EXPECTED_ROTARY)
     for path, (status, reason) in EXPECTED_ROTARY.items():
         assert rotary[path][0] == status and reason in rotary[path][1], (path, rotary[path])
+
+
+def _multiplies_a_rotation(function: ast.FunctionDef) -> bool:
+    """Whether the function's own body (nested defs aside) multiplies what a `rotate*` function returns."""
+    pending = list(function.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for factor in (node.left, node.right):
+                func = factor.func if isinstance(factor, ast.Call) else None
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if "rotate" in name.lower():
+                    return True
+        pending.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _rotary_files() -> list[Path]:
+    installed = [path for name in PACKAGES for path in sorted(_package_dir(name).rglob("*.py"))]
+    return installed + sorted((FIXTURES / "rules" / "NPU703").glob("*.in.py"))
+
+
+def test_no_rotary_embedding_is_left_in_silence():
+    """The matcher's rule: a function that multiplies a `rotate_half`-like helper's result (by its cos/sin
+    tables) gets an NPU703 finding, a branch or the reason it has none, in the packages and our fixtures."""
+    silent = []
+    for path in _rotary_files():
+        source = path.read_text(encoding="utf-8")
+        _, found = migrate_text(source, path=path.name.replace(".in.", "."), select=["NPU703"])
+        reported = {f.line for f in found}
+        for node in ast.walk(ast.parse(source)):
+            defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+            # A function that already holds its fused branch (a second run) is done with.
+            if isinstance(node, defs) and _multiplies_a_rotation(node) and not has_fused_branch(node):
+                # A finding is reported at the def, or at its first decorator.
+                lines = {node.lineno, *(d.lineno for d in node.decorator_list)}
+                if not lines & reported:
+                    silent.append(f"{path.name}:{node.lineno} {node.name}")
+    assert silent == []
 
 
 @pytest.fixture(scope="module")
