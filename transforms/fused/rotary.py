@@ -58,17 +58,26 @@ ROTARY = Rule(
     negated). Interleaved rotary on real pairs (`x.reshape(*x.shape[:-1], -1, 2)`, unbound and stacked
     back as `stack((-x1, x0), -1).flatten(3)`, or the pair formulas `x0 * c - x1 * s`, `x1 * c + x0 * s` with
     tables per pair, repeated per element for the kernel) and GPT-J's interleaved
-    `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it. A branch in
+    `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it, einops' pairs
+    too (`rearrange(x, "... (d r) -> ... d r", r=2)`, unbound, stacked as `(-x2, x1)` and merged back with
+    `rearrange(..., "... d r -> ... (d r)")`, as x-transformers and rotary-embedding-torch write it).
+    Tables times a scale (`t * freqs.cos() * scale`, a number or an xpos tensor) are the kernel's tables
+    `freqs.cos() * scale`, checked to be tensors; a part of the head before the rotated window
+    (`t[..., :start]`) passes through as the tail does. A branch in
     front of the untouched body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits`
     holds: 4-D, one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts
     (BNSD: 11SD/B1SD/BNSD, BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896.
     What the original computes once (the unsqueezed tables, an upcast `q.float()`) is bound once, in the
-    branch, before the checks and the kernel read it.
+    branch, before the checks and the kernel read it. When the tables are prepared under `if`s or
+    asserts and only the rest of the body is straight-line code, the branch goes in front of that rest,
+    reading the values the names hold there.
 
     Declined, with a finding saying why: the sign-flipped rotation `cat((x2, -x1))` or
     `x * cos - rotate_half(x) * sin` (the inverse rotation), complex-number rotary (`view_as_complex`,
-    `torch.polar`), interleaved rotary where the torch_npu version has no rotary_mode, bodies with
-    control flow.
+    `torch.polar`), interleaved rotary where the torch_npu version has no rotary_mode, a rotation under
+    control flow. A function that multiplies a rotation, or what a `rotate*` helper returns, and is not
+    fused always gets a finding saying why: the helper imported or not recognised, the rotated tensor not
+    the one times cos.
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
