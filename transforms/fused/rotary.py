@@ -832,7 +832,14 @@ def _unmatched_rotation(result: ast.expr, fn: Function) -> Outcome | None:
 def _rotate_helper_outcome(fn: Function) -> Outcome | None:
     """The finding for a function that multiplies what a `rotate*` function returns (`rotate_half(q) * sin`)
     where no rotation was recognised: the helper is imported, defined conditionally or not straight-line
-    (its body cannot be read), or it computes something else."""
+    (its body cannot be read), or it computes something else. Only where the function reads cos and sin
+    tables: `rotate_image(img) * mask` is no rotary embedding."""
+    words = {n.id for n in fn.nodes if isinstance(n, ast.Name)} | {
+        n.attr for n in fn.nodes if isinstance(n, ast.Attribute)
+    }
+    words |= set(fn.params)
+    if not (any("cos" in w for w in words) and any("sin" in w for w in words)):
+        return None
     for node in fn.nodes:
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
             continue
