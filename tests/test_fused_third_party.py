@@ -109,7 +109,15 @@ def test_each_rotary_site_is_applied_or_declined_with_its_reason(analysis):
 
 
 def _multiplies_a_rotation(function: ast.FunctionDef) -> bool:
-    """Whether the function's own body (nested defs aside) multiplies what a `rotate*` function returns."""
+    """Whether the function's own body (nested defs aside) multiplies what a `rotate*` function returns, and
+    the function reads cos and sin tables (`rotate_image(img) * mask` is no rotary embedding)."""
+    words = [a.arg for a in function.args.args] + [
+        n.id if isinstance(n, ast.Name) else n.attr
+        for n in ast.walk(function)
+        if isinstance(n, (ast.Name, ast.Attribute))
+    ]
+    if not (any("cos" in w for w in words) and any("sin" in w for w in words)):
+        return False
     pending = list(function.body)
     while pending:
         node = pending.pop()
