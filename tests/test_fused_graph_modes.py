@@ -83,6 +83,10 @@ CASES = [
     ("NPU703", "renamed_chunk_helper", lambda ns: ns["rope"], lambda: _pick(_rotary(), 0, 2, 3, head=1)),
     ("NPU703", "rotary_module", lambda ns: ns["Rotary"](), lambda: _pick(_rotary(), 0, 2, 3, head=1)),
     ("NPU703", "gptj_interleaved", lambda ns: ns["apply_rotary_pos_emb"], lambda: _pick(_rotary(), 0, 3, 2, head=1)),
+    # The branch after an `if` that prepares the tables (old HF), and scaled einops tables.
+    ("NPU703", "control_flow", lambda ns: ns["apply_rotary_pos_emb"], _rotary),
+    ("NPU703", "einops_interleaved", lambda ns: ns["rotate_scaled"], lambda: (*_pick(_rotary(), 0, 2, head=1), 0.5)),
+    ("NPU703", "every_other_pairs", lambda ns: ns["apply_every_other"], lambda: _pick(_rotary(), 0, 2, 3, head=1)),
     (
         "NPU704",
         "sdpa_functional",
@@ -117,6 +121,9 @@ ORIGINAL_FAILS = {
     ("hf_apply_rotary_pos_emb", "jit.script"),
     ("partial_rotary", "jit.script"),
     ("upcast_interleaved", "jit.script"),
+    ("control_flow", "jit.script"),  # `position_ids=None` is not annotated either
+    ("einops_interleaved", "jit.script"),  # einops is not scriptable
+    ("einops_interleaved", "fx.symbolic_trace"),  # nor traceable: "Tensor type unknown to einops"
     ("sdpa_module", "jit.script"),  # SDPA's enable_gqa under TorchScript on CPU
     ("sdpa_torch_path", "jit.script"),  # **kwargs
     ("sdpa_torch_path", "fx.symbolic_trace"),  # **kwargs of a proxy

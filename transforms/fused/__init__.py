@@ -329,7 +329,10 @@ class FusedOpsChecker(TreeChecker):
             outcome = idiom.match(fn)
             if outcome is not None:
                 self._decide(node, outcome)
-                return
+                # A declined idiom does not hide the next one: attention with a rotary embedding inside is
+                # reported (or fused) as attention too. A branch is the function's one rewrite.
+                if outcome.template is not None:
+                    return
 
     def _call(self, node: ast.Call) -> None:
         name = self._qualname(node.func)

@@ -36,6 +36,7 @@ from npu_migrate.transforms.fused.symbolic import (
     replace_nodes,
     same,
     source,
+    straight_tail,
     walk_shared,
 )
 
@@ -57,17 +58,26 @@ ROTARY = Rule(
     negated). Interleaved rotary on real pairs (`x.reshape(*x.shape[:-1], -1, 2)`, unbound and stacked
     back as `stack((-x1, x0), -1).flatten(3)`, or the pair formulas `x0 * c - x1 * s`, `x1 * c + x0 * s` with
     tables per pair, repeated per element for the kernel) and GPT-J's interleaved
-    `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it. A branch in
+    `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it, einops' pairs
+    too (`rearrange(x, "... (d r) -> ... d r", r=2)`, unbound, stacked as `(-x2, x1)` and merged back with
+    `rearrange(..., "... d r -> ... (d r)")`, as x-transformers and rotary-embedding-torch write it).
+    Tables times a scale (`t * freqs.cos() * scale`, a number or an xpos tensor) are the kernel's tables
+    `freqs.cos() * scale`, checked to be tensors; a part of the head before the rotated window
+    (`t[..., :start]`) passes through as the tail does. A branch in
     front of the untouched body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits`
     holds: 4-D, one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts
     (BNSD: 11SD/B1SD/BNSD, BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896.
     What the original computes once (the unsqueezed tables, an upcast `q.float()`) is bound once, in the
-    branch, before the checks and the kernel read it.
+    branch, before the checks and the kernel read it. When the tables are prepared under `if`s or
+    asserts and only the rest of the body is straight-line code, the branch goes in front of that rest,
+    reading the values the names hold there.
 
     Declined, with a finding saying why: the sign-flipped rotation `cat((x2, -x1))` or
     `x * cos - rotate_half(x) * sin` (the inverse rotation), complex-number rotary (`view_as_complex`,
-    `torch.polar`), interleaved rotary where the torch_npu version has no rotary_mode, bodies with
-    control flow.
+    `torch.polar`), interleaved rotary where the torch_npu version has no rotary_mode, a rotation under
+    control flow. A function that multiplies a rotation, or what a `rotate*` helper returns, and is not
+    fused always gets a finding saying why: the helper imported or not recognised, the rotated tensor not
+    the one times cos.
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
@@ -268,48 +278,79 @@ def _einops_halves(node: ast.expr, fn: Function) -> ast.expr | None:
     unbind = method_call(node, "unbind")
     if unbind is None or len(unbind.args) + len(unbind.keywords) != 1 or not _negative(argument(unbind, 0, "dim"), 2):
         return None
-    split = unbind.func.value
-    if not (isinstance(split, ast.Call) and fn.qualname(split.func) == "einops.rearrange" and len(split.args) == 2):
-        return None
-    pattern = split.args[1]
-    if not (isinstance(pattern, ast.Constant) and isinstance(pattern.value, str)) or len(split.keywords) != 1:
-        return None
-    grouped = re.fullmatch(r"\s*\.\.\.\s*\(\s*(\w+)\s+(\w+)\s*\)\s*->\s*\.\.\.\s+(\w+)\s+(\w+)\s*", pattern.value)
-    halves = split.keywords[0]
-    if not (
-        grouped is not None
-        and grouped.group(1, 2) == grouped.group(3, 4)
-        and halves.arg == grouped.group(1)
-        and isinstance(halves.value, ast.Constant)
-        and halves.value.value == 2
-    ):
-        return None
-    return split.args[0]
+    return _einops_split(unbind.func.value, fn, 0)
 
 
-def _real_pairs(node: ast.expr) -> ast.expr | None:
-    """x for `x.reshape(*x.shape[:-1], -1, 2)` (or `.view`): x's last dim as (real, imaginary) pairs."""
+#: An einops axis list: names and `...`, no groups (the prefix both sides of a split or merge share).
+_AXES = r"((?:\w+|\.\.\.)(?:\s+(?:\w+|\.\.\.))*)"
+
+
+def _einops_groups(call: ast.Call, fn: Function) -> tuple[str, str, str] | None:
+    """(first, second, direction) for `rearrange(x, "... (a b) -> ... a b", ...)` ("split") or
+    `rearrange(x, "... a b -> ... (a b)")` ("merge"): the last dim split in two, or the last two merged,
+    the axes in front (`...`, or `b ...`) the same on both sides."""
+    if not (fn.qualname(call.func) == "einops.rearrange" and len(call.args) == 2):
+        return None
+    pattern = call.args[1]
+    if not (isinstance(pattern, ast.Constant) and isinstance(pattern.value, str)):
+        return None
+    grouped, plain = r"\(\s*(\w+)\s+(\w+)\s*\)", r"(\w+)\s+(\w+)"
+    for direction, left, right in (("split", grouped, plain), ("merge", plain, grouped)):
+        found = re.fullmatch(rf"\s*{_AXES}\s*{left}\s*->\s*{_AXES}\s*{right}\s*", pattern.value)
+        if found is None:
+            continue
+        prefix, a, b, prefix_after, a_after, b_after = found.groups()
+        if prefix.split() == prefix_after.split() and (a, b) == (a_after, b_after) and a != b:
+            names = [n for n in prefix.split() if n != "..."]
+            if a not in names and b not in names:
+                return a, b, direction
+    return None
+
+
+def _einops_split(node: ast.expr, fn: Function, axis: int) -> ast.expr | None:
+    """x for `rearrange(x, "... (a b) -> ... a b", <a or b>=2)`, with axis 0 naming `a`, 1 naming `b`, as
+    the one set to 2: `a=2` makes the two halves of x's last dim, `b=2` its (even, odd) pairs."""
+    if not isinstance(node, ast.Call):
+        return None
+    groups = _einops_groups(node, fn)
+    if groups is None or groups[2] != "split" or len(node.keywords) != 1:
+        return None
+    two = node.keywords[0]
+    if two.arg != groups[axis] or not (isinstance(two.value, ast.Constant) and two.value.value == 2):
+        return None
+    return node.args[0]
+
+
+def _real_pairs(node: ast.expr, fn: Function) -> ast.expr | None:
+    """x for `x.reshape(*x.shape[:-1], -1, 2)` (or `.view`, or `rearrange(x, "... (d r) -> ... d r", r=2)`):
+    x's last dim as (real, imaginary) pairs."""
+    paired = _einops_split(node, fn, 1)
+    if paired is not None:
+        return paired
     call = method_call(node, "reshape") or method_call(node, "view")
     if call is None or call.keywords or len(call.args) != 3:
         return None
     lead, pairs, two = call.args
     x = call.func.value
-    # `x.float().reshape(*x.shape[:-1], -1, 2)`: the shape read from x before its upcast.
-    shaped = x.func.value if method_call(x, "float") is not None and not x.args else x
-    leading = ast.Starred(
-        ast.Subscript(
-            ast.Attribute(shaped, "shape", ast.Load()),
-            ast.Slice(None, ast.UnaryOp(ast.USub(), ast.Constant(1)), None),
+    # `x.float().reshape(*x.shape[:-1], -1, 2)`: the shape may be read from x before its upcast.
+    shapes = [x, x.func.value] if method_call(x, "float") is not None and not x.args else [x]
+    leading = [
+        ast.Starred(
+            ast.Subscript(
+                ast.Attribute(shaped, "shape", ast.Load()),
+                ast.Slice(None, ast.UnaryOp(ast.USub(), ast.Constant(1)), None),
+                ast.Load(),
+            ),
             ast.Load(),
-        ),
-        ast.Load(),
-    )
-    if same(lead, leading) and _minus_one(pairs) and isinstance(two, ast.Constant) and two.value == 2:
+        )
+        for shaped in shapes
+    ]
+    if any(same(lead, s) for s in leading) and _minus_one(pairs) and isinstance(two, ast.Constant) and two.value == 2:
         return x
     return None
 
 
-def _pair_part(node: ast.expr) -> tuple[ast.expr, int] | None:
+def _pair_part(node: ast.expr, fn: Function) -> tuple[ast.expr, int] | None:
     """(x, 0 or 1) for the even or odd elements of x's last dim taken as pairs: `pairs[..., 0]`, or
     `pairs.unbind(-1)[0]`, where `pairs = x.reshape(*x.shape[:-1], -1, 2)`."""
     if not isinstance(node, ast.Subscript):
@@ -326,13 +367,13 @@ def _pair_part(node: ast.expr) -> tuple[ast.expr, int] | None:
         pairs = unbind.func.value
     if not (isinstance(index, ast.Constant) and index.value in (0, 1)):
         return None
-    x = _real_pairs(pairs)
+    x = _real_pairs(pairs, fn)
     return None if x is None else (x, index.value)
 
 
-def _every_other(node: ast.expr) -> tuple[ast.expr, int] | None:
+def _every_other(node: ast.expr, fn: Function) -> tuple[ast.expr, int] | None:
     """(x, 0 or 1) for `x[..., ::2]` / `x[..., 1::2]`, or the parts of `x` reshaped into pairs."""
-    paired = _pair_part(node)
+    paired = _pair_part(node, fn)
     if paired is not None:
         return paired
     sliced = _last_dim_slice(node)
@@ -343,8 +384,8 @@ def _every_other(node: ast.expr) -> tuple[ast.expr, int] | None:
         return None
     if part.lower is None:
         return x, 0
-    if isinstance(part.lower, ast.Constant) and part.lower.value == 1:
-        return x, 1
+    if isinstance(part.lower, ast.Constant) and part.lower.value in (0, 1):  # `0::2` is `::2`
+        return x, part.lower.value
     return None
 
 
@@ -387,20 +428,27 @@ def rotation(node: ast.expr, fn: Function) -> tuple[str, ast.expr, bool] | None:
     if operands is not None:
         found = _ordered(*operands, lambda e: _half(e, fn))
         return None if found is None else ("half", found[0], found[1])
-    if fn.qualname(node.func) == "torch.flatten" and node.args:
-        stacked, start, count = node.args[0], argument(node, 1, "start_dim"), 2
-    elif method_call(node, "flatten") is not None:
-        stacked, start, count = node.func.value, argument(node, 0, "start_dim"), 1
+    merged = _einops_groups(node, fn)
+    if merged is not None and merged[2] == "merge" and not node.keywords:
+        # `rearrange(stacked, "... d r -> ... (d r)")`: the last two dims merged, whatever the rank.
+        stacked = node.args[0]
     else:
-        return None
-    # flatten(3): the 5-D stack of a 4-D x (the guard checks 4-D), as torchtune and diffusers write it.
-    start_ok = _negative(start, 2) or isinstance(start, ast.Constant) and start.value == 3
-    if len(node.args) + len(node.keywords) != count or not start_ok or not isinstance(stacked, ast.Call):
+        if fn.qualname(node.func) == "torch.flatten" and node.args:
+            stacked, start, count = node.args[0], argument(node, 1, "start_dim"), 2
+        elif method_call(node, "flatten") is not None:
+            stacked, start, count = node.func.value, argument(node, 0, "start_dim"), 1
+        else:
+            return None
+        # flatten(3): the 5-D stack of a 4-D x (the guard checks 4-D), as torchtune and diffusers write it.
+        start_ok = _negative(start, 2) or isinstance(start, ast.Constant) and start.value == 3
+        if len(node.args) + len(node.keywords) != count or not start_ok:
+            return None
+    if not isinstance(stacked, ast.Call):
         return None
     operands = _pair(stacked, ("torch.stack",), fn)
     if operands is None:
         return None
-    found = _ordered(*operands, _every_other)
+    found = _ordered(*operands, lambda e: _every_other(e, fn))
     return None if found is None else ("interleave", found[0], found[1])
 
 
@@ -412,6 +460,9 @@ class Site:
         #: The tables as the code has them, when the kernel's are built from them (`torch.cat((cos, cos))`):
         #: building them must not fail where the original runs, so they are checked to be tensors first.
         self.source_tables: tuple[ast.expr, ...] = ()
+        #: The tables that are products of the code's factors (`freqs.cos() * scale`): a product of numbers
+        #: is no table, so they are bound in the branch and checked to be tensors before the kernel reads them.
+        self.products: tuple[ast.expr, ...] = ()
 
 
 def _factor(product: ast.expr, test) -> tuple[ast.expr, object] | None:
@@ -449,6 +500,7 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
     # The kernel's tables built from a table of the code: one node per table, so that q and k rotated
     # with the same table share what the branch builds (and binds) once.
     built: dict[tuple[str, int, bool], ast.expr] = {}
+    products: dict[tuple[int, ...], ast.expr] = {}
 
     def table(build, source: ast.expr, negate: bool = False) -> ast.expr:
         key = (build.__name__, id(source), negate)
@@ -477,17 +529,50 @@ def sites(expr: ast.AST, fn: Function) -> list[Site]:
             else ((node.left, node.right),)
         )
         for plain, rotated in pairs:
-            rot = _factor(rotated, lambda e: rotation(e, fn) or _upcast_rotation(e, fn))
+            rot = _chain_factor(rotated, lambda e: rotation(e, fn) or _upcast_rotation(e, fn), products)
             if rot is None:
                 continue
             sin, (mode, x, flipped) = rot
-            cos = _factor(plain, lambda e: same(e, x))  # noqa: B023 (called before x changes)
+            cos = _chain_factor(plain, lambda e: same(e, x), products)  # noqa: B023 (called before x changes)
             if cos is None:
                 continue
             # `x * cos - cat((x2, -x1)) * sin` negates twice: exactly the kernel's rotation.
             found.append(Site(node, x, cos[0], sin, mode, flipped != isinstance(node.op, ast.Sub)))
+            found[-1].products = tuple(t for t in (cos[0], sin) if any(t is p for p in products.values()))
             break
     return found
+
+
+def _factors(product: ast.expr) -> list[ast.expr]:
+    """The factors of `a * b * c` (however parenthesised), left to right."""
+    if isinstance(product, ast.BinOp) and isinstance(product.op, ast.Mult):
+        return [*_factors(product.left), *_factors(product.right)]
+    return [product]
+
+
+def _chain_factor(product: ast.expr, test, products: dict[tuple[int, ...], ast.expr]) -> tuple[ast.expr, object] | None:
+    """(the product of the other factors, what `test` found) for a product of two or more factors one of
+    which passes `test`: `t * freqs.cos() * scale` is `t` times the table `freqs.cos() * scale`, the
+    scale folded into it. A table of several factors is one node per set of factors (`products`), so
+    that q and k rotated by the same factors share it."""
+    found = _factor(product, test)
+    if found is not None:
+        return found
+    factors = _factors(product)
+    if len(factors) < 3:
+        return None
+    for index, factor in enumerate(factors):
+        what = test(factor)
+        if what:
+            others = factors[:index] + factors[index + 1 :]
+            key = tuple(id(f) for f in others)
+            if key not in products:
+                table = others[0]
+                for other in others[1:]:
+                    table = ast.BinOp(table, ast.Mult(), other)
+                products[key] = table
+            return products[key], what
+    return None
 
 
 def _terms(node: ast.expr) -> list[tuple[int, ast.expr]] | None:
@@ -572,11 +657,11 @@ def _pair_formulas(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr, as
     def part(term: ast.expr, index: int) -> ast.expr | None:
         if not (isinstance(term, ast.BinOp) and isinstance(term.op, ast.Mult)):
             return None
-        return next((f for f in (term.left, term.right) if (_pair_part(f) or (None, -1))[1] == index), None)
+        return next((f for f in (term.left, term.right) if (_pair_part(f, fn) or (None, -1))[1] == index), None)
 
     for (sign_cos, cos_term), (sign_sin, sin_term) in (first, first[::-1]):
         x0, x1 = part(cos_term, 0), part(sin_term, 1)
-        if x0 is None or x1 is None or not same(_pair_part(x0)[0], _pair_part(x1)[0]):
+        if x0 is None or x1 is None or not same(_pair_part(x0, fn)[0], _pair_part(x1, fn)[0]):
             continue
         cos, sin = _scaled(cos_term, x0), _scaled(sin_term, x1)
         if sign_cos * cos[0] != 1 or sign_sin * sin[0] != -1:
@@ -586,7 +671,7 @@ def _pair_formulas(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr, as
             if cos2 is None or sin2 is None or sign_cos2 * cos2[0] != 1 or sign_sin2 * sin2[0] != 1:
                 continue
             if same(cos2[1], cos[1]) and same(sin2[1], sin[1]):
-                return _pair_part(x0)[0], cos[1], sin[1]
+                return _pair_part(x0, fn)[0], cos[1], sin[1]
     return None
 
 
@@ -614,7 +699,7 @@ def _may_rotate(call: ast.Call, fn: Function) -> bool:
         and func.id in fn.functions
         or isinstance(func, ast.Attribute)
         and func.attr == "flatten"
-        or fn.qualname(func) in (*_CAT, "torch.flatten")
+        or fn.qualname(func) in (*_CAT, "torch.flatten", "einops.rearrange")
     )
 
 
@@ -670,10 +755,39 @@ def match(fn: Function) -> Outcome | None:
             )
         except NotStraightLine:
             calls_rotation = False
-        return Outcome(ROTARY, f"rotary embedding not fused: {why}") if calls_rotation else None
+        if not calls_rotation:
+            return _rotate_helper_outcome(fn)
+        tail = _straight_tail_outcome(fn)
+        return tail if tail is not None else Outcome(ROTARY, f"rotary embedding not fused: {why}")
+    return _outcome(fn, result)
+
+
+def _straight_tail_outcome(fn: Function) -> Outcome | None:
+    """The branch in front of the longest straight-line tail of the body that holds the rotary embedding
+    (x-transformers: the tables are prepared under `if`s, then rotated in straight-line code), for the
+    values the names hold there; None when no tail holds one."""
+    body = body_statements(fn.tree)
+    for start in range(1, len(body)):
+        tail = straight_tail(fn, start)
+        try:
+            result = inline_functions(tail, fold(tail))
+        except NotStraightLine:
+            continue
+        if not sites(result, tail):
+            return None
+        if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
+            return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")
+        outcome = _outcome(tail, result)
+        if outcome is not None and outcome.template is not None:
+            outcome.before = body[start]
+        return outcome
+    return None
+
+
+def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
     found = sites(result, fn)
     if not found:
-        return None
+        return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn)
     if any(s.flipped for s in found):
         return Outcome(
             ROTARY,
@@ -696,6 +810,60 @@ def match(fn: Function) -> Outcome | None:
     return _rewrite(fn, result, found, mode)
 
 
+def _unmatched_rotation(result: ast.expr, fn: Function) -> Outcome | None:
+    """The finding for a function that multiplies a rotation (rotate_half or its interleaved form, by what
+    it computes) by something but has no `x * cos + rotate(x) * sin`: never silent about a rotary
+    embedding it leaves alone."""
+    for node in walk_shared(result):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for factor in _factors(node):
+            found = rotation(factor, fn) or _upcast_rotation(factor, fn)
+            if found is not None:
+                return Outcome(
+                    ROTARY,
+                    f"rotary embedding not fused: the rotation of `{source(found[1])}` is multiplied by a table, "
+                    "but not summed as `x * cos + rotate(x) * sin` with that same x, which is what "
+                    "npu_rotary_mul computes",
+                )
+    return None
+
+
+def _rotate_helper_outcome(fn: Function) -> Outcome | None:
+    """The finding for a function that multiplies what a `rotate*` function returns (`rotate_half(q) * sin`)
+    where no rotation was recognised: the helper is imported, defined conditionally or not straight-line
+    (its body cannot be read), or it computes something else. Only where the function reads cos and sin
+    tables: `rotate_image(img) * mask` is no rotary embedding."""
+    words = {n.id for n in fn.nodes if isinstance(n, ast.Name)} | {
+        n.attr for n in fn.nodes if isinstance(n, ast.Attribute)
+    }
+    words |= set(fn.params)
+    if not (any("cos" in w for w in words) and any("sin" in w for w in words)):
+        return None
+    for node in fn.nodes:
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for factor in (node.left, node.right):
+            if not isinstance(factor, ast.Call):
+                continue
+            name = factor.func.id if isinstance(factor.func, ast.Name) else getattr(factor.func, "attr", "")
+            if "rotate" not in name.lower():
+                continue
+            if isinstance(factor.func, ast.Name) and name in fn.functions:
+                why = (
+                    f"`{name}` is not recognised as rotate_half (`cat((-x2, x1), -1)` of the halves of the last "
+                    "dim) or its interleaved form, the rotations npu_rotary_mul applies"
+                )
+            else:
+                why = (
+                    f"`{source(factor.func)}` is not one straight-line function of this module (it is imported, "
+                    "defined twice or has control flow): what it computes cannot be proven to be the rotation "
+                    "npu_rotary_mul applies"
+                )
+            return Outcome(ROTARY, f"rotary embedding not fused: {why}")
+    return None
+
+
 def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Outcome:
     # One cos and one sin for every site, as in every known implementation: binding them once keeps
     # each evaluated exactly once, as in the original.
@@ -711,7 +879,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     # `q.float()`) is bound once, first thing in the branch, in the original's order.
     bindings: list[tuple[str, ast.expr]] = []
     for table, name in ((cos, _NAMES[0]), (sin, _NAMES[1])):
-        if contains_call(table):
+        if contains_call(table) or any(table is p for p in found[0].products):
             replacements[id(table)] = ast.Name(name, ast.Load())
             bindings.append((name, table))
     r1, r2 = (replacements.get(id(t), t) for t in (cos, sin))
@@ -740,10 +908,17 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     evaluated = [value for _, value in bindings]
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
         return Outcome(ROTARY, "rotary embedding not fused: the branch would evaluate a call of the original twice")
-    x_param = next(
-        (p for p in fn.params if any(isinstance(n, ast.Name) and n.id == p for n in walk_shared(found[0].x))),
-        None,
-    )
+    # The guard tests the rotated tensor's parameter (`t` of `t[..., start:end]`), else any it is computed from.
+    rotated = found[0].x
+    while isinstance(rotated, ast.Subscript):
+        rotated = rotated.value
+    if isinstance(rotated, ast.Name) and rotated.id in fn.params:
+        x_param = rotated.id
+    else:
+        x_param = next(
+            (p for p in fn.params if any(isinstance(n, ast.Name) and n.id == p for n in walk_shared(found[0].x))),
+            None,
+        )
     if x_param is None:
         return Outcome(ROTARY, "rotary embedding not fused: the rotated tensor is not computed from a parameter")
     if not set(fn.fast_path_tensors) <= {x_param}:
@@ -751,7 +926,8 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     # Tables passed in as arguments may be Python numbers or lists: the kernel needs tensors.
     tensors = [f"isinstance({source(t)}, torch.Tensor)" for t in _unique(list(found[0].source_tables)) if is_pure(t)]
     # One check per rotated tensor, in the order the original computes them.
-    checks = [
+    products = [name for name, value in bindings if any(value is p for p in found[0].products)]
+    checks = [f"isinstance({name}, torch.Tensor)" for name in products] + [
         source(
             ast.Call(
                 ast.Name("_npu_rotary_fits", ast.Load()),

@@ -130,14 +130,36 @@ def body_statements(tree: ast.FunctionDef) -> list[ast.stmt]:
 
 
 def has_fused_branch(tree: ast.FunctionDef) -> bool:
-    """True when the body already opens with a branch this codemod injected (a second run)."""
-    body = body_statements(tree)
-    if not body or not isinstance(body[0], ast.If):
-        return False
-    test = body[0].test
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        test = test.values[0]
-    return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "_is_npu"
+    """True when the body already holds a branch this codemod injected (a second run): first, or in front
+    of a straight-line tail."""
+    for stmt in body_statements(tree):
+        if not isinstance(stmt, ast.If):
+            continue
+        test = stmt.test
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+            test = test.values[0]
+        if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "_is_npu":
+            return True
+    return False
+
+
+def straight_tail(fn: Function, start: int) -> Function:
+    """`fn` as if its body began at statement `start` (after the docstring), with every name the skipped
+    statements bind taken as a parameter: what the statements from `start` on compute from the values
+    those names hold there. A branch put in front of them sees the same values."""
+    body = body_statements(fn.tree)
+    bound = [
+        node.id
+        for stmt in body[:start]
+        for node in ast.walk(stmt)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+    ]
+    args = copy.copy(fn.tree.args)
+    known = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+    args.args = [*args.args, *(ast.arg(name) for name in dict.fromkeys(bound) if name not in known)]
+    tree = copy.copy(fn.tree)
+    tree.args, tree.body = args, body[start:]
+    return Function(tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names)
 
 
 def substitute(node: ast.AST, env: dict[str, ast.expr]) -> ast.AST:
