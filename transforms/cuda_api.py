@@ -16,7 +16,8 @@ from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.common.accelerator import portable
 from npu_migrate.transforms.common.qualnames import is_under, with_tail
 
 SAME_NAME = Rule(
@@ -59,6 +60,7 @@ SAME_NAME = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 RENAMED = Rule(
@@ -92,6 +94,7 @@ RENAMED = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 NO_EQUIVALENT = Rule(
@@ -119,6 +122,7 @@ NO_EQUIVALENT = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
+    targets=EVERY_TARGET,
 )
 
 BEHAVIOUR_DIFFERS = Rule(
@@ -147,6 +151,7 @@ BEHAVIOUR_DIFFERS = Rule(
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
     tags=frozenset({"precision"}),
+    targets=EVERY_TARGET,
 )
 
 UNKNOWN_API = Rule(
@@ -171,6 +176,7 @@ UNKNOWN_API = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
+    targets=EVERY_TARGET,
 )
 
 CAPABILITY = Rule(
@@ -279,6 +285,7 @@ class CudaApiChecker(Checker):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if (
             node.attr.value in SAME_PROPERTIES
+            and portable(self.ctx) is None  # the portable target has no generic device properties
             and isinstance(node.value, cst.Call)
             and SAME_NAME.id in self.enabled
             and self._through_torch(node.value.func)[0] == "torch.cuda.get_device_properties"

@@ -14,7 +14,8 @@ import libcst as cst
 
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.common.accelerator import accelerator_device, accelerator_type, portable
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.common.strings import string_value
@@ -53,6 +54,7 @@ CUDA_METHOD = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 DEVICE_STRING = Rule(
@@ -116,6 +118,7 @@ DEVICE_STRING = Rule(
     of its own `--device` option and variables, attributes and parameters named like a device. Launch
     commands and configuration files outside the migrated tree that pass "cuda" must say "npu" too.
     """,
+    targets=EVERY_TARGET,
 )
 
 IS_CUDA = Rule(
@@ -259,6 +262,13 @@ def _target_name(node: cst.BaseExpression) -> str:
     return ""
 
 
+_PORTABLE_DEVICE_ADVICE = (
+    'name the accelerator with `getattr(torch.accelerator.current_accelerator(), "type", "cuda")` (its type, '
+    '"cuda" where there is none) and add the index yourself (`f"{device_type}:{rank}"`); this file does not '
+    "import torch, or the torch version cannot spell it (2.7+)"
+)
+
+
 class DeviceChecker(Checker):
     rules = (CUDA_METHOD, DEVICE_STRING, IS_CUDA, DEVICE_COMPARISON, ACCELERATOR_STRING)
     markers = ("cuda",)
@@ -290,7 +300,9 @@ class DeviceChecker(Checker):
 
     # -- device strings ------------------------------------------------------------------------------
 
-    def _device_value(self, node: cst.BaseExpression | None, where: str, *, containers: bool = False) -> None:
+    def _device_value(
+        self, node: cst.BaseExpression | None, where: str, *, containers: bool = False, guarded: bool = False
+    ) -> None:
         """Rewrite `node` if it is a device literal or a conditional choosing between them.
 
         Only where every element is a device (`map_location={"cuda:1": "cuda:0"}`, argparse `choices`)
@@ -303,7 +315,7 @@ class DeviceChecker(Checker):
             self._device_names.append((node.value, where))
             return
         if isinstance(node, cst.IfExp):
-            self._device_value(node.body, where)
+            self._device_value(node.body, where, guarded=self._availability_choice(node))
             self._device_value(node.orelse, where)
             return
         if containers and isinstance(node, (cst.List, cst.Tuple, cst.Set)):
@@ -317,7 +329,9 @@ class DeviceChecker(Checker):
                     self._device_value(element.value, where)
             return
         literal = device_literal(node)
-        if literal is not None:
+        if literal is None:
+            return
+        if portable(self.ctx) is None:
             self.report(
                 DEVICE_STRING,
                 literal,
@@ -325,6 +339,28 @@ class DeviceChecker(Checker):
                 fix=rewrite_device_literal,
                 crashes=True,
             )
+            return
+        spelled = accelerator_type(self.ctx, guarded=guarded) if string_value(literal) == "cuda" else None
+        if spelled is None:
+            self.report(
+                DEVICE_STRING,
+                literal,
+                f"device string in {where} left as is: {_PORTABLE_DEVICE_ADVICE}",
+                severity=Severity.WARNING,
+                crashes=True,
+            )
+            return
+        self.report(
+            DEVICE_STRING,
+            literal,
+            f"device string in {where} now names the current accelerator",
+            fix=lambda updated: spelled,
+            crashes=True,
+        )
+
+    def _availability_choice(self, node: cst.IfExp) -> bool:
+        """`"cuda" if torch.cuda.is_available() else "cpu"`: the body runs only where an accelerator is."""
+        return "is_available()" in self.ctx.code(node.test) and device_literal(node.orelse) is None
 
     def visit_Expr(self, node: cst.Expr) -> None:
         if isinstance(node.value, cst.Call):
@@ -434,7 +470,7 @@ class DeviceChecker(Checker):
         # `"cuda" if torch.cuda.is_available() else "cpu"`: a device choice wherever it is assigned.
         other = [string_value(node.body), string_value(node.orelse)]
         if "cuda" in self.ctx.code(node.test) or any(v in OTHER_DEVICES for v in other if v):
-            self._device_value(node.body, "a device choice")
+            self._device_value(node.body, "a device choice", guarded=self._availability_choice(node))
             self._device_value(node.orelse, "a device choice")
 
     # -- .cuda() --------------------------------------------------------------------------------------
@@ -462,6 +498,9 @@ class DeviceChecker(Checker):
                 crashes=True,
             )
             return
+        if portable(self.ctx) is not None:
+            self._portable_cuda_method(node, func)
+            return
         self.report(
             CUDA_METHOD,
             func,
@@ -469,6 +508,29 @@ class DeviceChecker(Checker):
             fix=lambda updated: updated.with_changes(attr=cst.Name("npu")),
             crashes=True,
         )
+
+    def _portable_cuda_method(self, node: cst.Call, func: cst.Attribute) -> None:
+        """`.cuda()` -> `.to(torch.accelerator.current_accelerator())`, keeping `non_blocking=`; a device
+        index (`.cuda(1)`, `.cuda(device=d)`) is reported: it names a CUDA device the accelerator's may not be."""
+        device = accelerator_device(self.ctx)
+        plain = all(arg.keyword is not None and arg.keyword.value == "non_blocking" for arg in node.args)
+        if device is None or not plain:
+            self.report(
+                CUDA_METHOD,
+                node,
+                "`.cuda(...)` left as is: move it with `.to(torch.accelerator.current_accelerator())` (or "
+                "`torch.device(torch.accelerator.current_accelerator().type, index)` for a given device)"
+                + ("" if device is not None else "; this file does not import torch, or the torch version lacks it"),
+                severity=Severity.WARNING,
+                crashes=True,
+            )
+            return
+
+        def fix(updated: cst.Call) -> cst.Call:
+            to = updated.func.with_changes(attr=cst.Name("to"))
+            return updated.with_changes(func=to, args=[cst.Arg(device), *updated.args])
+
+        self.report(CUDA_METHOD, node, "`.cuda()` now moves to the current accelerator", fix=fix, crashes=True)
 
     def _in_place_cuda_package(self) -> str | None:
         modules = self.ctx.imports.modules

@@ -18,7 +18,7 @@ from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.imports import dotted_node
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.common.arguments import argument, keyword
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
@@ -71,6 +71,7 @@ BACKEND = Rule(
     choices of its own `--backend` option, dataclass fields and config entries. Launch commands and
     configuration files outside the migrated tree that pass "nccl" must say "hccl" too.
     """,
+    targets=EVERY_TARGET,
 )
 
 NCCL_API = Rule(
@@ -134,6 +135,7 @@ DEVICE_MESH = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 BACKEND_COMPARISON = Rule(
@@ -193,6 +195,7 @@ DATA_PARALLEL = Rule(
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
     tags=frozenset({"performance"}),
+    targets=EVERY_TARGET,
 )
 
 DDP_DEVICES = Rule(
@@ -263,6 +266,7 @@ BACKEND_NOT_FOLLOWED = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
+    targets=EVERY_TARGET,
 )
 
 _TABLE = load_table("distributed.toml")

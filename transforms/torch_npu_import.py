@@ -15,8 +15,9 @@ from __future__ import annotations
 import libcst as cst
 
 from npu_migrate.checkers import Checker
-from npu_migrate.imports import add_module_import, dotted_name
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.imports import add_module_import, dotted_name, insertion_index
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.common.accelerator import portable
 
 IMPORT_TORCH_NPU = Rule(
     id="NPU001",
@@ -28,7 +29,8 @@ IMPORT_TORCH_NPU = Rule(
     file in a way that needs torch_npu, the file uses torch (or, without a torch import, moves tensors
     to the NPU: `batch.npu()`), and it does not import torch_npu already. The fused-operator branches do not count: they import torch_npu guarded, or use
     this import when the file has it. `--select` of rules that need torch_npu selects this rule too
-    unless it is ignored.
+    unless it is ignored. With `--target portable` the import is guarded (`try: import torch_npu` /
+    `except ImportError: pass`), so the file still imports on a CUDA or CPU host without torch_npu.
     """,
     why="""
     `torch.npu`, the "npu" device and the hccl backend exist only once torch_npu is imported; without
@@ -58,6 +60,7 @@ IMPORT_TORCH_NPU = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 
@@ -91,6 +94,24 @@ def _insert(updated: cst.Module) -> cst.Module:
     return module.with_changes(body=body)
 
 
+#: The portable target's import: torch_npu makes an Ascend NPU torch's accelerator where it is installed, and
+#: the code must still import on a CUDA or CPU host without it.
+GUARDED_IMPORT = """\
+try:
+    import torch_npu  # noqa: F401
+except ImportError:  # not an Ascend host: torch.accelerator finds CUDA, or no accelerator
+    pass
+"""
+
+
+def _insert_guarded(updated: cst.Module) -> cst.Module:
+    after = _first_torch_import(updated)
+    body = list(updated.body)
+    index = insertion_index(updated) if after is None else after + 1
+    body.insert(index, cst.parse_statement(GUARDED_IMPORT))
+    return updated.with_changes(body=body)
+
+
 def _is_torch_npu_import(stmt: cst.CSTNode) -> bool:
     return (
         isinstance(stmt, cst.SimpleStatementLine)
@@ -110,4 +131,11 @@ class TorchNpuImportChecker(Checker):
         # a script that only sets environment variables does not.
         tensors = imports.uses_torch or any(r.applied and r.rule.family == "device" for r in self.ctx.reports)
         if self.ctx.needs_torch_npu and tensors and not imports.imports_torch_npu:
-            self.report(IMPORT_TORCH_NPU, self.ctx.module, "`import torch_npu` added", fix=_insert)
+            if portable(self.ctx) is not None:
+                message, fix = (
+                    "`import torch_npu` added, guarded: the file still imports where it is absent",
+                    _insert_guarded,
+                )
+            else:
+                message, fix = "`import torch_npu` added", _insert
+            self.report(IMPORT_TORCH_NPU, self.ctx.module, message, fix=fix)

@@ -13,7 +13,11 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 
+from npu_migrate.api import TARGETS
 from npu_migrate.findings import Severity
+
+#: `Rule.targets` of a rule whose meaning is the same in every target.
+EVERY_TARGET = frozenset(TARGETS)
 
 
 class FixSafety(str, enum.Enum):

@@ -22,7 +22,7 @@ import ast
 
 import libcst as cst
 
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Function, Outcome
 
@@ -180,6 +180,7 @@ ATTENTION = Rule(
     """,
     tags=frozenset({"fused"}),
     needs_torch_npu=False,
+    targets=EVERY_TARGET,
 )
 
 HELPER = "fused/sdpa.py.j2"
