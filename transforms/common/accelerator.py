@@ -58,8 +58,16 @@ def accelerator_device(ctx: FileContext) -> cst.BaseExpression | None:
 
 
 def accelerator_backend(ctx: FileContext) -> cst.BaseExpression | None:
-    """The process-group backend of the current accelerator (nccl on CUDA, hccl on the NPU)."""
+    """The process-group backend of the current accelerator (nccl on CUDA, hccl on the NPU), through the
+    file's own name for torch.distributed where it has one (`dist.get_default_backend_for_device(...)`)."""
     api = portable(ctx)
-    if api is None or not api.has("torch.distributed.get_default_backend_for_device"):
+    device = accelerator_device(ctx)
+    if api is None or device is None or not api.has("torch.distributed.get_default_backend_for_device"):
         return None
-    return _spelled(ctx, "torch.distributed.get_default_backend_for_device(torch.accelerator.current_accelerator())")
+    distributed = module_alias(ctx, "torch.distributed")
+    func = (
+        cst.parse_expression(f"{distributed}.get_default_backend_for_device")
+        if distributed is not None
+        else _spelled(ctx, "torch.distributed.get_default_backend_for_device")
+    )
+    return cst.Call(func=func, args=[cst.Arg(device)])
