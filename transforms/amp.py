@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from npu_migrate.api import load_table
+from npu_migrate.api import ACCELERATOR_TYPE, load_table
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.checkers import NameUseChecker
 from npu_migrate.context import FileContext
@@ -465,7 +465,8 @@ class AmpChecker(NameUseChecker):
         place off (`enabled` -> `dtype`): the partial must be bound to a name that is only ever called with
         keywords.
         """
-        wanted = self.ctx.code(_npu_partial(partial, cst.parse_expression(spec["target"]), spec))
+        device = self._device or cst.parse_expression(ACCELERATOR_TYPE)
+        wanted = self.ctx.code(_npu_partial(partial, cst.parse_expression(spec["target"]), spec, device))
         advice = f"write `{wanted}` and call it with keywords only"
         if any(a.star for a in partial.args):
             return f"the partial's arguments are unpacked with `*`; {advice}"
