@@ -259,8 +259,12 @@ class CudaApiChecker(Checker):
         super().__init__(ctx, enabled)
         self.api = ctx.api
         self._version_reported: set[int] = set()
+        # Functions called with a keyword argument: torch.accelerator's take their device positionally only.
+        self._keyword_calls: set[int] = set()
 
     def visit_Call(self, node: cst.Call) -> None:
+        if any(arg.keyword is not None for arg in node.args):
+            self._keyword_calls.add(id(node.func))
         # `torch.cuda.get_device_capability(0)`: a call, rewritten whole (the answer may be None on NPU).
         if self.ctx.claimed(node.func) or CAPABILITY.id not in self.enabled:
             return
@@ -410,6 +414,18 @@ class CudaApiChecker(Checker):
             return
         rule = RENAMED if mapping.kind is Kind.RENAMED else SAME_NAME
         target = mapping.target
+        if portable(self.ctx) is not None and id(node) in self._keyword_calls:
+            self.report(
+                rule,
+                node,
+                f"`{qualname}` left as is: it is called with a keyword argument, and `{target}` takes its "
+                "arguments positionally only; pass them positionally and rewrite it",
+                severity=Severity.WARNING,
+                crashes=True,
+            )
+            if binding is not None and is_under(binding.qualname, "torch.cuda"):
+                self.ctx.veto(binding, f"`{qualname}` is called with a keyword argument")
+            return
         if rule.id not in self.enabled:
             if binding is not None and is_under(binding.qualname, "torch.cuda"):
                 self.ctx.veto(binding, f"rule {rule.id} is not selected")

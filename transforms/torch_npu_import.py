@@ -112,6 +112,10 @@ def _insert_guarded(updated: cst.Module) -> cst.Module:
     return updated.with_changes(body=body)
 
 
+def _guard_import(updated: cst.SimpleStatementLine) -> cst.BaseStatement:
+    return cst.parse_statement(GUARDED_IMPORT).with_changes(leading_lines=updated.leading_lines)
+
+
 def _is_torch_npu_import(stmt: cst.CSTNode) -> bool:
     return (
         isinstance(stmt, cst.SimpleStatementLine)
@@ -130,6 +134,8 @@ class TorchNpuImportChecker(Checker):
         # Without a torch import a file still needs torch_npu for the tensors it is given (`batch.npu()`);
         # a script that only sets environment variables does not.
         tensors = imports.uses_torch or any(r.applied and r.rule.family == "device" for r in self.ctx.reports)
+        if portable(self.ctx) is not None and imports.imports_torch_npu:
+            self._guard_plain_import()
         if self.ctx.needs_torch_npu and tensors and not imports.imports_torch_npu:
             if portable(self.ctx) is not None:
                 message, fix = (
@@ -139,3 +145,17 @@ class TorchNpuImportChecker(Checker):
             else:
                 message, fix = "`import torch_npu` added", _insert
             self.report(IMPORT_TORCH_NPU, self.ctx.module, message, fix=fix)
+
+    def _guard_plain_import(self) -> None:
+        """The portable target's files must import where torch_npu is absent: a plain top-level
+        `import torch_npu` (an npu-migrated file) is guarded, once the file is migrated at all."""
+        if not any(r.applied for r in self.ctx.reports):
+            return
+        for stmt in self.ctx.module.body:
+            if _is_torch_npu_import(stmt) and len(stmt.body) == 1 and stmt.body[0].names[0].asname is None:
+                self.report(
+                    IMPORT_TORCH_NPU,
+                    stmt,
+                    "`import torch_npu` guarded: the file must import where torch_npu is absent",
+                    fix=_guard_import,
+                )

@@ -223,6 +223,8 @@ class PortableApi(NpuApi):
                     "choose a newer --torch-version if your installations have it"
                     + (f", or use `{entry['fallback']}`" if entry["fallback"] else ""),
                 )
+            if target.rsplit(".", 1)[-1][:1].isupper():  # a class (Graph): its methods take other arguments
+                return Mapping(Kind.CAVEAT, advice=f"the device-generic `{target}` differs{note}; port it by hand.")
             return Mapping(Kind.SAME if target.rsplit(".", 1)[-1] == parts[-1] else Kind.RENAMED, target)
         if kind == "torch":
             return Mapping(Kind.CAVEAT, advice=f"the device-generic `{counterpart}` differs{note}; port it by hand.")
