@@ -14,13 +14,13 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from portable_project import PROJECT, apply, migrate, train
 from typer.testing import CliRunner
 
 from npu_migrate.api import PortableApi, UnknownVersionError
@@ -28,18 +28,13 @@ from npu_migrate.cli import app
 from npu_migrate.pipeline import migrate_text
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECT = ROOT / "fixtures" / "projects" / "portable_train"
 FLIPPED = ROOT / "fixtures" / "rules" / "NPU102" / "flipped_default.in.py"
-
-
-def _apply(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "npu_migrate", "apply", *args], capture_output=True, text=True)
 
 
 # -- the option -------------------------------------------------------------------------------------------
 
 
-def test_config_target_and_torch_version_reach_apply(tmp_path):
+def test_config_target_and_torch_version_reachapply(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.npu-migrate]\ntarget = "portable"\ntorch-version = "2.8.0"\n')
     (tmp_path / "step.py").write_text("import torch\n\ntorch.cuda.synchronize()\nfree = torch.cuda.mem_get_info()\n")
     result = CliRunner().invoke(app, ["apply", "--diff", str(tmp_path / "step.py")])
@@ -176,19 +171,7 @@ def test_a_cuda_default_becomes_the_npu_on_an_ascend_host(tmp_path):
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    base = tmp_path_factory.mktemp("portable_train")
-    original, migrated = base / "original", base / "migrated"
-    shutil.copytree(PROJECT, original)
-    proc = _apply(str(original), "--target", "portable", "--output", str(migrated))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return original, migrated, proc.stdout
-
-
-def _result(folder: Path, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, "train.py", *args], cwd=folder, capture_output=True, text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+    return migrate(tmp_path_factory.mktemp("portable_train"))
 
 
 def test_the_project_is_migrated_to_generic_code(project):
@@ -199,15 +182,16 @@ def test_the_project_is_migrated_to_generic_code(project):
     assert "import torch_npu\nexcept ImportError:" in train  # guarded: the tree imports without torch_npu
     assert "_is_npu(hidden_states)" in (migrated / "trainer" / "model.py").read_text()  # the fused branch
     assert "NPU203" in output  # torch.cuda.manual_seed_all: no generic counterpart, reported
-    again = _apply(str(migrated), "--target", "portable", "--check")
+    again = apply(str(migrated), "--target", "portable", "--check")
     assert again.returncode == 0, again.stdout + again.stderr
 
 
 @pytest.mark.integration
 def test_the_migrated_project_trains_bit_identically_on_the_cpu(project):
     original, migrated, _ = project
-    before, after = _result(original, "--amp"), _result(migrated, "--amp")
+    before, after = train(original, "--amp"), train(migrated, "--amp")
     assert after["device"] == "cpu" and after["eval_device"] == "cuda"  # the fallback and the default, kept
+    assert after["backend"] == "gloo"
     assert after == before
 
 
@@ -235,7 +219,7 @@ def _tree(folder: Path) -> dict[str, bytes]:
 def test_one_target_after_the_other_converges(tmp_path, first, second):
     once, twice, thrice = tmp_path / "once", tmp_path / "twice", tmp_path / "thrice"
     for source, out, target in ((PROJECT, once, first), (once, twice, second), (twice, thrice, second)):
-        proc = _apply(str(source), "--target", target, "--output", str(out))
+        proc = apply(str(source), "--target", target, "--output", str(out))
         assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _tree(thrice) == _tree(twice), f"--target {second} after --target {first} must converge"
     imports = [text.count(b"import torch_npu") for text in _tree(twice).values()]
