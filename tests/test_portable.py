@@ -218,9 +218,13 @@ def _tree(folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize(("first", "second"), [("npu", "portable"), ("portable", "npu")])
 def test_one_target_after_the_other_converges(tmp_path, first, second):
     once, twice, thrice = tmp_path / "once", tmp_path / "twice", tmp_path / "thrice"
+    outputs = []
     for source, out, target in ((PROJECT, once, first), (once, twice, second), (twice, thrice, second)):
         proc = apply(str(source), "--target", target, "--output", str(out))
         assert proc.returncode == 0, proc.stdout + proc.stderr
+        outputs.append(proc.stdout)
     assert _tree(thrice) == _tree(twice), f"--target {second} after --target {first} must converge"
+    if second == "portable":  # it leaves the NPU code as it is, and says so
+        assert "NPU002" in outputs[1] and "written for torch_npu" in outputs[1]
     imports = [text.count(b"import torch_npu") for text in _tree(twice).values()]
     assert max(imports) == 1, "one import of torch_npu per file, whichever target came first"

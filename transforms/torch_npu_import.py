@@ -66,6 +66,43 @@ IMPORT_TORCH_NPU = Rule(
 )
 
 
+NPU_CODE = Rule(
+    id="NPU002",
+    name="npu-code",
+    family="torch_npu_import",
+    summary="`--target portable` leaves code already written for torch_npu as it is, and says so",
+    what="""
+    Reports, once per file, a file that imports torch_npu and uses `torch.npu`, `.npu()` or another `npu`
+    attribute: code already migrated to the NPU (by `apply --target npu`, or by hand). The portable target
+    does not turn NPU code into device-generic code; it leaves the file as it is.
+    """,
+    why="""
+    `apply --target portable` on an npu-migrated tree would otherwise change nothing and say nothing, and the
+    tree would still run on Ascend only. Migrating the CUDA original with `--target portable` gives code for
+    every host.
+    """,
+    example=Example(
+        before="""
+            import torch
+            import torch_npu
+
+            x = torch.ones(2).npu()
+        """,
+        reports="written for torch_npu",
+    ),
+    valid=(
+        """
+        import torch
+
+        x = torch.ones(2)
+        """,
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
+    needs_torch_npu=False,
+    targets=frozenset({"portable"}),
+)
+
+
 def _first_torch_import(module: cst.Module) -> int | None:
     for index, stmt in enumerate(module.body):
         if not isinstance(stmt, cst.SimpleStatementLine):
@@ -175,3 +212,33 @@ class TorchNpuImportChecker(Checker):
                     "`import torch_npu` guarded: the file must import where torch_npu is absent",
                     fix=_guard_import,
                 )
+
+
+class NpuCodeChecker(Checker):
+    """The portable target on code already written for torch_npu (an npu-migrated tree): it does not turn
+    `torch.npu` calls, `.npu()` moves and "npu" devices back into generic code, so it says so, once per file,
+    at the import that makes the file NPU code."""
+
+    rules = (NPU_CODE,)
+    markers = ("torch_npu",)
+
+    def __init__(self, ctx, enabled) -> None:
+        super().__init__(ctx, enabled)
+        self._npu_uses: list[str] = []
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "npu" and not self._npu_uses:
+            self._npu_uses.append(self.ctx.code(node))
+
+    def finish(self) -> None:
+        if not self._npu_uses:
+            return
+        for stmt in self.ctx.module.body:
+            if _is_torch_npu_import(stmt):
+                self.report(
+                    NPU_CODE,
+                    stmt,
+                    f"this file is written for torch_npu (`{self._npu_uses[0]}`): --target portable leaves NPU code "
+                    "as it is; migrate the file's CUDA original with --target portable for code that runs on both",
+                )
+                return
