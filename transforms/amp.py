@@ -357,7 +357,7 @@ class AmpChecker(NameUseChecker):
         self._new_torch = _torch_version(ctx)
         # The device type the migrated calls name: "npu", or in the portable target the current accelerator's
         # (None where this file or torch version cannot spell it: then the uses are reported, not rewritten).
-        self._device = _npu_string() if portable(ctx) is None else accelerator_type(ctx)
+        self._device = _npu_string() if portable(ctx) is None else accelerator_type(ctx, enabled)
         self._where = "the NPU" if portable(ctx) is None else "the current accelerator"
 
     # -- the walk -----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import libcst as cst
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
-from npu_migrate.transforms.common.accelerator import accelerator_device, accelerator_type, portable
+from npu_migrate.transforms.common.accelerator import accelerator_type, portable
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.common.strings import string_value
@@ -300,9 +300,7 @@ class DeviceChecker(Checker):
 
     # -- device strings ------------------------------------------------------------------------------
 
-    def _device_value(
-        self, node: cst.BaseExpression | None, where: str, *, containers: bool = False, guarded: bool = False
-    ) -> None:
+    def _device_value(self, node: cst.BaseExpression | None, where: str, *, containers: bool = False) -> None:
         """Rewrite `node` if it is a device literal or a conditional choosing between them.
 
         Only where every element is a device (`map_location={"cuda:1": "cuda:0"}`, argparse `choices`)
@@ -315,7 +313,7 @@ class DeviceChecker(Checker):
             self._device_names.append((node.value, where))
             return
         if isinstance(node, cst.IfExp):
-            self._device_value(node.body, where, guarded=self._availability_choice(node))
+            self._device_value(node.body, where)
             self._device_value(node.orelse, where)
             return
         if containers and isinstance(node, (cst.List, cst.Tuple, cst.Set)):
@@ -340,7 +338,7 @@ class DeviceChecker(Checker):
                 crashes=True,
             )
             return
-        spelled = accelerator_type(self.ctx, guarded=guarded) if string_value(literal) == "cuda" else None
+        spelled = accelerator_type(self.ctx, self.enabled) if string_value(literal) == "cuda" else None
         if spelled is None:
             self.report(
                 DEVICE_STRING,
@@ -357,10 +355,6 @@ class DeviceChecker(Checker):
             fix=lambda updated: spelled,
             crashes=True,
         )
-
-    def _availability_choice(self, node: cst.IfExp) -> bool:
-        """`"cuda" if torch.cuda.is_available() else "cpu"`: the body runs only where an accelerator is."""
-        return "is_available()" in self.ctx.code(node.test) and device_literal(node.orelse) is None
 
     def visit_Expr(self, node: cst.Expr) -> None:
         if isinstance(node.value, cst.Call):
@@ -470,7 +464,7 @@ class DeviceChecker(Checker):
         # `"cuda" if torch.cuda.is_available() else "cpu"`: a device choice wherever it is assigned.
         other = [string_value(node.body), string_value(node.orelse)]
         if "cuda" in self.ctx.code(node.test) or any(v in OTHER_DEVICES for v in other if v):
-            self._device_value(node.body, "a device choice", guarded=self._availability_choice(node))
+            self._device_value(node.body, "a device choice")
             self._device_value(node.orelse, "a device choice")
 
     # -- .cuda() --------------------------------------------------------------------------------------
@@ -510,16 +504,16 @@ class DeviceChecker(Checker):
         )
 
     def _portable_cuda_method(self, node: cst.Call, func: cst.Attribute) -> None:
-        """`.cuda()` -> `.to(torch.accelerator.current_accelerator())`, keeping `non_blocking=`; a device
+        """`.cuda()` -> `.to(ACCELERATOR)` (the current accelerator's type), keeping `non_blocking=`; a device
         index (`.cuda(1)`, `.cuda(device=d)`) is reported: it names a CUDA device the accelerator's may not be."""
-        device = accelerator_device(self.ctx)
+        device = accelerator_type(self.ctx, self.enabled)
         plain = all(arg.keyword is not None and arg.keyword.value == "non_blocking" for arg in node.args)
         if device is None or not plain:
             self.report(
                 CUDA_METHOD,
                 node,
-                "`.cuda(...)` left as is: move it with `.to(torch.accelerator.current_accelerator())` (or "
-                "`torch.device(torch.accelerator.current_accelerator().type, index)` for a given device)"
+                "`.cuda(...)` left as is: move it to the current accelerator, `torch.device(getattr("
+                'torch.accelerator.current_accelerator(), "type", "cuda"), index)` for a given device index'
                 + ("" if device is not None else "; this file does not import torch, or the torch version lacks it"),
                 severity=Severity.WARNING,
                 crashes=True,

@@ -404,7 +404,7 @@ class DistributedChecker(Checker):
             if portable(self.ctx) is None:
                 self.report(BACKEND, node, f'backend in {where} is now "{hccl_value(value)}"', fix=_to_hccl)
                 return
-            backend = accelerator_backend(self.ctx) if value == "nccl" and (at_call or guarded) else None
+            backend = accelerator_backend(self.ctx, self.enabled) if value == "nccl" and (at_call or guarded) else None
             if backend is None:
                 self.report(
                     BACKEND,
@@ -492,7 +492,7 @@ class DistributedChecker(Checker):
             if literal is not None and portable(self.ctx) is None:
                 self.report(DEVICE_MESH, literal, "device mesh now built on NPUs", fix=rewrite_device_literal)
             elif literal is not None:
-                device = accelerator_type(self.ctx) if string_value(literal) == "cuda" else None
+                device = accelerator_type(self.ctx, self.enabled) if string_value(literal) == "cuda" else None
                 if device is None:
                     self.report(
                         DEVICE_MESH,

@@ -19,7 +19,13 @@ import libcst as cst
 from npu_migrate.checkers import Checker
 from npu_migrate.imports import add_module_import, dotted_name, insertion_index
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
-from npu_migrate.transforms.common.accelerator import portable
+from npu_migrate.transforms.common.accelerator import (
+    defines_accelerator,
+    definition,
+    portable,
+    top_level_torch,
+    uses_accelerator_name,
+)
 
 IMPORT_TORCH_NPU = Rule(
     id="NPU001",
@@ -157,12 +163,42 @@ def is_guarded_import(stmt: ast.stmt) -> bool:
     )
 
 
-def _insert_guarded(updated: cst.Module) -> cst.Module:
-    after = _first_torch_import(updated)
+def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, name: bool) -> cst.Module:
+    """The portable target's additions after the imports: the guarded `import torch_npu` (right after the
+    first torch import) and `ACCELERATOR` (right after the torch_npu import, which must run first for the NPU
+    to be torch's accelerator)."""
     body = list(updated.body)
-    index = insertion_index(updated) if after is None else after + 1
-    body.insert(index, cst.parse_statement(GUARDED_IMPORT))
+    if import_torch_npu:
+        after = _first_torch_import(updated)
+        body.insert(insertion_index(updated) if after is None else after + 1, cst.parse_statement(GUARDED_IMPORT))
+    if name:
+        module = updated.with_changes(body=body)
+        npu = next((i for i, stmt in enumerate(body) if _imports_torch_npu_at(module, stmt)), -1)
+        body.insert(max(_end_of_imports(module), npu, top_level_torch(module)) + 1, definition())
     return updated.with_changes(body=body)
+
+
+def _end_of_imports(module: cst.Module) -> int:
+    """The index of the last statement of the imports the file opens with (its docstring included)."""
+    last = -1
+    for index, stmt in enumerate(module.body):
+        simple = isinstance(stmt, cst.SimpleStatementLine)
+        if simple and all(isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body):
+            last = index
+        elif index == 0 and simple and isinstance(stmt.body[0], cst.Expr):
+            last = index  # the docstring
+        elif not _imports_torch_npu_at(module, stmt):
+            break
+        else:
+            last = index
+    return last
+
+
+def _imports_torch_npu_at(module: cst.Module, stmt: cst.CSTNode) -> bool:
+    """A module-level `import torch_npu`, plain or guarded."""
+    if _is_torch_npu_import(stmt):
+        return True
+    return isinstance(stmt, cst.Try) and is_guarded_import(ast.parse(module.code_for_node(stmt)).body[0])
 
 
 def _guard_import(updated: cst.SimpleStatementLine) -> cst.BaseStatement:
@@ -189,15 +225,27 @@ class TorchNpuImportChecker(Checker):
         tensors = imports.uses_torch or any(r.applied and r.rule.family == "device" for r in self.ctx.reports)
         if portable(self.ctx) is not None and imports.imports_torch_npu:
             self._guard_plain_import()
-        if self.ctx.needs_torch_npu and tensors and not imports.imports_torch_npu:
-            if portable(self.ctx) is not None:
-                message, fix = (
-                    "`import torch_npu` added, guarded: the file still imports where it is absent",
-                    _insert_guarded,
-                )
-            else:
-                message, fix = "`import torch_npu` added", _insert
-            self.report(IMPORT_TORCH_NPU, self.ctx.module, message, fix=fix)
+        needs_import = self.ctx.needs_torch_npu and tensors and not imports.imports_torch_npu
+        if portable(self.ctx) is not None:
+            self._portable_prelude(needs_import)
+        elif needs_import:
+            self.report(IMPORT_TORCH_NPU, self.ctx.module, "`import torch_npu` added", fix=_insert)
+
+    def _portable_prelude(self, needs_import: bool) -> None:
+        module = self.ctx.module
+        name = not defines_accelerator(module) and any(
+            r.applied and r.fix is not None and r.node is not module and uses_accelerator_name(r.fix(r.node))
+            for r in self.ctx.reports
+        )
+        if not (needs_import or name):
+            return
+        said = []
+        if needs_import:
+            said.append("`import torch_npu` added, guarded: the file still imports where it is absent")
+        if name:
+            said.append("`ACCELERATOR` (the current accelerator's device type) defined after the imports")
+        fix = lambda updated: _portable_prelude(updated, import_torch_npu=needs_import, name=name)  # noqa: E731
+        self.report(IMPORT_TORCH_NPU, module, "; ".join(said), fix=fix)
 
     def _guard_plain_import(self) -> None:
         """The portable target's files must import where torch_npu is absent: a plain top-level

@@ -148,8 +148,6 @@ DEFAULT_TARGET = "npu"
 #: gets the original's value (never a flipped default). `current_accelerator()` returns None there from
 #: torch 2.7; 2.6 raises instead, so the spelling needs 2.7.
 ACCELERATOR_TYPE = 'getattr(torch.accelerator.current_accelerator(), "type", "cuda")'
-#: The same under a test that an accelerator is there (`... if torch.accelerator.is_available() else "cpu"`).
-GUARDED_ACCELERATOR_TYPE = "torch.accelerator.current_accelerator().type"
 ACCELERATOR_TYPE_SINCE = "2.7.0"
 
 
