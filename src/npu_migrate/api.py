@@ -221,7 +221,9 @@ class PortableApi(NpuApi):
                     "choose a newer --torch-version if your installations have it"
                     + (f", or use `{entry['fallback']}`" if entry["fallback"] else ""),
                 )
-            if target.rsplit(".", 1)[-1][:1].isupper():  # a class (Graph): its methods take other arguments
+            # A class (Graph), whose methods take other arguments, or `device`, which takes an index only where
+            # torch.cuda.device also takes a torch.device or "cuda:1": the call sites need a human.
+            if target.rsplit(".", 1)[-1][:1].isupper() or name == "device":
                 return Mapping(Kind.CAVEAT, advice=f"the device-generic `{target}` differs{note}; port it by hand.")
             return Mapping(Kind.SAME if target.rsplit(".", 1)[-1] == parts[-1] else Kind.RENAMED, target)
         if kind == "torch":
