@@ -239,7 +239,9 @@ def migrate_file(
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
         enabled = plan.enabled_for(job_ignore)
-        reports = [r for c in text_checkers() if kind in c.kinds for r in c(enabled).check(source.text, kind)]
+        reports = [
+            r for c in text_checkers() if kind in c.kinds for r in c(enabled, plan.target).check(source.text, kind)
+        ]
         new_text, findings = apply_reports(source.text, reports, display)
         return new_text, findings, False
     return migrate_source(source, display, plan, api, job_ignore)
