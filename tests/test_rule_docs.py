@@ -156,7 +156,8 @@ def test_the_rules_list_shows_family_targets_and_fix_safety(tmp_path, monkeypatc
     assert len(lines) == len(RULES)
     for r, line in zip(RULES, lines):
         targets = ",".join(sorted(r.targets))
-        assert line.split()[:5] == [r.id, "on", r.family, targets, r.fix_safety.value.split()[0]], line
+        state = "on" if "npu" in r.targets else "off"  # the default target is npu
+        assert line.split()[:5] == [r.id, state, r.family, targets, r.fix_safety.value.split()[0]], line
 
 
 def test_the_rules_list_says_which_rules_act_in_the_portable_target(tmp_path, monkeypatch):
@@ -164,9 +165,10 @@ def test_the_rules_list_says_which_rules_act_in_the_portable_target(tmp_path, mo
     result = CliRunner().invoke(app, ["rules", "--target", "portable"])
     assert result.exit_code == 0, result.output
     states = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()}
-    # NPU-only rewrites (torch.npu.matmul.allow_hf32, ASCEND_RT_VISIBLE_DEVICES) are off; shared ones on.
-    assert states["NPU501"] == states["NPU601"] == "off"
-    assert states["NPU101"] == states["NPU201"] == states["NPU701"] == "on"
+    # NPU-only rewrites (torch.npu.matmul.allow_hf32, nvidia-smi -> npu-smi) are off; shared ones and the
+    # portable target's own (NPU002) on.
+    assert states["NPU501"] == states["NPU605"] == "off"
+    assert states["NPU101"] == states["NPU201"] == states["NPU601"] == states["NPU701"] == states["NPU002"] == "on"
     assert {r.id for r in RULES if "portable" in r.targets} == {i for i, s in states.items() if s == "on"}
 
 
