@@ -170,7 +170,10 @@ def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, name: bool
     body = list(updated.body)
     if import_torch_npu:
         after = _first_torch_import(updated)
-        body.insert(insertion_index(updated) if after is None else after + 1, cst.parse_statement(GUARDED_IMPORT))
+        index = insertion_index(updated) if after is None else after + 1
+        guarded = cst.parse_statement(GUARDED_IMPORT)
+        # A compound statement among the imports stands apart from them, as `ruff format` lays it out.
+        body.insert(index, guarded.with_changes(leading_lines=[cst.EmptyLine()]) if index else guarded)
     if name:
         module = updated.with_changes(body=body)
         npu = next((i for i, stmt in enumerate(body) if _imports_torch_npu_at(module, stmt)), -1)
