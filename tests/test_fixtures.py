@@ -5,6 +5,10 @@ Each case runs with only its folder's rule selected (or the rules listed in the 
 for rules that act only together with others). A case without `.out.py` must stay byte-identical
 (a negative: a look-alike the rule must not touch). `<case>.findings.txt`, when present, pins the
 findings as `line:col RULE fixed|open` lines. Every case is also checked for idempotency.
+
+A case also runs for `--target portable` when `<case>.portable.findings.txt` is there (empty when it finds
+nothing): it becomes `<case>.portable.out.<ext>`, or stays byte-identical when there is none. The same input
+serves both targets, so a fixture shows what each makes of the same code.
 """
 
 from __future__ import annotations
@@ -23,27 +27,31 @@ def _stem(case):
     return case.name.split(".in.")[0]
 
 
-def _companion(case, suffix):
-    """`<case>.out.<ext>` or `<case>.findings.txt` next to `<case>.in.<ext>`."""
+def _companion(case, suffix, target="npu"):
+    """`<case>.out.<ext>` or `<case>.findings.txt` next to `<case>.in.<ext>` (`<case>.portable.out.<ext>` ...
+    for the portable target)."""
     ext = case.name.split(".in.", 1)[1]
-    return case.with_name(f"{_stem(case)}.out.{ext}" if suffix == "out" else f"{_stem(case)}.findings.txt")
+    stem = _stem(case) if target == "npu" else f"{_stem(case)}.{target}"
+    return case.with_name(f"{stem}.out.{ext}" if suffix == "out" else f"{stem}.findings.txt")
+
+
+PORTABLE_CASES = [c for c in CASES if _companion(c, "findings", "portable").exists()]
 
 
 def _findings_text(findings) -> str:
     return "".join(f"{f.line}:{f.col} {f.rule_id} {'fixed' if f.fixed else 'open'}\n" for f in findings)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.name}" for c in CASES])
-def test_fixture(case, update_fixtures):
+def _check_case(case, update_fixtures, target):
     rule_id = case.parent.name
     select_file = case.parent / "select.txt"
     select = select_file.read_text().strip().split(",") if select_file.exists() else [rule_id]
     source = case.read_text(encoding="utf-8")
-    out_path = _companion(case, "out")
-    findings_path = _companion(case, "findings")
+    out_path = _companion(case, "out", target)
+    findings_path = _companion(case, "findings", target)
     name = case.name.replace(".in.", ".", 1)  # the kind comes from the real file name: train.sh, Dockerfile
 
-    migrated, findings = migrate_text(source, path=name, select=select)
+    migrated, findings = migrate_text(source, path=name, select=select, target=target)
     if update_fixtures:
         if migrated != source:
             out_path.write_text(migrated, encoding="utf-8")
@@ -54,8 +62,18 @@ def test_fixture(case, update_fixtures):
     assert migrated == expected
     if findings_path.exists():
         assert _findings_text(findings) == findings_path.read_text(encoding="utf-8")
-    again, _ = migrate_text(migrated, path=name, select=select)
+    again, _ = migrate_text(migrated, path=name, select=select, target=target)
     assert again == migrated, "a second apply must change nothing"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.parent.name}/{c.name}" for c in CASES])
+def test_fixture(case, update_fixtures):
+    _check_case(case, update_fixtures, "npu")
+
+
+@pytest.mark.parametrize("case", PORTABLE_CASES, ids=[f"{c.parent.name}/{c.name}" for c in PORTABLE_CASES])
+def test_portable_fixture(case, update_fixtures):
+    _check_case(case, update_fixtures, "portable")
 
 
 # The analysis rules (NPU9xx) are not `apply`'s: the analyze tests' project and their doc examples cover them.
@@ -75,3 +93,34 @@ def test_every_rule_has_positive_and_negative_fixtures(rule):
             f"{rule.id} only reports, so a fixture must pin its findings"
         )
     assert negatives, f"{rule.id} has no negative fixture (a look-alike that must stay untouched)"
+
+
+@pytest.mark.parametrize("rule", [r for r in all_rules() if "portable" in r.targets and r.fixable], ids=lambda r: r.id)
+def test_every_portable_rewrite_has_a_portable_fixture(rule):
+    """A rule that acts in the portable target shows what it does there on a fixture: its rewrite, or (NPU601,
+    which renames nothing there) its findings. The fused branches, the same in both targets, are checked by
+    `test_fused_branches_are_the_same_in_both_targets`."""
+    if "fused" in rule.tags:
+        return
+    cases = [c for c in PORTABLE_CASES if c.parent.name == rule.id]
+    shown = [
+        c
+        for c in cases
+        if _companion(c, "out", "portable").exists() or _companion(c, "findings", "portable").stat().st_size
+    ]
+    assert shown, f"no portable fixture for {rule.id} (a rewrite, or the findings of what it leaves for a human)"
+
+
+FUSED_CASES = [c for c in CASES if any(r.id == c.parent.name for r in all_rules() if "fused" in r.tags)]
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=[f"{c.parent.name}/{c.name}" for c in FUSED_CASES])
+def test_fused_branches_are_the_same_in_both_targets(case):
+    select_file = case.parent / "select.txt"
+    select = select_file.read_text().strip().split(",") if select_file.exists() else [case.parent.name]
+    source = case.read_text(encoding="utf-8")
+    name = case.name.replace(".in.", ".", 1)
+    assert (
+        migrate_text(source, path=name, select=select, target="portable")[0]
+        == migrate_text(source, path=name, select=select)[0]
+    )

@@ -148,14 +148,28 @@ def test_every_rule_is_documented_by_rules_id(r, tmp_path, monkeypatch):
         assert r.documentation in result.stdout
 
 
-def test_the_rules_list_shows_family_and_fix_safety(tmp_path, monkeypatch):
+def test_the_rules_list_shows_family_targets_and_fix_safety(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["rules"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert len(lines) == len(RULES)
     for r, line in zip(RULES, lines):
-        assert line.split()[:4] == [r.id, "on", r.family, r.fix_safety.value.split()[0]], line
+        targets = ",".join(sorted(r.targets))
+        state = "on" if "npu" in r.targets else "off"  # the default target is npu
+        assert line.split()[:5] == [r.id, state, r.family, targets, r.fix_safety.value.split()[0]], line
+
+
+def test_the_rules_list_says_which_rules_act_in_the_portable_target(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["rules", "--target", "portable"])
+    assert result.exit_code == 0, result.output
+    states = {line.split()[0]: line.split()[1] for line in result.stdout.splitlines()}
+    # NPU-only rewrites (torch.npu.matmul.allow_hf32, nvidia-smi -> npu-smi) are off; shared ones and the
+    # portable target's own (NPU002) on.
+    assert states["NPU501"] == states["NPU605"] == "off"
+    assert states["NPU101"] == states["NPU201"] == states["NPU601"] == states["NPU701"] == states["NPU002"] == "on"
+    assert {r.id for r in RULES if "portable" in r.targets} == {i for i, s in states.items() if s == "on"}
 
 
 # --- the examples, executed --------------------------------------------------------------------------------
@@ -163,7 +177,8 @@ def test_the_rules_list_shows_family_and_fix_safety(tmp_path, monkeypatch):
 
 def _apply(r, text: str, path: str, with_rules=()):
     select = [r.id, *with_rules, *(["NPU001"] if r.needs_torch_npu else [])]
-    return migrate_text(text, path=path, select=select)
+    # A rule of one target only (NPU002: the portable target's) is documented in that target.
+    return migrate_text(text, path=path, select=select, target="npu" if "npu" in r.targets else "portable")
 
 
 def _analyze(example: Example, text: str, tmp_path) -> list[dict]:

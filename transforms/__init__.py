@@ -15,7 +15,7 @@ from npu_migrate.transforms.environment import EnvironmentChecker
 from npu_migrate.transforms.fused import FusedOpsChecker
 from npu_migrate.transforms.kernels import CudaExtensionChecker, CudaSourceChecker
 from npu_migrate.transforms.launch import LaunchChecker
-from npu_migrate.transforms.torch_npu_import import TorchNpuImportChecker
+from npu_migrate.transforms.torch_npu_import import NpuCodeChecker, TorchNpuImportChecker
 
 CHECKERS = (
     TorchNpuImportChecker,
@@ -27,6 +27,7 @@ CHECKERS = (
     EnvironmentChecker,
     FusedOpsChecker,
     CudaExtensionChecker,
+    NpuCodeChecker,
 )
 
 #: Checkers of files without a Python syntax tree: launch scripts, Dockerfiles, .env, YAML, CUDA sources.

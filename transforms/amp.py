@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from npu_migrate.api import load_table
+from npu_migrate.api import ACCELERATOR_TYPE, load_table
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.checkers import NameUseChecker
 from npu_migrate.context import FileContext
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding, rebind_import
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.common.accelerator import accelerator_type, portable
 from npu_migrate.transforms.common.arguments import argument
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.common.qualnames import is_under, with_tail
@@ -69,6 +70,7 @@ CUDA_AMP = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 AMP_DEVICE = Rule(
@@ -105,6 +107,7 @@ AMP_DEVICE = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 GPU_DTYPE = Rule(
@@ -163,6 +166,7 @@ AMP_NOT_MIGRATED = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
+    targets=EVERY_TARGET,
 )
 
 _TABLE = load_table("amp.toml")
@@ -195,7 +199,7 @@ def _keyword_arg(name: str, value: cst.BaseExpression) -> cst.Arg:
     )
 
 
-def _with_device(args: list[cst.Arg], spec: dict) -> list[cst.Arg]:
+def _with_device(args: list[cst.Arg], spec: dict, device: cst.BaseExpression) -> list[cst.Arg]:
     """The arguments of the torch.amp call that replaces a torch.cuda.amp call with `args`."""
     comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
     if spec["device"] == "first":
@@ -208,9 +212,9 @@ def _with_device(args: list[cst.Arg], spec: dict) -> list[cst.Arg]:
         ]
         # The device takes the first argument's comma, so a call laid out one argument per line stays so.
         lead = converted[0].comma if converted and isinstance(converted[0].comma, cst.Comma) else comma
-        first = cst.Arg(value=_npu_string(), comma=lead if converted else cst.MaybeSentinel.DEFAULT)
+        first = cst.Arg(value=device, comma=lead if converted else cst.MaybeSentinel.DEFAULT)
         return [first, *converted]
-    new = _keyword_arg("device_type", _npu_string())
+    new = _keyword_arg("device_type", device)
     if not args:
         return [new]
     last = args[-1]
@@ -219,14 +223,16 @@ def _with_device(args: list[cst.Arg], spec: dict) -> list[cst.Arg]:
     return [*args[:-1], last.with_changes(comma=comma), new]
 
 
-def _npu_partial(partial: cst.Call, func: cst.BaseExpression | None, spec: dict) -> cst.Call:
+def _npu_partial(
+    partial: cst.Call, func: cst.BaseExpression | None, spec: dict, device: cst.BaseExpression
+) -> cst.Call:
     """`partial(torch.cuda.amp.X, ...)` with `func` (if given) for the function and the NPU device added."""
     first, rest = partial.args[0], list(partial.args[1:])
     if func is not None:
         first = first.with_changes(value=func)
     if not isinstance(first.comma, cst.Comma):
         first = first.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    return partial.with_changes(args=[first, *_with_device(rest, spec)])
+    return partial.with_changes(args=[first, *_with_device(rest, spec, device)])
 
 
 def _bound_name(module: cst.Module, value: cst.BaseExpression) -> str | None:
@@ -314,6 +320,12 @@ class Use:
         return parts[3] if len(parts) == 4 else None
 
 
+_NO_PORTABLE_DEVICE = (
+    "this file does not import torch, or the chosen --torch-version cannot name the accelerator (2.7+); pass "
+    '`getattr(torch.accelerator.current_accelerator(), "type", "cuda")` as the device type'
+)
+
+
 class AmpChecker(NameUseChecker):
     rules = (CUDA_AMP, AMP_DEVICE, GPU_DTYPE, AMP_NOT_MIGRATED)
     # Not "amp", which "example" and "clamp" hold (two thirds of transformers' files): a torch.cuda.amp name
@@ -343,6 +355,10 @@ class AmpChecker(NameUseChecker):
         # `partial(torch.cuda.amp.autocast, ...)`: the reference's node -> the partial call.
         self._partials: dict[int, cst.Call] = {}
         self._new_torch = _torch_version(ctx)
+        # The device type the migrated calls name: "npu", or in the portable target the current accelerator's
+        # (None where this file or torch version cannot spell it: then the uses are reported, not rewritten).
+        self._device = _npu_string() if portable(ctx) is None else accelerator_type(ctx, enabled)
+        self._where = "the NPU" if portable(ctx) is None else "the current accelerator"
 
     # -- the walk -----------------------------------------------------------------------------------
 
@@ -358,14 +374,22 @@ class AmpChecker(NameUseChecker):
             position, name = _DEVICE_TYPE_ARGS[qualname]
             arg = argument(node, position if position >= 0 else 1 << 16, name)
             literal = device_literal(arg.value) if arg is not None else None
+            device = self._device
             if literal is not None and literal is arg.value:
-                self.report(AMP_DEVICE, literal, f"`{qualname}` now runs on the NPU", fix=rewrite_device_literal)
+                if device is None:
+                    self.report(AMP_DEVICE, literal, f"`{qualname}` on CUDA left as is: {_NO_PORTABLE_DEVICE}")
+                else:
+                    fix = rewrite_device_literal if portable(self.ctx) is None else (lambda updated: device)
+                    self.report(AMP_DEVICE, literal, f"`{qualname}` now runs on {self._where}", fix=fix)
             elif arg is None and qualname in _DEFAULTS_TO_CUDA and all(a.star == "" for a in node.args):
                 self.report(
                     AMP_DEVICE,
                     node,
-                    f'`{qualname}()` without a device scales for "cuda", which is off on an NPU: `"npu"` added',
-                    fix=lambda updated: updated.with_changes(args=[cst.Arg(_npu_string()), *updated.args]),
+                    f'`{qualname}()` without a device scales for "cuda", which is off on {self._where}: '
+                    + ("left as is" if device is None else "its device added"),
+                    fix=None
+                    if device is None
+                    else lambda updated: updated.with_changes(args=[cst.Arg(device), *updated.args]),
                 )
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
@@ -441,7 +465,8 @@ class AmpChecker(NameUseChecker):
         place off (`enabled` -> `dtype`): the partial must be bound to a name that is only ever called with
         keywords.
         """
-        wanted = self.ctx.code(_npu_partial(partial, cst.parse_expression(spec["target"]), spec))
+        device = self._device or cst.parse_expression(ACCELERATOR_TYPE)
+        wanted = self.ctx.code(_npu_partial(partial, cst.parse_expression(spec["target"]), spec, device))
         advice = f"write `{wanted}` and call it with keywords only"
         if any(a.star for a in partial.args):
             return f"the partial's arguments are unpacked with `*`; {advice}"
@@ -462,25 +487,29 @@ class AmpChecker(NameUseChecker):
                 self.report(CUDA_AMP, use.node, f"`{use.qualname}` -> `{target}`", fix=lambda updated: new_func)
             return
         spec = _CUDA_AMP[name]
-        message = f"`{use.qualname}` -> `{target}` on the NPU"
+        device = self._device
+        if device is None:
+            self.report(AMP_NOT_MIGRATED, use.node, f"`{use.qualname}` left as is: {_NO_PORTABLE_DEVICE}")
+            return
+        message = f"`{use.qualname}` -> `{target}` on {self._where}"
         if id(use.node) in self._partials:
             self.report(
                 CUDA_AMP,
                 self._partials[id(use.node)],
                 message + " (in a partial)",
-                fix=lambda updated: _npu_partial(updated, new_func, spec),
+                fix=lambda updated: _npu_partial(updated, new_func, spec, device),
             )
             return
         if isinstance(use.parent, cst.Call):
 
             def fix(updated: cst.Call) -> cst.Call:
                 func = updated.func if new_func is None else new_func
-                return updated.with_changes(func=func, args=_with_device(list(updated.args), spec))
+                return updated.with_changes(func=func, args=_with_device(list(updated.args), spec, device))
         else:
 
             def fix(updated: cst.Decorator) -> cst.Decorator:
                 func = updated.decorator if new_func is None else new_func
-                return updated.with_changes(decorator=cst.Call(func=func, args=_with_device([], spec)))
+                return updated.with_changes(decorator=cst.Call(func=func, args=_with_device([], spec, device)))
 
         self.report(CUDA_AMP, use.parent, message, fix=fix)
 

@@ -16,7 +16,8 @@ from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.common.accelerator import portable
 from npu_migrate.transforms.common.qualnames import is_under, with_tail
 
 SAME_NAME = Rule(
@@ -59,6 +60,7 @@ SAME_NAME = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 RENAMED = Rule(
@@ -92,6 +94,7 @@ RENAMED = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 NO_EQUIVALENT = Rule(
@@ -119,6 +122,7 @@ NO_EQUIVALENT = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
+    targets=EVERY_TARGET,
 )
 
 BEHAVIOUR_DIFFERS = Rule(
@@ -147,6 +151,7 @@ BEHAVIOUR_DIFFERS = Rule(
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
     tags=frozenset({"precision"}),
+    targets=EVERY_TARGET,
 )
 
 UNKNOWN_API = Rule(
@@ -171,6 +176,7 @@ UNKNOWN_API = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
+    targets=EVERY_TARGET,
 )
 
 CAPABILITY = Rule(
@@ -253,8 +259,12 @@ class CudaApiChecker(Checker):
         super().__init__(ctx, enabled)
         self.api = ctx.api
         self._version_reported: set[int] = set()
+        # Functions called with a keyword argument: torch.accelerator's take their device positionally only.
+        self._keyword_calls: set[int] = set()
 
     def visit_Call(self, node: cst.Call) -> None:
+        if any(arg.keyword is not None for arg in node.args):
+            self._keyword_calls.add(id(node.func))
         # `torch.cuda.get_device_capability(0)`: a call, rewritten whole (the answer may be None on NPU).
         if self.ctx.claimed(node.func) or CAPABILITY.id not in self.enabled:
             return
@@ -279,6 +289,7 @@ class CudaApiChecker(Checker):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if (
             node.attr.value in SAME_PROPERTIES
+            and portable(self.ctx) is None  # the portable target has no generic device properties
             and isinstance(node.value, cst.Call)
             and SAME_NAME.id in self.enabled
             and self._through_torch(node.value.func)[0] == "torch.cuda.get_device_properties"
@@ -403,6 +414,18 @@ class CudaApiChecker(Checker):
             return
         rule = RENAMED if mapping.kind is Kind.RENAMED else SAME_NAME
         target = mapping.target
+        if portable(self.ctx) is not None and id(node) in self._keyword_calls:
+            self.report(
+                rule,
+                node,
+                f"`{qualname}` left as is: it is called with a keyword argument, and `{target}` takes its "
+                "arguments positionally only; pass them positionally and rewrite it",
+                severity=Severity.WARNING,
+                crashes=True,
+            )
+            if binding is not None and is_under(binding.qualname, "torch.cuda"):
+                self.ctx.veto(binding, f"`{qualname}` is called with a keyword argument")
+            return
         if rule.id not in self.enabled:
             if binding is not None and is_under(binding.qualname, "torch.cuda"):
                 self.ctx.veto(binding, f"rule {rule.id} is not selected")

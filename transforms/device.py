@@ -14,7 +14,8 @@ import libcst as cst
 
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.common.accelerator import accelerator_type, portable
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
 from npu_migrate.transforms.common.strings import string_value
@@ -53,6 +54,7 @@ CUDA_METHOD = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 DEVICE_STRING = Rule(
@@ -116,6 +118,7 @@ DEVICE_STRING = Rule(
     of its own `--device` option and variables, attributes and parameters named like a device. Launch
     commands and configuration files outside the migrated tree that pass "cuda" must say "npu" too.
     """,
+    targets=EVERY_TARGET,
 )
 
 IS_CUDA = Rule(
@@ -259,6 +262,13 @@ def _target_name(node: cst.BaseExpression) -> str:
     return ""
 
 
+_PORTABLE_DEVICE_ADVICE = (
+    'name the accelerator with `getattr(torch.accelerator.current_accelerator(), "type", "cuda")` (its type, '
+    '"cuda" where there is none) and add the index yourself (`f"{device_type}:{rank}"`); this file does not '
+    "import torch, or the torch version cannot spell it (2.7+)"
+)
+
+
 class DeviceChecker(Checker):
     rules = (CUDA_METHOD, DEVICE_STRING, IS_CUDA, DEVICE_COMPARISON, ACCELERATOR_STRING)
     markers = ("cuda",)
@@ -317,7 +327,9 @@ class DeviceChecker(Checker):
                     self._device_value(element.value, where)
             return
         literal = device_literal(node)
-        if literal is not None:
+        if literal is None:
+            return
+        if portable(self.ctx) is None:
             self.report(
                 DEVICE_STRING,
                 literal,
@@ -325,6 +337,24 @@ class DeviceChecker(Checker):
                 fix=rewrite_device_literal,
                 crashes=True,
             )
+            return
+        spelled = accelerator_type(self.ctx, self.enabled) if string_value(literal) == "cuda" else None
+        if spelled is None:
+            self.report(
+                DEVICE_STRING,
+                literal,
+                f"device string in {where} left as is: {_PORTABLE_DEVICE_ADVICE}",
+                severity=Severity.WARNING,
+                crashes=True,
+            )
+            return
+        self.report(
+            DEVICE_STRING,
+            literal,
+            f"device string in {where} now names the current accelerator",
+            fix=lambda updated: spelled,
+            crashes=True,
+        )
 
     def visit_Expr(self, node: cst.Expr) -> None:
         if isinstance(node.value, cst.Call):
@@ -462,6 +492,9 @@ class DeviceChecker(Checker):
                 crashes=True,
             )
             return
+        if portable(self.ctx) is not None:
+            self._portable_cuda_method(node, func)
+            return
         self.report(
             CUDA_METHOD,
             func,
@@ -469,6 +502,29 @@ class DeviceChecker(Checker):
             fix=lambda updated: updated.with_changes(attr=cst.Name("npu")),
             crashes=True,
         )
+
+    def _portable_cuda_method(self, node: cst.Call, func: cst.Attribute) -> None:
+        """`.cuda()` -> `.to(ACCELERATOR)` (the current accelerator's type), keeping `non_blocking=`; a device
+        index (`.cuda(1)`, `.cuda(device=d)`) is reported: it names a CUDA device the accelerator's may not be."""
+        device = accelerator_type(self.ctx, self.enabled)
+        plain = all(arg.keyword is not None and arg.keyword.value == "non_blocking" for arg in node.args)
+        if device is None or not plain:
+            self.report(
+                CUDA_METHOD,
+                node,
+                "`.cuda(...)` left as is: move it to the current accelerator, `torch.device(getattr("
+                'torch.accelerator.current_accelerator(), "type", "cuda"), index)` for a given device index'
+                + ("" if device is not None else "; this file does not import torch, or the torch version lacks it"),
+                severity=Severity.WARNING,
+                crashes=True,
+            )
+            return
+
+        def fix(updated: cst.Call) -> cst.Call:
+            to = updated.func.with_changes(attr=cst.Name("to"))
+            return updated.with_changes(func=to, args=[cst.Arg(device), *updated.args])
+
+        self.report(CUDA_METHOD, node, "`.cuda()` now moves to the current accelerator", fix=fix, crashes=True)
 
     def _in_place_cuda_package(self) -> str | None:
         modules = self.ctx.imports.modules

@@ -18,7 +18,8 @@ from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.imports import dotted_node
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.common.accelerator import accelerator_backend, accelerator_type, portable
 from npu_migrate.transforms.common.arguments import argument, keyword
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
@@ -71,6 +72,7 @@ BACKEND = Rule(
     choices of its own `--backend` option, dataclass fields and config entries. Launch commands and
     configuration files outside the migrated tree that pass "nccl" must say "hccl" too.
     """,
+    targets=EVERY_TARGET,
 )
 
 NCCL_API = Rule(
@@ -134,6 +136,7 @@ DEVICE_MESH = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
 )
 
 BACKEND_COMPARISON = Rule(
@@ -193,6 +196,7 @@ DATA_PARALLEL = Rule(
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
     tags=frozenset({"performance"}),
+    targets=EVERY_TARGET,
 )
 
 DDP_DEVICES = Rule(
@@ -263,6 +267,7 @@ BACKEND_NOT_FOLLOWED = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
+    targets=EVERY_TARGET,
 )
 
 _TABLE = load_table("distributed.toml")
@@ -315,6 +320,13 @@ def _option_dest(call: cst.Call) -> str | None:
 UNKNOWN = None
 
 
+_PORTABLE_BACKEND_ADVICE = (
+    "pass `torch.distributed.get_default_backend_for_device(torch.accelerator.current_accelerator())` where the "
+    "process group is made (nccl on CUDA, hccl on the NPU), or leave the backend out (torch 2.6+ picks it); only "
+    'a plain "nccl" given to the call itself, or chosen under an is_available() test, is rewritten'
+)
+
+
 class DistributedChecker(Checker):
     rules = (BACKEND, NCCL_API, DEVICE_MESH, BACKEND_COMPARISON, DATA_PARALLEL, DDP_DEVICES, BACKEND_NOT_FOLLOWED)
     # "nccl" for the backend strings; each table key has one of the others in a part.
@@ -364,11 +376,17 @@ class DistributedChecker(Checker):
         if _mentions_backend(name):
             self._rewrite(value, f"`{name}`")
 
-    def _rewrite(self, node: cst.BaseExpression | None, where: str) -> None:
-        """Rewrite the NCCL literals a backend value is made of (a literal, a conditional, a container)."""
+    def _rewrite(
+        self, node: cst.BaseExpression | None, where: str, *, at_call: bool = False, guarded: bool = False
+    ) -> None:
+        """Rewrite the NCCL literals a backend value is made of (a literal, a conditional, a container).
+        `at_call`: the value is the process-group call's own argument; `guarded`: it is chosen only where an
+        accelerator is available (the portable target rewrites only those two: elsewhere, an argparse
+        default for one, its value is read on hosts without accelerator too)."""
         if isinstance(node, cst.IfExp):
-            self._rewrite(node.body, where)
-            self._rewrite(node.orelse, where)
+            available = "is_available()" in self.ctx.code(node.test)
+            self._rewrite(node.body, where, at_call=at_call, guarded=available)
+            self._rewrite(node.orelse, where, at_call=at_call)
         elif isinstance(node, (cst.List, cst.Tuple, cst.Set)):
             values = [string_value(e.value) for e in node.elements]
             if "hccl" not in values:  # `choices=["nccl", "hccl"]` must not end up with "hccl" twice
@@ -381,8 +399,23 @@ class DistributedChecker(Checker):
                 self._rewrite(default.value if default else None, where)
         else:
             value = replaceable(node)
-            if value is not None and hccl_value(value) is not None:
+            if value is None or hccl_value(value) is None:
+                return
+            if portable(self.ctx) is None:
                 self.report(BACKEND, node, f'backend in {where} is now "{hccl_value(value)}"', fix=_to_hccl)
+                return
+            backend = accelerator_backend(self.ctx, self.enabled) if value == "nccl" and (at_call or guarded) else None
+            if backend is None:
+                self.report(
+                    BACKEND,
+                    node,
+                    f"backend in {where} left as is: {_PORTABLE_BACKEND_ADVICE}",
+                    severity=Severity.WARNING,
+                )
+            else:
+                self.report(
+                    BACKEND, node, f"backend in {where} is now the current accelerator's", fix=lambda updated: backend
+                )
 
     def visit_Assign(self, node: cst.Assign) -> None:
         for target in node.targets:
@@ -456,8 +489,22 @@ class DistributedChecker(Checker):
         elif qualname in _DEVICE_TYPE_ARGS:
             arg = argument(node, _DEVICE_TYPE_ARGS[qualname], "device_type")
             literal = device_literal(arg.value) if arg is not None else None
-            if literal is not None:
+            if literal is not None and portable(self.ctx) is None:
                 self.report(DEVICE_MESH, literal, "device mesh now built on NPUs", fix=rewrite_device_literal)
+            elif literal is not None:
+                device = accelerator_type(self.ctx, self.enabled) if string_value(literal) == "cuda" else None
+                if device is None:
+                    self.report(
+                        DEVICE_MESH,
+                        literal,
+                        'device mesh left on "cuda": pass `getattr(torch.accelerator.current_accelerator(), "type", '
+                        '"cuda")` (this file does not import torch, or the torch version cannot spell it)',
+                        severity=Severity.WARNING,
+                    )
+                else:
+                    self.report(
+                        DEVICE_MESH, literal, "device mesh now built on the current accelerator", fix=lambda u: device
+                    )
         elif qualname in _DDP:
             self._ddp(node, _DDP[qualname])
         elif qualname in _DATA_PARALLEL:
@@ -475,7 +522,7 @@ class DistributedChecker(Checker):
         elif isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)) and not self._is_none(value):
             self._backend_uses.append(value)
         else:
-            self._rewrite(value, f"`{qualname.rsplit('.', 1)[-1]}(...)`")
+            self._rewrite(value, f"`{qualname.rsplit('.', 1)[-1]}(...)`", at_call=True)
             if replaceable(value) is None and not self._is_none(value):
                 self._not_followed(value)
 

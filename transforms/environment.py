@@ -11,10 +11,18 @@ from __future__ import annotations
 
 import libcst as cst
 
+from npu_migrate import kinds
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Example, FixSafety, Rule
-from npu_migrate.transforms.common.env_vars import Need, known_variable, verdict, visible_devices_problem
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.common.accelerator import portable
+from npu_migrate.transforms.common.env_vars import (
+    Need,
+    both_spellings,
+    known_variable,
+    verdict,
+    visible_devices_problem,
+)
 from npu_migrate.transforms.common.strings import replaceable, string_value, with_value
 
 RENAMED = Rule(
@@ -28,7 +36,10 @@ RENAMED = Rule(
     `ASCEND_RT_VISIBLE_DEVICES`, `CUDA_LAUNCH_BLOCKING` -> `ASCEND_LAUNCH_BLOCKING`,
     `PYTORCH_CUDA_ALLOC_CONF` -> `PYTORCH_NPU_ALLOC_CONF`, `TORCH_NCCL_X` -> `TORCH_HCCL_X` for the
     settings torch_npu implements, `NCCL_SOCKET_IFNAME` -> `HCCL_SOCKET_IFNAME`. `CUDA_VISIBLE_DEVICES`
-    is not renamed when the value set is a literal the Ascend runtime would misread (see NPU604).
+    is not renamed when the value set is a literal the Ascend runtime would misread (see NPU604). With
+    `--target portable` nothing is renamed (the code must keep serving CUDA hosts): each variable is reported
+    with the line that sets the Ascend name too, from the CUDA one where the host has not set it
+    (`export ASCEND_RT_VISIBLE_DEVICES="${ASCEND_RT_VISIBLE_DEVICES:-$CUDA_VISIBLE_DEVICES}"`).
     """,
     why="""
     The Ascend runtime, HCCL and torch_npu never read the CUDA and NCCL names: the setting is silently
@@ -56,6 +67,7 @@ RENAMED = Rule(
     instead of CUDA: a setting tuned for the GPU host (an allocator option, a network interface name)
     may need another value on the NPU host.
     """,
+    targets=EVERY_TARGET,
 )
 
 NEEDS_CONVERSION = Rule(
@@ -81,6 +93,7 @@ NEEDS_CONVERSION = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
+    targets=EVERY_TARGET,
 )
 
 NO_EQUIVALENT = Rule(
@@ -107,6 +120,7 @@ NO_EQUIVALENT = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
+    targets=EVERY_TARGET,
 )
 
 VISIBLE_DEVICES_ORDER = Rule(
@@ -134,6 +148,7 @@ VISIBLE_DEVICES_ORDER = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
+    targets=EVERY_TARGET,
 )
 
 #: The rule that reports each need of the table, in Python code and launch scripts alike.
@@ -283,7 +298,9 @@ class EnvironmentChecker(Checker):
             return
         name = arg.keyword.value
         new = self._judge(arg.keyword, name, arg.value, present)
-        if new is not None:
+        if new is not None and portable(self.ctx) is not None:
+            self.report(RENAMED, arg.keyword, both_spellings(name, new, kinds.PYTHON), severity=Severity.WARNING)
+        elif new is not None:
             self.report(
                 RENAMED,
                 arg.keyword,
@@ -296,7 +313,9 @@ class EnvironmentChecker(Checker):
         if name is None:
             return
         new = self._judge(key, name, value, present)
-        if new is not None:
+        if new is not None and portable(self.ctx) is not None:
+            self.report(RENAMED, key, both_spellings(name, new, kinds.PYTHON), severity=Severity.WARNING)
+        elif new is not None:
             self.report(
                 RENAMED,
                 key,

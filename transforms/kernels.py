@@ -14,7 +14,7 @@ import libcst as cst
 from npu_migrate import kinds
 from npu_migrate.checkers import Checker, TextChecker
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.textfiles import TextReport
 from npu_migrate.transforms.common.strings import string_value
 
@@ -42,6 +42,7 @@ CUDA_KERNEL = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
+    targets=EVERY_TARGET,
 )
 
 CUDA_EXTENSION = Rule(
@@ -69,6 +70,7 @@ CUDA_EXTENSION = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,
+    targets=EVERY_TARGET,
 )
 
 _GLOBAL = re.compile(r"__global__\s+(?:[\w:<>,\s\*&]+?\s+)?(\w+)\s*\(")

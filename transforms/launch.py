@@ -15,7 +15,7 @@ from npu_migrate.checkers import TextChecker
 from npu_migrate.findings import Severity
 from npu_migrate.rule import Example, FixSafety, Rule
 from npu_migrate.textfiles import TextReport, is_prose, split_lines, token
-from npu_migrate.transforms.common.env_vars import NAMED, PREFIXES, verdict, visible_devices_problem
+from npu_migrate.transforms.common.env_vars import NAMED, PREFIXES, both_spellings, verdict, visible_devices_problem
 
 # The rules of other families whose ids findings in launch scripts carry (declarations, not helpers).
 from npu_migrate.transforms.device import DEVICE_STRING
@@ -82,27 +82,32 @@ class LaunchChecker(TextChecker):
             code = line.code
             for match in _NAMES.finditer(code):
                 if not is_prose(code, match.start(), match.end()):
-                    reports.extend(self._variable(line, match))
+                    reports.extend(self._variable(line, match, kind))
             for match in _SMI.finditer(code):
                 if not is_prose(code, match.start(), match.end()):
                     reports.append(self._nvidia_smi(line, match))
             for pattern, rule, new in ((_BACKEND_OPTION, BACKEND, "hccl"), (_DEVICE_OPTION, DEVICE_STRING, "npu")):
                 for match in pattern.finditer(code):
-                    span = (line.start + match.start(1), line.start + match.end(1))
-                    reports.append(
-                        TextReport(
-                            rule,
-                            line.number,
-                            match.start(1) + 1,
-                            f"`{match.group(1)}` option value -> `{new}`",
-                            Severity.INFO,
-                            span,
-                            new,
-                        )
-                    )
+                    reports.append(self._option(line, match, rule, new))
         return [r for r in reports if r.rule.id in self.enabled]
 
-    def _variable(self, line, match) -> list[TextReport]:
+    def _option(self, line, match, rule, new: str) -> TextReport:
+        col = match.start(1) + 1
+        if self.target == "portable":  # the script must keep serving CUDA hosts: a human decides per host
+            return TextReport(
+                rule,
+                line.number,
+                col,
+                f"`{match.group(1)}` option value left as is: on an Ascend host it must be `{new}`; pass it from "
+                "the host's environment, or leave the option out where the program picks the accelerator",
+                Severity.WARNING,
+            )
+        span = (line.start + match.start(1), line.start + match.end(1))
+        return TextReport(
+            rule, line.number, col, f"`{match.group(1)}` option value -> `{new}`", Severity.INFO, span, new
+        )
+
+    def _variable(self, line, match, kind: str) -> list[TextReport]:
         name, col = match.group(0), match.start() + 1
         value = _VALUE.match(line.code, match.end())
         if value is not None:
@@ -110,6 +115,8 @@ class LaunchChecker(TextChecker):
             if problem is not None:
                 return [TextReport(VISIBLE_DEVICES_ORDER, line.number, col, problem, VISIBLE_DEVICES_ORDER.severity)]
         new, need, advice = verdict(name)
+        if new is not None and self.target == "portable":
+            return [TextReport(RENAMED, line.number, col, both_spellings(name, new, kind), Severity.WARNING)]
         if new is not None:
             span = (line.start + match.start(), line.start + match.end())
             return [

@@ -12,11 +12,20 @@ import instead where there is one).
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from npu_migrate.checkers import Checker
-from npu_migrate.imports import add_module_import, dotted_name
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.imports import add_module_import, dotted_name, insertion_index
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.common.accelerator import (
+    defines_accelerator,
+    definition,
+    portable,
+    top_level_torch,
+    uses_accelerator_name,
+)
 
 IMPORT_TORCH_NPU = Rule(
     id="NPU001",
@@ -28,7 +37,8 @@ IMPORT_TORCH_NPU = Rule(
     file in a way that needs torch_npu, the file uses torch (or, without a torch import, moves tensors
     to the NPU: `batch.npu()`), and it does not import torch_npu already. The fused-operator branches do not count: they import torch_npu guarded, or use
     this import when the file has it. `--select` of rules that need torch_npu selects this rule too
-    unless it is ignored.
+    unless it is ignored. With `--target portable` the import is guarded (`try: import torch_npu` /
+    `except ImportError: pass`), so the file still imports on a CUDA or CPU host without torch_npu.
     """,
     why="""
     `torch.npu`, the "npu" device and the hccl backend exist only once torch_npu is imported; without
@@ -58,6 +68,44 @@ IMPORT_TORCH_NPU = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    targets=EVERY_TARGET,
+)
+
+
+NPU_CODE = Rule(
+    id="NPU002",
+    name="npu-code",
+    family="torch_npu_import",
+    summary="`--target portable` leaves code already written for torch_npu as it is, and says so",
+    what="""
+    Reports, once per file, a file that imports torch_npu and uses `torch.npu`, `.npu()` or another `npu`
+    attribute: code already migrated to the NPU (by `apply --target npu`, or by hand). The portable target
+    does not turn NPU code into device-generic code; it leaves the file as it is.
+    """,
+    why="""
+    `apply --target portable` on an npu-migrated tree would otherwise change nothing and say nothing, and the
+    tree would still run on Ascend only. Migrating the CUDA original with `--target portable` gives code for
+    every host.
+    """,
+    example=Example(
+        before="""
+            import torch
+            import torch_npu
+
+            x = torch.ones(2).npu()
+        """,
+        reports="written for torch_npu",
+    ),
+    valid=(
+        """
+        import torch
+
+        x = torch.ones(2)
+        """,
+    ),
+    fix_safety=FixSafety.REPORT_ONLY,
+    needs_torch_npu=False,
+    targets=frozenset({"portable"}),
 )
 
 
@@ -91,6 +139,75 @@ def _insert(updated: cst.Module) -> cst.Module:
     return module.with_changes(body=body)
 
 
+#: The portable target's import: torch_npu makes an Ascend NPU torch's accelerator where it is installed, and
+#: the code must still import on a CUDA or CPU host without it. The fused branches' prelude imports it in the
+#: same words, so a file that needs both has one import, which each recognises (`is_guarded_import`).
+GUARDED_IMPORT = """\
+try:
+    import torch_npu
+except ImportError:  # not an Ascend host: the original code runs
+    torch_npu = None
+"""
+
+
+def is_guarded_import(stmt: ast.stmt) -> bool:
+    """`try: import torch_npu / except ImportError: torch_npu = None` at module level."""
+    return (
+        isinstance(stmt, ast.Try)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], ast.Import)
+        and [(a.name, a.asname) for a in stmt.body[0].names] == [("torch_npu", None)]
+        and len(stmt.handlers) == 1
+        and isinstance(stmt.handlers[0].type, ast.Name)
+        and stmt.handlers[0].type.id == "ImportError"
+    )
+
+
+def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, name: bool) -> cst.Module:
+    """The portable target's additions after the imports: the guarded `import torch_npu` (right after the
+    first torch import) and `ACCELERATOR` (right after the torch_npu import, which must run first for the NPU
+    to be torch's accelerator)."""
+    body = list(updated.body)
+    if import_torch_npu:
+        after = _first_torch_import(updated)
+        index = insertion_index(updated) if after is None else after + 1
+        guarded = cst.parse_statement(GUARDED_IMPORT)
+        # A compound statement among the imports stands apart from them, as `ruff format` lays it out.
+        body.insert(index, guarded.with_changes(leading_lines=[cst.EmptyLine()]) if index else guarded)
+    if name:
+        module = updated.with_changes(body=body)
+        npu = next((i for i, stmt in enumerate(body) if _imports_torch_npu_at(module, stmt)), -1)
+        body.insert(max(_end_of_imports(module), npu, top_level_torch(module)) + 1, definition())
+    return updated.with_changes(body=body)
+
+
+def _end_of_imports(module: cst.Module) -> int:
+    """The index of the last statement of the imports the file opens with (its docstring included)."""
+    last = -1
+    for index, stmt in enumerate(module.body):
+        simple = isinstance(stmt, cst.SimpleStatementLine)
+        if simple and all(isinstance(small, (cst.Import, cst.ImportFrom)) for small in stmt.body):
+            last = index
+        elif index == 0 and simple and isinstance(stmt.body[0], cst.Expr):
+            last = index  # the docstring
+        elif not _imports_torch_npu_at(module, stmt):
+            break
+        else:
+            last = index
+    return last
+
+
+def _imports_torch_npu_at(module: cst.Module, stmt: cst.CSTNode) -> bool:
+    """A module-level `import torch_npu`, plain or guarded."""
+    if _is_torch_npu_import(stmt):
+        return True
+    return isinstance(stmt, cst.Try) and is_guarded_import(ast.parse(module.code_for_node(stmt)).body[0])
+
+
+def _guard_import(updated: cst.SimpleStatementLine) -> cst.BaseStatement:
+    return cst.parse_statement(GUARDED_IMPORT).with_changes(leading_lines=updated.leading_lines)
+
+
 def _is_torch_npu_import(stmt: cst.CSTNode) -> bool:
     return (
         isinstance(stmt, cst.SimpleStatementLine)
@@ -109,5 +226,70 @@ class TorchNpuImportChecker(Checker):
         # Without a torch import a file still needs torch_npu for the tensors it is given (`batch.npu()`);
         # a script that only sets environment variables does not.
         tensors = imports.uses_torch or any(r.applied and r.rule.family == "device" for r in self.ctx.reports)
-        if self.ctx.needs_torch_npu and tensors and not imports.imports_torch_npu:
+        if portable(self.ctx) is not None and imports.imports_torch_npu:
+            self._guard_plain_import()
+        needs_import = self.ctx.needs_torch_npu and tensors and not imports.imports_torch_npu
+        if portable(self.ctx) is not None:
+            self._portable_prelude(needs_import)
+        elif needs_import:
             self.report(IMPORT_TORCH_NPU, self.ctx.module, "`import torch_npu` added", fix=_insert)
+
+    def _portable_prelude(self, needs_import: bool) -> None:
+        module = self.ctx.module
+        name = not defines_accelerator(module) and any(
+            r.applied and r.fix is not None and r.node is not module and uses_accelerator_name(r.fix(r.node))
+            for r in self.ctx.reports
+        )
+        if not (needs_import or name):
+            return
+        said = []
+        if needs_import:
+            said.append("`import torch_npu` added, guarded: the file still imports where it is absent")
+        if name:
+            said.append("`ACCELERATOR` (the current accelerator's device type) defined after the imports")
+        fix = lambda updated: _portable_prelude(updated, import_torch_npu=needs_import, name=name)  # noqa: E731
+        self.report(IMPORT_TORCH_NPU, module, "; ".join(said), fix=fix)
+
+    def _guard_plain_import(self) -> None:
+        """The portable target's files must import where torch_npu is absent: a plain top-level
+        `import torch_npu` (an npu-migrated file) is guarded, once the file is migrated at all."""
+        if not any(r.applied for r in self.ctx.reports):
+            return
+        for stmt in self.ctx.module.body:
+            if _is_torch_npu_import(stmt) and len(stmt.body) == 1 and stmt.body[0].names[0].asname is None:
+                self.report(
+                    IMPORT_TORCH_NPU,
+                    stmt,
+                    "`import torch_npu` guarded: the file must import where torch_npu is absent",
+                    fix=_guard_import,
+                )
+
+
+class NpuCodeChecker(Checker):
+    """The portable target on code already written for torch_npu (an npu-migrated tree): it does not turn
+    `torch.npu` calls, `.npu()` moves and "npu" devices back into generic code, so it says so, once per file,
+    at the import that makes the file NPU code."""
+
+    rules = (NPU_CODE,)
+    markers = ("torch_npu",)
+
+    def __init__(self, ctx, enabled) -> None:
+        super().__init__(ctx, enabled)
+        self._npu_uses: list[str] = []
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "npu" and not self._npu_uses:
+            self._npu_uses.append(self.ctx.code(node))
+
+    def finish(self) -> None:
+        if not self._npu_uses:
+            return
+        for stmt in self.ctx.module.body:
+            if _is_torch_npu_import(stmt):
+                self.report(
+                    NPU_CODE,
+                    stmt,
+                    f"this file is written for torch_npu (`{self._npu_uses[0]}`): --target portable leaves NPU code "
+                    "as it is; migrate the file's CUDA original with --target portable for code that runs on both",
+                )
+                return

@@ -72,6 +72,8 @@ def default_version() -> str:
 class NpuApi:
     """The torch_npu API surface of one version, and how torch.cuda names map onto it."""
 
+    target = "npu"
+
     def __init__(self, version: str | None = None) -> None:
         tables = load_table("torch_npu_api.toml")
         self.version = version or tables["meta"]["default"]
@@ -134,3 +136,102 @@ class NpuApi:
                 "choose a newer --torch-npu-version if your cluster has one.",
             )
         return Mapping(kind, target)
+
+
+#: What `apply --target` migrates to: "npu" rewrites CUDA code for Ascend NPUs; "portable" rewrites it to
+#: device-generic code (`torch.accelerator`) that picks CUDA, the NPU or the CPU at run time.
+TARGETS = ("npu", "portable")
+DEFAULT_TARGET = "npu"
+
+#: How the portable target spells "the accelerator's device type" where the original said "cuda": the
+#: current accelerator's type, and "cuda" where the host has none, so that a host without accelerator
+#: gets the original's value (never a flipped default). `current_accelerator()` returns None there from
+#: torch 2.7; 2.6 raises instead, so the spelling needs 2.7.
+ACCELERATOR_TYPE = 'getattr(torch.accelerator.current_accelerator(), "type", "cuda")'
+ACCELERATOR_TYPE_SINCE = "2.7.0"
+
+
+def torch_versions() -> list[str]:
+    """The torch versions `torch_accelerator.toml` knows, oldest first."""
+    return sorted(load_table("torch_accelerator.toml")["meta"]["versions"], key=_version_key)
+
+
+class PortableApi(NpuApi):
+    """The portable target: how `torch.cuda` names map onto `torch.accelerator` for one torch version
+    (`transforms/data/torch_accelerator.toml`), on top of what the npu target knows (the fused branches
+    are the same in both targets)."""
+
+    target = "portable"
+
+    def __init__(self, version: str | None = None, torch_version: str | None = None) -> None:
+        super().__init__(version)
+        table = load_table("torch_accelerator.toml")
+        self.torch_version = torch_version or table["meta"]["newest"]
+        if self.torch_version not in table["meta"]["versions"]:
+            known = ", ".join(torch_versions())
+            raise UnknownVersionError(f"unknown torch version {self.torch_version!r}; known versions: {known}")
+        self._introduced: dict[str, str] = table["introduced"]
+        self._counterparts: dict[str, dict] = table["cuda"]
+
+    def has(self, qualname: str) -> bool:
+        """Whether the chosen torch version has `qualname` (`torch.accelerator.synchronize`)."""
+        since = self._introduced.get(qualname)
+        return since is not None and _version_key(since) <= _version_key(self.torch_version)
+
+    def at_least(self, version: str) -> bool:
+        return _version_key(self.torch_version) >= _version_key(version)
+
+    @property
+    def accelerator_type(self) -> str | None:
+        """The code for "the accelerator's device type" (None where this torch version cannot say it safely)."""
+        return ACCELERATOR_TYPE if self.at_least(ACCELERATOR_TYPE_SINCE) else None
+
+    def map_cuda(self, qualname: str) -> Mapping:
+        """How `torch.cuda.<...>` maps onto the device-generic API of this torch version."""
+        assert qualname == "torch.cuda" or qualname.startswith("torch.cuda.")
+        if qualname == "torch.cuda":
+            return Mapping(Kind.MISSING, advice="the module torch.cuda has no device-generic counterpart as a whole")
+        if any(qualname == p or qualname.startswith(p + ".") for p in self._owned):
+            return Mapping(Kind.OWNED)
+        parts = qualname.split(".")
+        name = parts[2]
+        entry = self._counterparts.get(".".join(parts[2:4])) or self._counterparts.get(name)
+        if entry is None:
+            return Mapping(
+                Kind.UNKNOWN,
+                advice=f"torch.cuda.{name} is not a public torch.cuda API known to npu-migrate; check it by hand.",
+            )
+        note = f" ({entry['note']})" if entry["note"] else ""
+        kind, counterpart = entry["kind"], entry["counterpart"]
+        leaf = self._counterparts.get(parts[3]) if len(parts) > 3 else None
+        if kind == "accelerator" and leaf is not None and leaf["needs_guard"]:
+            entry, note = leaf, f" ({leaf['note']})" if leaf["note"] else ""
+        if kind == "accelerator":
+            target = ".".join([counterpart, *parts[3:]]) if len(parts) > 3 and "." not in name else counterpart
+            if entry["needs_guard"]:
+                return Mapping(
+                    Kind.MISSING,
+                    advice=f"`{target}` raises on a host without accelerator, where torch.cuda.{name} does not: "
+                    f"call it under `if torch.accelerator.is_available():`{note}.",
+                )
+            if not self.has(target):
+                return Mapping(
+                    Kind.MISSING,
+                    advice=f"torch {self.torch_version} has no `{target}` (from {self._introduced.get(target, '?')}); "
+                    "choose a newer --torch-version if your installations have it"
+                    + (f", or use `{entry['fallback']}`" if entry["fallback"] else ""),
+                )
+            # A class (Graph), whose methods take other arguments, or `device`, which takes an index only where
+            # torch.cuda.device also takes a torch.device or "cuda:1": the call sites need a human.
+            if target.rsplit(".", 1)[-1][:1].isupper() or name == "device":
+                return Mapping(Kind.CAVEAT, advice=f"the device-generic `{target}` differs{note}; port it by hand.")
+            return Mapping(Kind.SAME if target.rsplit(".", 1)[-1] == parts[-1] else Kind.RENAMED, target)
+        if kind == "torch":
+            return Mapping(Kind.CAVEAT, advice=f"the device-generic `{counterpart}` differs{note}; port it by hand.")
+        if kind == "device_module":
+            return Mapping(
+                Kind.MISSING,
+                advice=f"no torch.accelerator counterpart; `{counterpart}` reaches the current accelerator's "
+                f"module{note}.",
+            )
+        return Mapping(Kind.MISSING, advice=f"torch.cuda.{name} has no device-generic counterpart{note}.")

@@ -142,5 +142,10 @@ class TextChecker(BaseChecker):
 
     kinds: ClassVar[frozenset[str]]
 
+    def __init__(self, enabled: frozenset[str], target: str = "npu") -> None:
+        super().__init__(enabled)
+        #: `api.TARGETS`: a launch script migrated to "portable" must keep serving CUDA hosts.
+        self.target = target
+
     def check(self, text: str, kind: str) -> list[TextReport]:
         raise NotImplementedError

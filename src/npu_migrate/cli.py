@@ -100,6 +100,11 @@ def _common_root(paths: list[Path]) -> Path:
     return Path(os.path.commonpath([str(d) for d in dirs]))
 
 
+class Target(str, enum.Enum):
+    npu = "npu"
+    portable = "portable"
+
+
 class FailOn(str, enum.Enum):
     rewrite = "rewrite"
     error = "error"
@@ -113,6 +118,7 @@ class FailOn(str, enum.Enum):
         "npu-migrate apply src/                         # migrate in place (git keeps the tracked files' old versions)",
         "npu-migrate apply --check --statistics .       # CI: exit 1 while something is left to migrate",
         "npu-migrate apply - --stdin-filename train.py < train.py   # editors: the migrated text on stdout",
+        "npu-migrate apply --target portable src/       # one codebase for CUDA, Ascend NPU and CPU (torch.accelerator)",
     ),
 )
 def apply(
@@ -188,6 +194,24 @@ def apply(
             "--torch-npu-version", metavar="VERSION", help="torch_npu version to target (default: newest known)."
         ),
     ] = None,
+    target: Annotated[
+        Optional[Target],
+        typer.Option(
+            "--target",
+            help="What to migrate to: `npu` (torch_npu code for Ascend) or `portable` (device-generic "
+            "torch.accelerator code that runs on CUDA, Ascend NPU and CPU). Default: npu (config: target).",
+            show_default=False,
+        ),
+    ] = None,
+    torch_version: Annotated[
+        Optional[str],
+        typer.Option(
+            "--torch-version",
+            metavar="VERSION",
+            help="With --target portable: the oldest torch the code must run on; decides which torch.accelerator "
+            "names are used (default: newest known).",
+        ),
+    ] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", help="Report format.")] = OutputFormat.text,
     annotate: Annotated[
         bool, typer.Option("--annotate", help="Insert a TODO comment above each finding a human must act on.")
@@ -245,7 +269,13 @@ def apply(
     if stdin_filename is not None and not stdin:
         raise _fail("--stdin-filename needs `-` among the paths")
     config_paths = [Path(stdin_filename or "-").parent] if stdin else paths
-    config, enabled, version = _settings(config_paths, config_file, select, ignore, torch_npu_version)
+    config, enabled, version = _settings(
+        config_paths, config_file, select, ignore, torch_npu_version, target.value if target else None, torch_version
+    )
+    plan_target = {
+        "target": (target.value if target else None) or config.target,
+        "torch_version": torch_version or config.torch_version,
+    }
     threshold = (fail_on.value if fail_on is not None else None) or config.fail_on
 
     if stdin:
@@ -258,6 +288,7 @@ def apply(
             check=check,
             annotate=annotate,
             fail_on=threshold,
+            **plan_target,
         )
         if code == EXIT_CHANGES and exit_zero:
             code = EXIT_OK
@@ -285,6 +316,7 @@ def apply(
         annotate=annotate,
         timeout=timeout,
         output_root=_absolute(output) if output is not None else None,
+        **plan_target,
     )
     job_list = [
         Job(
@@ -433,24 +465,35 @@ def _review(job_list, plan, *, quiet: bool) -> int:
     return EXIT_ERROR if errors else EXIT_OK
 
 
-def _apply_stdin(name: str, config, enabled, version, *, diff: bool, check: bool, annotate: bool, fail_on: str) -> int:
+def _apply_stdin(
+    name: str,
+    config,
+    enabled,
+    version,
+    *,
+    diff: bool,
+    check: bool,
+    annotate: bool,
+    fail_on: str,
+    target: str,
+    torch_version: str | None,
+) -> int:
     """`apply -`: one file from stdin. The migrated text (or with --diff the patch; with --check nothing)
     goes to stdout, findings to stderr. On an error the input is echoed unchanged, so an editor that replaces
     its buffer with stdout loses nothing."""
     from npu_migrate import kinds
-    from npu_migrate.api import NpuApi
-    from npu_migrate.pipeline import FileResult, Mode, Plan, Status, migrate_file, unified_diff, validate
+    from npu_migrate.pipeline import FileResult, Mode, Plan, Status, api_for, migrate_file, unified_diff, validate
     from npu_migrate.report import Summary, format_finding
     from npu_migrate.source import SourceError, decode_source
 
     raw = sys.stdin.buffer.read()
     display = name if name != "-" else "<stdin>"
-    plan = Plan(enabled, version, Mode.DIFF, annotate=annotate)
+    plan = Plan(enabled, version, Mode.DIFF, annotate=annotate, target=target, torch_version=torch_version)
     kind = kinds.kind_of(Path(name)) or kinds.PYTHON
     try:
         source = decode_source(Path(name), raw)
         new_text, findings, _ = migrate_file(
-            source, display, plan, NpuApi(version), kind, config.ignored_for(_relative_to(Path(name), config.root))
+            source, display, plan, api_for(plan), kind, config.ignored_for(_relative_to(Path(name), config.root))
         )
         if new_text != source.text:
             validate(new_text, display, kind)
@@ -472,9 +515,9 @@ def _apply_stdin(name: str, config, enabled, version, *, diff: bool, check: bool
     return EXIT_CHANGES if summary.fails(fail_on, check=check) else EXIT_OK
 
 
-def _settings(paths, config_file, select, ignore, torch_npu_version):
+def _settings(paths, config_file, select, ignore, torch_npu_version, target=None, torch_version=None):
     """Configuration file merged with the command line (which wins), validated; exits 2 on any error."""
-    from npu_migrate.api import NpuApi, UnknownVersionError
+    from npu_migrate.api import NpuApi, PortableApi, UnknownVersionError
     from npu_migrate.config import ConfigError, discover_config
     from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, with_torch_npu_import
 
@@ -483,9 +526,12 @@ def _settings(paths, config_file, select, ignore, torch_npu_version):
         chosen_select = split_codes(select) or list(config.select or ["ALL"])
         chosen_ignore = split_codes(ignore) if ignore else list(config.ignore)
         chosen_ignore += config.fused_ignores(fused_rule_names())
-        enabled = with_torch_npu_import(select_rules(chosen_select, chosen_ignore), chosen_ignore)
+        chosen_target = target or config.target
+        enabled = with_torch_npu_import(select_rules(chosen_select, chosen_ignore, chosen_target), chosen_ignore)
         version = torch_npu_version or config.torch_npu_version
         NpuApi(version)
+        if chosen_target == "portable":
+            PortableApi(version, torch_version or config.torch_version)
     except (ConfigError, SelectionError, UnknownVersionError) as exc:
         raise _fail(str(exc)) from None
     return config, enabled, version
@@ -527,6 +573,7 @@ def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
     epilog=examples(
         "npu-migrate rules             # every rule, and whether the configuration enables it",
         "npu-migrate rules NPU203      # one rule's documentation, with before/after examples",
+        "npu-migrate rules --target portable   # which rules act when migrating to device-generic code",
         "npu-migrate rules cuda-method # the same, by the rule's name",
     ),
 )
@@ -537,17 +584,25 @@ def rules(
     config_file: Annotated[
         Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from here upwards).")
     ] = None,
+    target: Annotated[
+        Optional[Target],
+        typer.Option("--target", help="Say which rules are on for this target (default: the configuration's)."),
+    ] = None,
 ) -> None:
-    """List every rule (and whether the current configuration enables it), or show one rule's documentation."""
+    """List every rule (whether the current configuration enables it, and the targets it acts in), or show one
+    rule's documentation."""
     from npu_migrate.registry import all_rules, rule
 
-    config, enabled, _ = _settings([Path.cwd()], config_file, None, None, None)
+    config, enabled, _ = _settings([Path.cwd()], config_file, None, None, None, target.value if target else None)
     if rule_id is None:
         if config.path is not None:
             typer.echo(f"configuration: {config.path}")
         for known in all_rules():
             state = "on" if known.id in enabled else "off"
-            typer.echo(f"{known.id}  {state:<3} {known.family:<16} {known.fix_safety.value:<12} {known.summary}")
+            targets = ",".join(sorted(known.targets))
+            typer.echo(
+                f"{known.id}  {state:<3} {known.family:<16} {targets:<12} {known.fix_safety.value:<12} {known.summary}"
+            )
         return
     try:
         found = rule(rule_id)

@@ -9,6 +9,8 @@ errors that name the file and the key, never silently ignored.
     ignore = ["NPU104"]
     exclude = ["third_party/*"]      # globs, relative to this file's folder
     torch-npu-version = "2.5.1.post1"
+    target = "portable"              # or "npu" (the default): what `apply` migrates to
+    torch-version = "2.9.0"          # the portable target's oldest torch to support (default: newest known)
     fused = true                     # or false, or per op: { rms-norm = true, attention = false }
     per-file-ignores = { "tests/*" = ["NPU1"] }
     require-clean-git = true         # in-place apply refuses files with uncommitted changes (--force)
@@ -22,6 +24,8 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+
+from npu_migrate.api import DEFAULT_TARGET, TARGETS
 
 SECTION = "npu-migrate"
 
@@ -40,6 +44,8 @@ class Config:
     ignore: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     torch_npu_version: str | None = None
+    target: str = DEFAULT_TARGET
+    torch_version: str | None = None
     fused: bool | dict[str, bool] = True
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
     require_clean_git: bool = True
@@ -109,6 +115,8 @@ def load_config(path: Path | None) -> Config:
         "ignore",
         "exclude",
         "torch-npu-version",
+        "target",
+        "torch-version",
         "fused",
         "per-file-ignores",
         "require-clean-git",
@@ -125,6 +133,12 @@ def load_config(path: Path | None) -> Config:
     version = data.get("torch-npu-version")
     if version is not None and not isinstance(version, str):
         raise ConfigError(f'{path}: [tool.{SECTION}] torch-npu-version: expected a string like "2.5.1"')
+    target = data.get("target", DEFAULT_TARGET)
+    if target not in TARGETS:
+        raise ConfigError(f"{path}: [tool.{SECTION}] target: expected one of {', '.join(map(repr, TARGETS))}")
+    torch_version = data.get("torch-version")
+    if torch_version is not None and not isinstance(torch_version, str):
+        raise ConfigError(f'{path}: [tool.{SECTION}] torch-version: expected a string like "2.9.0"')
     per_file = data.get("per-file-ignores", {})
     if not isinstance(per_file, dict):
         raise ConfigError(f"{path}: [tool.{SECTION}] per-file-ignores: expected a table of glob = [rule ids]")
@@ -139,6 +153,8 @@ def load_config(path: Path | None) -> Config:
         ignore=_strings(path, "ignore", data.get("ignore", [])),
         exclude=_strings(path, "exclude", data.get("exclude", [])),
         torch_npu_version=version,
+        target=target,
+        torch_version=torch_version,
         fused=fused,
         per_file_ignores={k: _strings(path, f"per-file-ignores.{k}", v) for k, v in per_file.items()},
         require_clean_git=clean,

@@ -17,7 +17,7 @@ from pathlib import Path
 import libcst as cst
 
 from npu_migrate import kinds, notebooks, scoped
-from npu_migrate.api import NpuApi
+from npu_migrate.api import DEFAULT_TARGET, NpuApi, PortableApi
 from npu_migrate.astindex import AstIndex, text_words
 from npu_migrate.checkers import Checker, TreeChecker
 from npu_migrate.context import FileContext
@@ -71,6 +71,8 @@ class Plan:
     annotate: bool = False  # insert `# TODO(npu-migrate ...)` above open findings
     timeout: float | None = None  # seconds per file; a file that takes longer fails and is left alone
     output_root: Path | None = None  # OUTPUT mode: nothing may be written outside it
+    target: str = DEFAULT_TARGET  # `api.TARGETS`: what the code is migrated to
+    torch_version: str | None = None  # the portable target's torch version (`torch_accelerator.toml`)
 
     def enabled_for(self, job_ignore: tuple[str, ...]) -> frozenset[str]:
         if not job_ignore:
@@ -237,7 +239,9 @@ def migrate_file(
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
         enabled = plan.enabled_for(job_ignore)
-        reports = [r for c in text_checkers() if kind in c.kinds for r in c(enabled).check(source.text, kind)]
+        reports = [
+            r for c in text_checkers() if kind in c.kinds for r in c(enabled, plan.target).check(source.text, kind)
+        ]
         new_text, findings = apply_reports(source.text, reports, display)
         return new_text, findings, False
     return migrate_source(source, display, plan, api, job_ignore)
@@ -316,7 +320,7 @@ def _in_main_thread() -> bool:
 def _process(job: Job, plan: Plan) -> FileResult:
     try:
         source = read_source(job.path)
-        api = _api(plan.torch_npu_version)
+        api = api_for(plan)
         kind = kinds.kind_of(job.path) or kinds.PYTHON
         new_text, findings, parsed = migrate_file(source, job.display, plan, api, kind, job.ignore)
         if new_text == source.text:
@@ -358,13 +362,16 @@ def _write_output(destination: Path, data: bytes, root: Path | None) -> None:
     atomic_write(destination, data)
 
 
-_API_CACHE: dict[str | None, NpuApi] = {}
+_API_CACHE: dict[tuple, NpuApi] = {}
 
 
-def _api(version: str | None) -> NpuApi:
-    if version not in _API_CACHE:
-        _API_CACHE[version] = NpuApi(version)
-    return _API_CACHE[version]
+def api_for(plan: Plan) -> NpuApi:
+    """What the rules consult for this plan's target and versions (raises UnknownVersionError)."""
+    key = (plan.target, plan.torch_npu_version, plan.torch_version)
+    if key not in _API_CACHE:
+        portable = plan.target == "portable"
+        _API_CACHE[key] = PortableApi(*key[1:]) if portable else NpuApi(plan.torch_npu_version)
+    return _API_CACHE[key]
 
 
 def migrate_text(
@@ -375,13 +382,22 @@ def migrate_text(
     ignore: list[str] | None = None,
     torch_npu_version: str | None = None,
     annotate: bool = False,
+    target: str = DEFAULT_TARGET,
+    torch_version: str | None = None,
 ) -> tuple[str, list[Finding]]:
     """Migrate text in memory: the Python API used by tests, `analyze` and editors. `path` (its name)
     decides the file kind: Python unless it names a notebook, a launch script or another known kind."""
-    plan = Plan(select_rules(select, ignore), torch_npu_version, Mode.DIFF, annotate=annotate)
+    plan = Plan(
+        select_rules(select, ignore, target),
+        torch_npu_version,
+        Mode.DIFF,
+        annotate=annotate,
+        target=target,
+        torch_version=torch_version,
+    )
     source = decode_source(Path(path), text.encode("utf-8"))
     kind = kinds.kind_of(Path(path)) or kinds.PYTHON  # "<string>" and other unknown names are Python
-    new_text, findings, _ = migrate_file(source, path, plan, _api(torch_npu_version), kind)
+    new_text, findings, _ = migrate_file(source, path, plan, api_for(plan), kind)
     if new_text != text:
         validate(new_text, path, kind)
     return new_text, findings

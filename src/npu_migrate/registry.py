@@ -13,6 +13,7 @@ import functools
 from collections.abc import Iterable
 
 from npu_migrate.analyze.rules import RULES as ANALYSIS_RULES
+from npu_migrate.api import DEFAULT_TARGET
 from npu_migrate.checkers import Checker, TextChecker
 from npu_migrate.rule import FixSafety, Rule
 from npu_migrate.transforms import CHECKERS, TEXT_CHECKERS
@@ -71,15 +72,19 @@ class Registry:
             raise KeyError(f"unknown tag {tag!r}; known: {sorted(TAGS)}")
         return tuple(r for r in self.rules if tag in r.tags)
 
-    def select(self, select: list[str] | None = None, ignore: list[str] | None = None) -> frozenset[str]:
-        """Ids of the selected rules. Unknown codes are an error that lists the known ones."""
+    def select(
+        self, select: list[str] | None = None, ignore: list[str] | None = None, target: str = DEFAULT_TARGET
+    ) -> frozenset[str]:
+        """Ids of the selected rules that act in `target`. Unknown codes are an error that lists the known ones."""
         select = [c.strip().upper() for c in (select or ["ALL"]) if c.strip()]
         ignore = [c.strip().upper() for c in (ignore or []) if c.strip()]
         for code in (*select, *ignore):
             if not any(_matches(r, code) for r in self.rules):
                 raise SelectionError(f"unknown rule or prefix {code!r}; `npu-migrate rules` lists them")
         return frozenset(
-            r.id for r in self.rules if any(_matches(r, c) for c in select) and not any(_matches(r, c) for c in ignore)
+            r.id
+            for r in self.rules
+            if target in r.targets and any(_matches(r, c) for c in select) and not any(_matches(r, c) for c in ignore)
         )
 
 
@@ -119,8 +124,10 @@ def family_of(rule_id: str) -> str:
     return registry().get(rule_id).family
 
 
-def select_rules(select: list[str] | None = None, ignore: list[str] | None = None) -> frozenset[str]:
-    return registry().select(select, ignore)
+def select_rules(
+    select: list[str] | None = None, ignore: list[str] | None = None, target: str = DEFAULT_TARGET
+) -> frozenset[str]:
+    return registry().select(select, ignore, target)
 
 
 def with_torch_npu_import(enabled: frozenset[str], ignore: list[str]) -> frozenset[str]:

@@ -13,7 +13,11 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 
+from npu_migrate.api import TARGETS
 from npu_migrate.findings import Severity
+
+#: `Rule.targets` of a rule whose meaning is the same in every target.
+EVERY_TARGET = frozenset(TARGETS)
 
 
 class FixSafety(str, enum.Enum):
@@ -92,6 +96,9 @@ class Rule:
     #: fused branches, which reach torch_npu only through their guarded prelude and must keep running
     #: where torch_npu is absent.
     needs_torch_npu: bool = True
+    #: The `apply --target`s the rule acts in (`api.TARGETS`): "npu" only where its rewrite or advice is the
+    #: NPU's own; the portable target's spelling is in the same checker, decided by `api.target`.
+    targets: frozenset[str] = frozenset({"npu"})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "valid", tuple(_code(text) for text in self.valid))
@@ -116,6 +123,7 @@ class Rule:
             parts += [f"  Finding: ...{example.reports}..."]
         if self.valid:
             parts += ["", "Left alone:"] + [_indent(text, 4) for text in self.valid]
+        parts += ["", f"Targets: {', '.join(sorted(self.targets))}."]
         parts += ["", f"Fix safety: {self.fix_safety.value}. {self.fix_safety.meaning}"]
         if self.review:
             parts.append(_indent(inspect.cleandoc(self.review)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 
+from npu_migrate import kinds
 from npu_migrate.api import load_table
 
 _TABLE = load_table("env_vars.toml")
@@ -71,3 +72,17 @@ def _ascending_ids(value: str) -> bool:
         return False
     ids = [int(part) for part in value.split(",")]
     return ids == sorted(set(ids))
+
+
+def both_spellings(name: str, new: str, kind: str) -> str:
+    """The portable target's advice for a variable Ascend reads under another name: a script that must serve
+    CUDA and Ascend hosts keeps `name` and sets `new` from it where the host has not set it already."""
+    how = {
+        kinds.PYTHON: f'os.environ.setdefault("{new}", os.environ["{name}"])',
+        kinds.SHELL: f'export {new}="${{{new}:-${name}}}"',
+        kinds.DOCKERFILE: f"ENV {new}=${{{new}:-${name}}}",
+    }.get(kind, f"{new} set to the same value")
+    return (
+        f"`{name}` left as is for CUDA hosts; an Ascend host reads `{new}`: set it as well, where the host has "
+        f"not set it, after this one: `{how}`"
+    )

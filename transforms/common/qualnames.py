@@ -28,7 +28,7 @@ def torch_npu_root(ctx: FileContext, enabled: frozenset[str]) -> str | None:
     name is safe when that rule runs; a file that imports torch_npu only as `from torch_npu import x`
     gets no such import and must be edited by hand.
     """
-    alias = _module_alias(ctx, "torch_npu")
+    alias = module_alias(ctx, "torch_npu")
     if alias is not None:
         return alias
     imports = ctx.imports
@@ -42,7 +42,7 @@ def torch_npu_root(ctx: FileContext, enabled: frozenset[str]) -> str | None:
     return None
 
 
-def _module_alias(ctx: FileContext, module: str) -> str | None:
+def module_alias(ctx: FileContext, module: str) -> str | None:
     """The local name under which the file imports `module` itself (`import torch as th` -> "th")."""
     for local, binding in ctx.imports.bindings.items():
         if binding.qualname == module and not binding.is_from_import and "." not in local:

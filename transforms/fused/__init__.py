@@ -55,6 +55,7 @@ from npu_migrate.transforms.fused.helpers import (
 )
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch
+from npu_migrate.transforms.torch_npu_import import is_guarded_import
 
 
 def _idioms() -> tuple[Idiom, ...]:
@@ -210,9 +211,11 @@ def _kernel_helpers(code: str, template: str) -> list[str]:
 
 
 def _imports_torch_npu(tree: ast.Module) -> bool:
-    """Whether the file imports torch_npu at module level, unguarded."""
+    """Whether the file imports torch_npu at module level: unguarded, or guarded in the prelude's words
+    (the portable target's `import torch_npu`)."""
     return any(
-        isinstance(stmt, ast.Import) and any(a.name == "torch_npu" and a.asname is None for a in stmt.names)
+        (isinstance(stmt, ast.Import) and any(a.name == "torch_npu" and a.asname is None for a in stmt.names))
+        or is_guarded_import(stmt)
         for stmt in tree.body
     )
 

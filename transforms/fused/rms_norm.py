@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import (
     Function,
@@ -131,6 +131,7 @@ RMS_NORM = Rule(
     """,
     tags=frozenset({"fused"}),
     needs_torch_npu=False,
+    targets=EVERY_TARGET,
 )
 
 TEMPLATE = "fused/rms_norm.py.j2"

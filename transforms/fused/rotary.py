@@ -19,7 +19,7 @@ import ast
 import re
 
 from npu_migrate.api import load_table
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import (
     Function,
@@ -183,6 +183,7 @@ ROTARY = Rule(
     """,
     tags=frozenset({"fused"}),
     needs_torch_npu=False,
+    targets=EVERY_TARGET,
 )
 
 TEMPLATE = "fused/rotary.py.j2"

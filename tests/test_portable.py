@@ -1,0 +1,235 @@
+"""Issue #17: `npu-migrate apply --target portable`, one codebase for CUDA, Ascend NPU and CPU.
+
+* The option: configuration and command line, with clear errors for a bad target or torch version.
+* `--torch-version` decides which `torch.accelerator` names are written (the table's `introduced`).
+* A default the original had is never flipped: `--device` defaulting to "cuda" stays "cuda" on a host
+  without accelerator (the upstream PR this guards against turned it into "cpu"), and becomes the NPU's type
+  on an Ascend host.
+* The fixture project `portable_train` (a training loop with a CPU fallback, amp, a process group, a
+  hand-written RMSNorm), migrated to portable, runs on the CPU with bit-identical results to the original, and
+  on the simulated NPU host picks "npu" (`tests/test_portable_cuda.py` checks the CUDA side on a GPU).
+* Cross-target: portable on an npu-migrated tree, and npu on a portable one, converge.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from portable_project import PROJECT, apply, migrate, train
+from typer.testing import CliRunner
+
+from npu_migrate.api import PortableApi, UnknownVersionError
+from npu_migrate.cli import app
+from npu_migrate.pipeline import migrate_text
+
+ROOT = Path(__file__).resolve().parent.parent
+FLIPPED = ROOT / "fixtures" / "rules" / "NPU102" / "flipped_default.in.py"
+
+
+# -- the option -------------------------------------------------------------------------------------------
+
+
+def test_config_target_and_torch_version_reachapply(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.npu-migrate]\ntarget = "portable"\ntorch-version = "2.8.0"\n')
+    (tmp_path / "step.py").write_text("import torch\n\ntorch.cuda.synchronize()\nfree = torch.cuda.mem_get_info()\n")
+    result = CliRunner().invoke(app, ["apply", "--diff", str(tmp_path / "step.py")])
+    assert result.exit_code == 0, result.output
+    assert "+torch.accelerator.synchronize()" in result.stdout
+    # get_memory_info is 2.10: with torch 2.8 chosen it is reported, not written.
+    assert "torch.accelerator.get_memory_info" not in result.stdout
+    assert "NPU203" in result.stderr and "from 2.10.0" in result.stderr
+
+
+def test_command_line_target_wins_over_the_configuration(tmp_path):
+    (tmp_path / "pyproject.toml").write_text('[tool.npu-migrate]\ntarget = "portable"\n')
+    (tmp_path / "step.py").write_text("import torch\n\ntorch.cuda.synchronize()\n")
+    result = CliRunner().invoke(app, ["apply", "--diff", "--target", "npu", str(tmp_path / "step.py")])
+    assert result.exit_code == 0, result.output
+    assert "+torch.npu.synchronize()" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('target = "rocm"', "target: expected one of 'npu', 'portable'"),
+        ("torch-version = 2.9", "torch-version: expected a string"),
+    ],
+)
+def test_bad_target_settings_are_clear_errors(tmp_path, toml, message):
+    (tmp_path / "pyproject.toml").write_text(f"[tool.npu-migrate]\n{toml}\n")
+    (tmp_path / "step.py").write_text("import torch\n")
+    result = CliRunner().invoke(app, ["apply", "--diff", str(tmp_path / "step.py")])
+    assert result.exit_code == 2
+    assert message in result.output and "pyproject.toml" in result.output
+
+
+def test_unknown_torch_version_is_a_clear_error(tmp_path):
+    (tmp_path / "step.py").write_text("import torch\n")
+    result = CliRunner().invoke(
+        app, ["apply", "--diff", "--target", "portable", "--torch-version", "1.9.0", str(tmp_path / "step.py")]
+    )
+    assert result.exit_code == 2
+    assert "unknown torch version '1.9.0'" in result.output and "2.6.0" in result.output
+    with pytest.raises(UnknownVersionError):
+        PortableApi(torch_version="3.0.0")
+
+
+def test_stdin_apply_takes_the_target(monkeypatch):
+    result = CliRunner().invoke(
+        app,
+        ["apply", "-", "--stdin-filename", "step.py", "--target", "portable"],
+        input="import torch\n\nx = torch.ones(2).cuda()\n",
+    )
+    assert result.exit_code == 0, result.output
+    assert 'ACCELERATOR = getattr(torch.accelerator.current_accelerator(), "type", "cuda")' in result.stdout
+    assert "x = torch.ones(2).to(ACCELERATOR)" in result.stdout
+
+
+# -- per torch version ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "rewritten"),
+    [("2.5.0", False), ("2.6.0", True), ("2.13.0", True)],
+)
+def test_accelerator_names_follow_the_torch_version(version, rewritten):
+    text = "import torch\n\ntorch.cuda.synchronize()\n"
+    migrated, findings = migrate_text(text, select=["NPU2"], target="portable", torch_version=version)
+    assert ("torch.accelerator.synchronize()" in migrated) is rewritten
+    if not rewritten:  # torch.accelerator is 2.6: an older torch gets a finding that says so
+        assert any("2.6.0" in f.message for f in findings)
+
+
+def test_device_types_need_a_torch_that_can_name_the_accelerator_without_one():
+    # 2.6's current_accelerator() raises on a host without accelerator: the "cuda" literal is reported there.
+    text = 'import torch\n\nx = torch.zeros(2, device="cuda")\n'
+    old, findings = migrate_text(text, select=["NPU102"], target="portable", torch_version="2.6.0")
+    assert old == text and findings and not findings[0].fixed
+    new, _ = migrate_text(text, select=["NPU102"], target="portable", torch_version="2.7.0")
+    assert 'device=getattr(torch.accelerator.current_accelerator(), "type", "cuda")' in new
+
+
+def test_calls_the_accelerator_cannot_take_are_reported():
+    # The generic functions take their device positionally only; memory statistics raise without accelerator
+    # where torch.cuda's return 0.
+    text = "import torch\n\ntorch.cuda.synchronize(device=0)\nused = torch.cuda.memory_allocated()\n"
+    migrated, findings = migrate_text(text, select=["NPU2"], target="portable")
+    assert migrated == text
+    assert [f.rule_id for f in findings] == ["NPU201", "NPU203"]
+
+
+# -- never a flipped default ------------------------------------------------------------------------------
+
+
+def _exec(code: str) -> dict:
+    namespace: dict = {"__name__": "migrated"}
+    exec(compile(code, "migrated.py", "exec"), namespace)  # noqa: S102 - our own fixture, migrated
+    return namespace
+
+
+@pytest.mark.integration
+def test_a_cuda_default_stays_cuda_on_a_host_without_accelerator():
+    import torch
+
+    assert torch.accelerator.current_accelerator() is None, "this check is about a host without accelerator"
+    source = FLIPPED.read_text()
+    migrated, _ = migrate_text(source, select=["NPU102", "NPU201"], target="portable")
+    assert migrated != source
+    before, after = _exec(source), _exec(migrated)
+    assert before["parse"]([]).device == after["parse"]([]).device == "cuda"  # not "cpu"
+    assert before["parse"]([]).eval_device == after["parse"]([]).eval_device == "cpu"
+    assert before["pick"]() == after["pick"]() == torch.device("cuda")
+    assert before["FALLBACK"] == after["FALLBACK"] == "cpu"
+
+
+@pytest.mark.integration
+def test_a_cuda_default_becomes_the_npu_on_an_ascend_host(tmp_path):
+    migrated, _ = migrate_text(FLIPPED.read_text(), select=["NPU102", "NPU201"], target="portable")
+    (tmp_path / "flipped.py").write_text(migrated)
+    probe = textwrap.dedent(
+        """
+        import json, sys
+        from npu_migrate.verify import npu_host
+        npu_host.install()
+        sys.path.insert(0, sys.argv[1])
+        import flipped
+        print("PROBE" + json.dumps([flipped.parse([]).device, str(flipped.pick()), flipped.FALLBACK]))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    assert json.loads(lines[0][len("PROBE") :]) == ["npu", "npu", "npu"]
+
+
+# -- the fixture project ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return migrate(tmp_path_factory.mktemp("portable_train"))
+
+
+def test_the_project_is_migrated_to_generic_code(project):
+    original, migrated, output = project
+    train = (migrated / "train.py").read_text()
+    assert "torch.cuda.is_available()" not in train and "torch.accelerator.is_available()" in train
+    assert "torch.amp.GradScaler(" in train and "torch.cuda.amp" not in train
+    assert "import torch_npu\nexcept ImportError:" in train  # guarded: the tree imports without torch_npu
+    assert "_is_npu(hidden_states)" in (migrated / "trainer" / "model.py").read_text()  # the fused branch
+    # One name for the accelerator per file, not a long expression at each site.
+    data = (migrated / "trainer" / "data.py").read_text()
+    assert "yield x.to(ACCELERATOR, non_blocking=True), y.to(ACCELERATOR, non_blocking=True)" in data
+    assert data.count("current_accelerator()") == 1
+    assert "NPU203" in output  # torch.cuda.manual_seed_all: no generic counterpart, reported
+    again = apply(str(migrated), "--target", "portable", "--check")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.integration
+def test_the_migrated_project_trains_bit_identically_on_the_cpu(project):
+    original, migrated, _ = project
+    before, after = train(original, "--amp"), train(migrated, "--amp")
+    assert after["device"] == "cpu" and after["eval_device"] == "cuda"  # the fallback and the default, kept
+    assert after["backend"] == "gloo"
+    assert after == before
+
+
+@pytest.mark.integration
+def test_the_migrated_project_picks_the_npu_on_an_ascend_host(project):
+    from npu_migrate.verify import smoke
+
+    original, migrated, _ = project
+    report = smoke.run(migrated, script=migrated / "train.py", args=["--steps", "2", "--amp"], original=original)
+    assert report.passed, report.to_text(verbose=True)
+    result = json.loads(report.output_tail.split("RESULT ", 1)[1].splitlines()[0])
+    assert result["device"] == result["eval_device"] == "npu"
+    assert result["devices"] == 1
+    assert "npu_rms_norm" in report.to_text()  # the fused branch runs there, as in the npu target
+
+
+# -- across targets ---------------------------------------------------------------------------------------
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*.py"))}
+
+
+@pytest.mark.parametrize(("first", "second"), [("npu", "portable"), ("portable", "npu")])
+def test_one_target_after_the_other_converges(tmp_path, first, second):
+    once, twice, thrice = tmp_path / "once", tmp_path / "twice", tmp_path / "thrice"
+    outputs = []
+    for source, out, target in ((PROJECT, once, first), (once, twice, second), (twice, thrice, second)):
+        proc = apply(str(source), "--target", target, "--output", str(out))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outputs.append(proc.stdout)
+    assert _tree(thrice) == _tree(twice), f"--target {second} after --target {first} must converge"
+    if second == "portable":  # it leaves the NPU code as it is, and says so
+        assert "NPU002" in outputs[1] and "written for torch_npu" in outputs[1]
+    imports = [text.count(b"import torch_npu") for text in _tree(twice).values()]
+    assert max(imports) == 1, "one import of torch_npu per file, whichever target came first"

@@ -1,0 +1,107 @@
+"""How the portable target spells the accelerator in code (`apply --target portable`).
+
+One place for the spellings, so every rule family writes the same code. A migrated file names the
+accelerator once, after its imports (rule NPU001 writes it with the guarded `import torch_npu` it needs):
+
+    ACCELERATOR = getattr(torch.accelerator.current_accelerator(), "type", "cuda")
+
+the current accelerator's device type ("cuda" on an NVIDIA host, "npu" on an Ascend one), and "cuda" on a
+host without one, which is what the original said there: a default is never flipped, and code that failed
+there without a GPU still fails the same way. Rewrites then read `.to(ACCELERATOR)`, `torch.autocast(
+ACCELERATOR, ...)`, `ACCELERATOR if torch.accelerator.is_available() else "cpu"`. Where the file cannot
+hold the name (torch imported only inside functions, the name taken, NPU001 not selected) the expression is
+written in place instead; where the file does not import torch or the torch version cannot say it (2.7+:
+2.6's `current_accelerator()` raises on a host without accelerator), the rule reports instead of rewriting.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from npu_migrate.api import ACCELERATOR_TYPE, PortableApi
+from npu_migrate.context import FileContext
+from npu_migrate.imports import dotted_name
+from npu_migrate.transforms.common.qualnames import module_alias
+
+#: The module-level name of the accelerator's device type in a migrated file.
+ACCELERATOR_NAME = "ACCELERATOR"
+_DEFINITION_COMMENT = '# The accelerator this host has ("cuda", "npu", ...); "cuda" where it has none, as before.'
+
+
+def portable(ctx: FileContext) -> PortableApi | None:
+    """The portable target's API when this run migrates to it, else None (the npu target)."""
+    return ctx.api if isinstance(ctx.api, PortableApi) else None
+
+
+def accelerator_type(ctx: FileContext, enabled: frozenset[str]) -> cst.BaseExpression | None:
+    """The current accelerator's device type, as a string: where `.cuda()` moves things and what "cuda"
+    meant. None where the file or the torch version cannot say it (the rule reports instead)."""
+    api = portable(ctx)
+    torch = module_alias(ctx, "torch")
+    if api is None or torch is None or api.accelerator_type is None:
+        return None
+    if can_name(ctx, enabled):
+        return cst.Name(ACCELERATOR_NAME)
+    return cst.parse_expression(api.accelerator_type.replace("torch.", f"{torch}.", 1))
+
+
+def accelerator_backend(ctx: FileContext, enabled: frozenset[str]) -> cst.BaseExpression | None:
+    """The process-group backend of the current accelerator (nccl on CUDA, hccl on the NPU), through the
+    file's own name for torch.distributed where it has one (`dist.get_default_backend_for_device(...)`)."""
+    api = portable(ctx)
+    device = accelerator_type(ctx, enabled)
+    if api is None or device is None or not api.has("torch.distributed.get_default_backend_for_device"):
+        return None
+    distributed = module_alias(ctx, "torch.distributed")
+    prefix = distributed if distributed is not None else f"{module_alias(ctx, 'torch')}.distributed"
+    return cst.Call(func=cst.parse_expression(f"{prefix}.get_default_backend_for_device"), args=[cst.Arg(device)])
+
+
+def can_name(ctx: FileContext, enabled: frozenset[str]) -> bool:
+    """Whether the file has, or can be given, the module-level `ACCELERATOR`: torch imported at module level
+    as `torch`, NPU001 (which writes the name) selected, and the name not the program's own."""
+    if "NPU001" not in enabled or top_level_torch(ctx.module) is None:
+        return False
+    return ACCELERATOR_NAME not in ctx.text or defines_accelerator(ctx.module)
+
+
+def top_level_torch(module: cst.Module) -> int | None:
+    """The index of the first module-level `import torch` (the statement that binds the name `torch`)."""
+    for index, stmt in enumerate(module.body):
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                if isinstance(small, cst.Import) and any(
+                    (dotted_name(a.name) or "").split(".")[0] == "torch" and a.asname is None for a in small.names
+                ):
+                    return index
+    return None
+
+
+def definition() -> cst.SimpleStatementLine:
+    line = cst.parse_statement(f"{ACCELERATOR_NAME} = {ACCELERATOR_TYPE}\n")
+    comment = cst.EmptyLine(comment=cst.Comment(_DEFINITION_COMMENT))
+    blank = cst.EmptyLine()
+    return line.with_changes(leading_lines=[blank, comment])
+
+
+def defines_accelerator(module: cst.Module) -> bool:
+    expected = f"{ACCELERATOR_NAME} = {ACCELERATOR_TYPE}"
+    return any(
+        isinstance(stmt, cst.SimpleStatementLine) and module.code_for_node(stmt).strip().endswith(expected)
+        for stmt in module.body
+    )
+
+
+def uses_accelerator_name(node: cst.CSTNode | None) -> bool:
+    """Whether `node` (a fix's result) reads `ACCELERATOR`."""
+    if node is None:
+        return False
+    found: list[bool] = []
+
+    class _Reads(cst.CSTVisitor):
+        def visit_Name(self, name: cst.Name) -> None:
+            if name.value == ACCELERATOR_NAME:
+                found.append(True)
+
+    node.visit(_Reads())
+    return bool(found)
