@@ -326,3 +326,25 @@ def test_an_early_return_inside_a_with_block_guards_what_follows_the_block():
     assert "guards at line 12" in findings[(6, "NPU201")]
     # `continue` leaves only the loop: what follows the loop ran on an NPU before the flip as well.
     assert "left as is" not in findings[(10, "NPU201")]
+
+
+def test_a_module_level_flag_says_its_tests_in_other_modules_are_not_followed():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        HAS_GPU = torch.cuda.is_available()
+
+
+        def local():
+            ok = torch.cuda.is_available()
+            if ok:
+                torch.cuda.synchronize()
+        """
+    )
+    assert "HAS_GPU = torch.npu.is_available()" in migrated
+    assert findings[(3, "NPU201")].endswith(
+        "; `HAS_GPU` is module-level: its tests in other modules are not followed, check that the code they guard "
+        "runs on an NPU (`npu-migrate verify --smoke`)"
+    )
+    assert "module-level" not in findings[(7, "NPU201")]

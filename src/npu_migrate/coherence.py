@@ -169,6 +169,46 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     return vetoed_import
 
 
+class _Nodes(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[int] = set()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        self.ids.add(id(node))
+        return True
+
+
+def note_module_flags(ctx) -> None:
+    """A flipped guard assigned to a module-level name (`HAS_GPU = torch.cuda.is_available()`) may be tested
+    in another module (`if utils.HAS_GPU: ...`), which this file's check cannot see: the engine reads one file
+    at a time, and deciding this file from another's uses would need a pass over the project before any
+    rewrite. Its finding says so, and what to check."""
+    flipped = {id(r.node): r for r in ctx.reports if r.guard and r.applied}
+    if not flipped:
+        return
+    for statement in ctx.module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not isinstance(small, (cst.Assign, cst.AnnAssign)) or small.value is None:
+                continue
+            names = [t.value for t in _targets(small) if isinstance(t, cst.Name)]
+            if not names:
+                continue
+            nodes = _Nodes()
+            small.value.visit(nodes)
+            for key in nodes.ids & flipped.keys():
+                report = flipped[key]
+                flags = ", ".join(f"`{name}`" for name in names)
+                note = (
+                    f"; {flags} is module-level: its tests in other modules are not followed, check that the code "
+                    "they guard runs on an NPU (`npu-migrate verify --smoke`)"
+                )
+                if note not in report.message:
+                    report.message += note
+
+
 def _blocking(tree: _Tree, guard: cst.CSTNode, ctx, unsafe: list[Unsafe]) -> Unsafe | None:
     """The first code that cannot run on an NPU among what `guard` guards, if any."""
     regions = {id(node) for node in _guarded(tree, guard, ctx)}
