@@ -18,10 +18,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from npu_migrate.command import CONTEXT_SETTINGS, Command, examples, run
+from npu_migrate.command import CONTEXT_SETTINGS, Command, Group, examples, run
+from npu_migrate.config import split_codes
 
 app = typer.Typer(
     name="npu-migrate",
+    cls=Group,
     help=(
         "Migrate a PyTorch code base from NVIDIA GPUs (CUDA) to Huawei Ascend NPUs (torch_npu).\n\n"
         "Exit codes: 0 done or nothing to do; 1 a file would change (apply --check) or an open finding at or "
@@ -245,7 +247,9 @@ def apply(
     if stdin_filename is not None and not stdin:
         raise _fail("--stdin-filename needs `-` among the paths")
     config_paths = [Path(stdin_filename or "-").parent] if stdin else paths
-    config, enabled, version = _settings(config_paths, config_file, select, ignore, torch_npu_version)
+    config, enabled, version = _settings(
+        config_paths, config_file, select, ignore, torch_npu_version, every_rule_lazily=True
+    )
     threshold = (fail_on.value if fail_on is not None else None) or config.fail_on
 
     if stdin:
@@ -472,29 +476,37 @@ def _apply_stdin(name: str, config, enabled, version, *, diff: bool, check: bool
     return EXIT_CHANGES if summary.fails(fail_on, check=check) else EXIT_OK
 
 
-def _settings(paths, config_file, select, ignore, torch_npu_version):
-    """Configuration file merged with the command line (which wins), validated; exits 2 on any error."""
+def _settings(paths, config_file, select, ignore, torch_npu_version, *, every_rule_lazily: bool = False):
+    """Configuration file merged with the command line (which wins), validated; exits 2 on any error.
+    `every_rule_lazily`: when nothing selects or ignores a rule, `enabled` is None (every rule, see `Plan`),
+    and the rules are not imported here: a run whose files no rule may want never imports them."""
     from npu_migrate.api import NpuApi, UnknownVersionError
     from npu_migrate.config import ConfigError, discover_config
-    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, with_torch_npu_import
 
     try:
         config = discover_config(paths, config_file)
         chosen_select = split_codes(select) or list(config.select or ["ALL"])
         chosen_ignore = split_codes(ignore) if ignore else list(config.ignore)
-        chosen_ignore += config.fused_ignores(fused_rule_names())
-        enabled = with_torch_npu_import(select_rules(chosen_select, chosen_ignore), chosen_ignore)
+        every = [code.strip().upper() for code in chosen_select] == ["ALL"]
+        if every_rule_lazily and every and not chosen_ignore and config.fused is True:
+            enabled = None
+        else:
+            enabled = _selected(config, chosen_select, chosen_ignore)
         version = torch_npu_version or config.torch_npu_version
         NpuApi(version)
-    except (ConfigError, SelectionError, UnknownVersionError) as exc:
+    except (ConfigError, UnknownVersionError) as exc:
         raise _fail(str(exc)) from None
     return config, enabled, version
 
 
-def split_codes(values):
-    from npu_migrate.registry import split_codes as split
+def _selected(config, chosen_select: list[str], chosen_ignore: list[str]) -> frozenset[str]:
+    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, with_torch_npu_import
 
-    return split(values)
+    try:
+        chosen_ignore = chosen_ignore + config.fused_ignores(fused_rule_names())
+        return with_torch_npu_import(select_rules(chosen_select, chosen_ignore), chosen_ignore)
+    except SelectionError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _migratable(path: Path) -> bool:
