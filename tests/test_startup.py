@@ -77,3 +77,24 @@ def test_the_light_conversion_returns_what_typer_would(context, param):
     for value in (None, param.default, ("a.py", "b/c") if multi else "a.py", ("2",) if multi else "0.05"):
         light = _outcome(_LightCoercion(typers_own), value, param, context)
         assert light == _outcome(typers_own(), value, param, context), value
+
+
+ALARM_PROBE = """
+import signal, sys
+from npu_migrate import pipeline
+
+def alarm(signum, frame):
+    raise SystemExit("the alarm went off during the import")
+
+signal.signal(signal.SIGALRM, alarm)
+signal.setitimer(signal.ITIMER_REAL, 0.05)  # less than importing libcst takes anywhere
+pipeline._import_engine()
+left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+print("left:", left > 0, "libcst:", "libcst" in sys.modules)
+"""
+
+
+def test_the_engine_import_is_not_counted_in_the_first_files_time_limit():
+    result = subprocess.run([sys.executable, "-c", ALARM_PROBE], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "left: True libcst: True"

@@ -8,8 +8,10 @@ from __future__ import annotations
 import ast
 import difflib
 import enum
+import importlib
 import re
 import signal
+import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -81,6 +83,24 @@ class Plan:
         return frozenset(r for r in enabled if not any(r.startswith(code) for code in job_ignore))
 
 
+_ENGINE = ("npu_migrate.registry", "npu_migrate.scoped", "npu_migrate.context", "npu_migrate.textfiles")
+
+
+def _import_engine() -> None:
+    """Import the rules and libcst, the first time a file needs them, with the file's time limit (--timeout,
+    an itimer) paused: the file must neither pay for the import nor be interrupted in the middle of it."""
+    if all(name in sys.modules for name in _ENGINE):
+        return
+    timed = hasattr(signal, "setitimer") and _in_main_thread()
+    left, _ = signal.setitimer(signal.ITIMER_REAL, 0) if timed else (0.0, 0.0)
+    try:
+        for name in _ENGINE:
+            importlib.import_module(name)
+    finally:
+        if left > 0:
+            signal.setitimer(signal.ITIMER_REAL, left)
+
+
 def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
     from npu_migrate.registry import all_checkers
 
@@ -112,6 +132,7 @@ def migrate_source(
     text = source.text
     if not markers.may_match(text):
         return text, [], False
+    _import_engine()
     from npu_migrate import scoped
     from npu_migrate.astindex import AstIndex, text_words
     from npu_migrate.checkers import TreeChecker
@@ -256,6 +277,7 @@ def migrate_file(
     if kind == kinds.NOTEBOOK:
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
+        _import_engine()
         from npu_migrate.registry import text_checkers
         from npu_migrate.textfiles import apply_reports
 
