@@ -348,3 +348,15 @@ def test_a_module_level_flag_says_its_tests_in_other_modules_are_not_followed():
         "runs on an NPU (`npu-migrate verify --smoke`)"
     )
     assert "module-level" not in findings[(7, "NPU201")]
+
+
+def test_a_module_level_value_chosen_by_a_guard_is_no_flag_to_warn_about():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+        """
+    )
+    assert "torch.npu.is_available()" in migrated
+    assert "module-level" not in findings[(3, "NPU201")]

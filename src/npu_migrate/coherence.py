@@ -169,12 +169,17 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     return vetoed_import
 
 
-class _Nodes(cst.CSTVisitor):
+class _ValueNodes(cst.CSTVisitor):
+    """The nodes whose value is the assigned value, or decides it as a flag does (`a and b`, `not a`,
+    `a > 1`): not a conditional expression's test (`"npu" if ok else "cpu"`), nor an argument."""
+
     def __init__(self) -> None:
         super().__init__()
         self.ids: set[int] = set()
 
     def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.IfExp, cst.Arg, cst.Lambda, cst.Subscript)):
+            return False
         self.ids.add(id(node))
         return True
 
@@ -196,7 +201,7 @@ def note_module_flags(ctx) -> None:
             names = [t.value for t in _targets(small) if isinstance(t, cst.Name)]
             if not names:
                 continue
-            nodes = _Nodes()
+            nodes = _ValueNodes()
             small.value.visit(nodes)
             for key in nodes.ids & flipped.keys():
                 report = flipped[key]
