@@ -234,3 +234,129 @@ def test_a_returned_guard_in_a_file_without_cuda_only_code_is_migrated():
         """
     )
     assert "return torch.npu.is_available()" in migrated
+
+
+def test_a_negated_guard_that_only_sets_an_unrelated_name_guards_nothing_after_it():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+
+        def arch():
+            if not torch.cuda.is_available():
+                x = 1
+            return torch.cuda.get_arch_list()
+        """
+    )
+    assert "if not torch.npu.is_available():" in migrated
+    assert "left as is" not in findings[(5, "NPU201")]
+
+
+def test_a_flag_set_true_where_cuda_is_missing_guards_the_false_side_of_its_tests():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+
+        def arch():
+            use_cpu = False
+            if not torch.cuda.is_available():
+                use_cpu = True
+            if use_cpu:
+                return []
+            else:
+                return torch.cuda.get_arch_list()
+        """
+    )
+    assert "if not torch.cuda.is_available():" in migrated
+    assert "guards at line 11" in findings[(6, "NPU201")]
+
+
+def test_a_flag_assigned_from_a_negated_guard_guards_the_false_side_of_its_tests():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        NO_GPU = not torch.cuda.is_available()
+
+
+        def arch():
+            if NO_GPU:
+                return []
+            return torch.cuda.get_arch_list() if not NO_GPU else None
+        """
+    )
+    assert "NO_GPU = not torch.cuda.is_available()" in migrated
+    assert "guards at line 9" in findings[(3, "NPU201")]
+
+
+def test_a_flag_the_engine_cannot_follow_counts_what_follows():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+
+        def arch(args):
+            if not torch.cuda.is_available():
+                args.cpu = True
+            return torch.cuda.get_arch_list()
+        """
+    )
+    assert "if not torch.cuda.is_available():" in migrated
+    assert "guards at line 7" in findings[(5, "NPU201")]
+
+
+def test_an_early_return_inside_a_with_block_guards_what_follows_the_block():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+
+        def arch(lock):
+            with lock:
+                if not torch.cuda.is_available():
+                    return []
+                names = []
+            for _ in range(2):
+                if not torch.cuda.is_available():
+                    continue
+            return names + torch.cuda.get_arch_list()
+        """
+    )
+    assert "guards at line 12" in findings[(6, "NPU201")]
+    # `continue` leaves only the loop: what follows the loop ran on an NPU before the flip as well.
+    assert "left as is" not in findings[(10, "NPU201")]
+
+
+def test_a_module_level_flag_says_its_tests_in_other_modules_are_not_followed():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        HAS_GPU = torch.cuda.is_available()
+
+
+        def local():
+            ok = torch.cuda.is_available()
+            if ok:
+                torch.cuda.synchronize()
+        """
+    )
+    assert "HAS_GPU = torch.npu.is_available()" in migrated
+    assert findings[(3, "NPU201")].endswith(
+        "; `HAS_GPU` is module-level: its tests in other modules are not followed, check that the code they guard "
+        "runs on an NPU (`npu-migrate verify --smoke`)"
+    )
+    assert "module-level" not in findings[(7, "NPU201")]
+
+
+def test_a_module_level_value_chosen_by_a_guard_is_no_flag_to_warn_about():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+        """
+    )
+    assert "torch.npu.is_available()" in migrated
+    assert "module-level" not in findings[(3, "NPU201")]

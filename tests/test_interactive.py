@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from npu_migrate.api import NpuApi
-from npu_migrate.interactive import Review, prepare, restrict, split_hunks, write_all
+from npu_migrate.interactive import Review, ask, link, prepare, restrict, split_hunks, write_all
 from npu_migrate.pipeline import Job, Mode, Plan
 from npu_migrate.registry import select_rules
 from npu_migrate.source import read_source
@@ -20,6 +20,13 @@ from npu_migrate.source import read_source
 GAP = "\n" * 8  # more than twice the diff context: the changes below are separate hunks
 TWO_HUNKS = f"import torch\n\nx = torch.ones(1).cuda(){GAP}torch.cuda.synchronize()\n"
 OTHER = f"import torch\n{GAP}y = torch.zeros(1).cuda()\n"
+THREE_HUNKS = f"import torch\n{GAP}x = torch.ones(1).cuda(){GAP}torch.cuda.synchronize()\n"
+ATTENTION = f"""import torch
+import torch.nn.functional as F
+{GAP}
+def attend(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+"""
 
 
 def review(answers: str, *paths: str, cwd: Path):
@@ -58,12 +65,58 @@ def test_accepting_every_hunk_is_apply_and_none_leaves_the_files_alone(project, 
 
 
 def test_each_hunk_is_applied_independently_and_the_rule_is_shown_above_it(project):
-    result = review("n\ny\nd\n", ".", cwd=project)
+    (project / "a.py").write_text(THREE_HUNKS)  # the import, the .cuda() and the synchronize are apart
+    result = review("n\nn\ny\nd\n", ".", cwd=project)
     assert result.returncode == 0, result.stderr
-    assert "# NPU201 [fixed]" in result.stdout and "(2/2) Apply this hunk to a.py" in result.stdout
+    assert "# NPU201 [fixed]" in result.stdout and "(3/3) Apply this hunk to a.py" in result.stdout
     a = (project / "a.py").read_text()
-    assert "torch.npu.synchronize()" in a and ".cuda()" in a and "import torch_npu" not in a
+    assert "torch.npu.synchronize()" in a and ".cuda()" in a
     assert (project / "b.py").read_text() == OTHER, "d: the rest of b.py skipped"
+
+
+def test_a_hunk_that_needs_torch_npu_brings_the_import_hunk_and_says_so(project):
+    (project / "a.py").write_text(THREE_HUNKS)
+    result = review("n\nn\ny\nd\n", "a.py", "b.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "# needs hunk 1/3, which adds `torch_npu`: applying this hunk applies it too" in result.stdout
+    assert "# hunk 1/3 applied too: it adds `torch_npu`, which hunk 3 uses" in result.stdout
+    a = (project / "a.py").read_text()
+    assert a.startswith("import torch\nimport torch_npu\n") and a.count("import torch_npu") == 1
+    assert ".cuda()" in a, "the .npu() hunk was declined and nothing needs it"
+
+
+def test_a_declined_import_is_not_brought_back_when_nothing_accepted_needs_it(project):
+    (project / "a.py").write_text(THREE_HUNKS)
+    result = review("n\nn\nn\nd\n", "a.py", "b.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert (project / "a.py").read_text() == THREE_HUNKS
+
+
+def test_a_call_of_a_helper_brings_the_hunk_that_defines_it(tmp_path):
+    (tmp_path / "s.py").write_text(ATTENTION)
+    result = review("n\ny\n", "s.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "adds `_npu_sdpa`" in result.stdout
+    migrated = (tmp_path / "s.py").read_text()
+    assert "return _npu_sdpa(q, k, v, is_causal=True)" in migrated and "def _npu_sdpa(" in migrated
+    namespace: dict = {}
+    exec(compile(migrated, "s.py", "exec"), namespace)  # defines every name it uses (torch_npu may be absent)
+    assert callable(namespace["attend"])
+
+
+def test_an_earlier_hunk_needing_a_later_one_applies_it_without_asking(tmp_path):
+    before = f"import torch\n\nx = torch.ones(1)\n{GAP}"
+    after = f"import torch\n\nx = helper(torch.ones(1))\n{GAP}def helper(t):\n    return t\n"
+    (tmp_path / "h.py").write_text(before)
+    hunks = split_hunks("h.py", before, after, [])
+    link(hunks, before, after)
+    assert [h.needs for h in hunks] == [{1: "helper"}, {}]
+    said: list[str] = []
+    path = tmp_path / "h.py"
+    reviewed = Review(Job(path, "h.py"), read_source(path), "python", after, hunks)
+    ask(reviewed, lambda prompt: "y", said.append)
+    assert reviewed.accepted == {0, 1} and reviewed.result() == after
+    assert "(2/2) applied: a hunk accepted before needs it\n" in said
 
 
 def test_a_then_q_and_help(project):

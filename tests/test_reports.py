@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_migrate import pipeline, scoped
+from npu_migrate import markers, registry, scoped
 from npu_migrate.api import NpuApi
 from npu_migrate.checkers import Checker, TreeChecker
 from npu_migrate.findings import Finding, FindingData, Severity
@@ -70,7 +70,9 @@ class _NoteOnCalls(Checker):
 
 def _migrate(text: str, monkeypatch, *, annotate: bool = False) -> tuple[str, list[Finding]]:
     """`text` through the whole engine, with the two test checkers added to the real ones."""
-    monkeypatch.setattr(pipeline, "all_checkers", lambda: [*all_checkers(), _WarnOnDefs, _NoteOnCalls])
+    monkeypatch.setattr(registry, "all_checkers", lambda: [*all_checkers(), _WarnOnDefs, _NoteOnCalls])
+    # Like every checker's, their markers must pass the start-up gate.
+    monkeypatch.setattr(markers, "ANY_MARKER", (*markers.ANY_MARKER, *_WarnOnDefs.markers, *_NoteOnCalls.markers))
     plan = Plan(select_rules() | {"NPU799", "NPU798"}, None, Mode.DIFF, annotate=annotate)
     new_text, findings, _ = migrate_source(decode_source(Path("x.py"), text.encode()), "x.py", plan, NpuApi(None))
     return new_text, findings

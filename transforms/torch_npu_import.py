@@ -273,6 +273,11 @@ class NpuCodeChecker(Checker):
     rules = (NPU_CODE,)
     markers = ("torch_npu",)
 
+    @classmethod
+    def wants(cls, index) -> bool:
+        # The finding sits on the file's `import torch_npu` and needs an `.npu` use besides.
+        return index.uses("torch_npu") and index.uses("npu")
+
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         self._npu_uses: list[str] = []

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib.util
 import tomllib
 from dataclasses import dataclass
-from importlib import resources
+from pathlib import Path
 
 
 class UnknownVersionError(ValueError):
@@ -36,8 +37,10 @@ class Mapping:
 
 @functools.cache
 def load_table(name: str) -> dict:
-    """A TOML table from `transforms/data/`, read once per process."""
-    data = resources.files("npu_migrate.transforms").joinpath("data", name).read_bytes()
+    """A TOML table from `transforms/data/`, read once per process (found without importing the rules)."""
+    spec = importlib.util.find_spec("npu_migrate.transforms")
+    assert spec is not None and spec.submodule_search_locations, "npu_migrate.transforms is installed with npu_migrate"
+    data = Path(next(iter(spec.submodule_search_locations)), "data", name).read_bytes()
     return tomllib.loads(data.decode("utf-8"))
 
 
@@ -70,11 +73,32 @@ def default_version() -> str:
 
 
 class NpuApi:
-    """The torch_npu API surface of one version, and how torch.cuda names map onto it."""
+    """The torch_npu API surface of one version, and how torch.cuda names map onto it.
+
+    A version asked for by name is checked at once (UnknownVersionError); the default one is read when
+    first used, so a run whose files need no rule never parses the 250 kB table (start-up, #16)."""
+
+    #: What `_load` sets; reading any of them loads the tables.
+    _LOADED = frozenset(
+        {"version", "npu_names", "npu_amp", "distributed", "fused_ops", "cuda_names"}
+        | {"_owned", "_renamed", "_caveats", "_no_equivalent"}
+    )
 
     target = "npu"
 
     def __init__(self, version: str | None = None) -> None:
+        self._requested = version
+        if version is not None:
+            self._load()
+
+    def __getattr__(self, name: str):  # only called for attributes not set yet
+        if name in NpuApi._LOADED and "_requested" in self.__dict__:
+            self._load()
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+    def _load(self) -> None:
+        version = self._requested
         tables = load_table("torch_npu_api.toml")
         self.version = version or tables["meta"]["default"]
         if self.version not in tables["versions"]:

@@ -18,10 +18,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from npu_migrate.command import CONTEXT_SETTINGS, Command, examples, run
+from npu_migrate.command import CONTEXT_SETTINGS, Command, Group, examples, run
+from npu_migrate.config import split_codes
 
 app = typer.Typer(
     name="npu-migrate",
+    cls=Group,
     help=(
         "Migrate a PyTorch code base from NVIDIA GPUs (CUDA) to Huawei Ascend NPUs (torch_npu).\n\n"
         "Exit codes: 0 done or nothing to do; 1 a file would change (apply --check) or an open finding at or "
@@ -270,7 +272,14 @@ def apply(
         raise _fail("--stdin-filename needs `-` among the paths")
     config_paths = [Path(stdin_filename or "-").parent] if stdin else paths
     config, enabled, version = _settings(
-        config_paths, config_file, select, ignore, torch_npu_version, target.value if target else None, torch_version
+        config_paths,
+        config_file,
+        select,
+        ignore,
+        torch_npu_version,
+        target.value if target else None,
+        torch_version,
+        every_rule_lazily=True,
     )
     plan_target = {
         "target": (target.value if target else None) or config.target,
@@ -515,32 +524,42 @@ def _apply_stdin(
     return EXIT_CHANGES if summary.fails(fail_on, check=check) else EXIT_OK
 
 
-def _settings(paths, config_file, select, ignore, torch_npu_version, target=None, torch_version=None):
-    """Configuration file merged with the command line (which wins), validated; exits 2 on any error."""
+def _settings(
+    paths, config_file, select, ignore, torch_npu_version, target=None, torch_version=None, *, every_rule_lazily=False
+):
+    """Configuration file merged with the command line (which wins), validated; exits 2 on any error.
+    `every_rule_lazily`: when nothing selects or ignores a rule, `enabled` is None (every rule of the target,
+    see `Plan`), and the rules are not imported here: a run whose files no rule may want never imports them."""
     from npu_migrate.api import NpuApi, PortableApi, UnknownVersionError
     from npu_migrate.config import ConfigError, discover_config
-    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, with_torch_npu_import
 
     try:
         config = discover_config(paths, config_file)
         chosen_select = split_codes(select) or list(config.select or ["ALL"])
         chosen_ignore = split_codes(ignore) if ignore else list(config.ignore)
-        chosen_ignore += config.fused_ignores(fused_rule_names())
         chosen_target = target or config.target
-        enabled = with_torch_npu_import(select_rules(chosen_select, chosen_ignore, chosen_target), chosen_ignore)
+        every = [code.strip().upper() for code in chosen_select] == ["ALL"]
+        if every_rule_lazily and every and not chosen_ignore and config.fused is True:
+            enabled = None
+        else:
+            enabled = _selected(config, chosen_select, chosen_ignore, chosen_target)
         version = torch_npu_version or config.torch_npu_version
         NpuApi(version)
         if chosen_target == "portable":
             PortableApi(version, torch_version or config.torch_version)
-    except (ConfigError, SelectionError, UnknownVersionError) as exc:
+    except (ConfigError, UnknownVersionError) as exc:
         raise _fail(str(exc)) from None
     return config, enabled, version
 
 
-def split_codes(values):
-    from npu_migrate.registry import split_codes as split
+def _selected(config, chosen_select: list[str], chosen_ignore: list[str], target: str) -> frozenset[str]:
+    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, with_torch_npu_import
 
-    return split(values)
+    try:
+        chosen_ignore = chosen_ignore + config.fused_ignores(fused_rule_names())
+        return with_torch_npu_import(select_rules(chosen_select, chosen_ignore, target), chosen_ignore)
+    except SelectionError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _migratable(path: Path) -> bool:

@@ -8,9 +8,11 @@ takes the other side, so whatever there still cannot run on an NPU must be migra
 or the guard stays as it is and its finding names the line that blocks it.
 
 What a guard guards: the branch of an `if` / `elif` / `while` / conditional expression that now runs (for
-`!=` and `not`, the `else` side and, when the branch leaves the block or only sets flags, what follows
-it), the right operand of `and` / `or`, and the tests of a variable or attribute assigned from the guard
-(`HAS_GPU = torch.cuda.is_available()`, then every test of `HAS_GPU` in the function or module). Code
+`!=` and `not`, the `else` side; when that branch leaves by `return` / `raise` / `continue` / `break`,
+what follows it up to the function, `try` or loop it leaves, through `with` and `if` blocks; when it only
+sets flags, the tests of those flags), the right operand of `and` / `or`, and the tests of a variable or
+attribute assigned from the guard (`HAS_GPU = torch.cuda.is_available()`, then every test of `HAS_GPU` in
+the function or module, on the side the flipped value takes). Code
 that cannot run there: the reports marked `crashes` whose fix does not stand, uses of a package that only
 runs on NVIDIA GPUs (`transforms/data/third_party.toml`) and CUDA-only torch ops (`torch._scaled_mm`).
 
@@ -167,6 +169,51 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     return vetoed_import
 
 
+class _ValueNodes(cst.CSTVisitor):
+    """The nodes whose value is the assigned value, or decides it as a flag does (`a and b`, `not a`,
+    `a > 1`): not a conditional expression's test (`"npu" if ok else "cpu"`), nor an argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: set[int] = set()
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if isinstance(node, (cst.IfExp, cst.Arg, cst.Lambda, cst.Subscript)):
+            return False
+        self.ids.add(id(node))
+        return True
+
+
+def note_module_flags(ctx) -> None:
+    """A flipped guard assigned to a module-level name (`HAS_GPU = torch.cuda.is_available()`) may be tested
+    in another module (`if utils.HAS_GPU: ...`), which this file's check cannot see: the engine reads one file
+    at a time, and deciding this file from another's uses would need a pass over the project before any
+    rewrite. Its finding says so, and what to check."""
+    flipped = {id(r.node): r for r in ctx.reports if r.guard and r.applied}
+    if not flipped:
+        return
+    for statement in ctx.module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if not isinstance(small, (cst.Assign, cst.AnnAssign)) or small.value is None:
+                continue
+            names = [t.value for t in _targets(small) if isinstance(t, cst.Name)]
+            if not names:
+                continue
+            nodes = _ValueNodes()
+            small.value.visit(nodes)
+            for key in nodes.ids & flipped.keys():
+                report = flipped[key]
+                flags = ", ".join(f"`{name}`" for name in names)
+                note = (
+                    f"; {flags} is module-level: its tests in other modules are not followed, check that the code "
+                    "they guard runs on an NPU (`npu-migrate verify --smoke`)"
+                )
+                if note not in report.message:
+                    report.message += note
+
+
 def _blocking(tree: _Tree, guard: cst.CSTNode, ctx, unsafe: list[Unsafe]) -> Unsafe | None:
     """The first code that cannot run on an NPU among what `guard` guards, if any."""
     regions = {id(node) for node in _guarded(tree, guard, ctx)}
@@ -248,10 +295,12 @@ def _guard_code(tree: _Tree, node: cst.CSTNode, ctx) -> str:
     return ctx.code(node).strip()
 
 
-def _guarded(tree: _Tree, node: cst.CSTNode, ctx, seen: set[str] | None = None) -> Iterator[cst.CSTNode]:
-    """The nodes whose code runs on an NPU host once the guard at `node` is flipped (and did not before)."""
+def _guarded(
+    tree: _Tree, node: cst.CSTNode, ctx, seen: set[str] | None = None, positive: bool = True
+) -> Iterator[cst.CSTNode]:
+    """The nodes whose code runs on an NPU host once the guard at `node` is flipped (and did not before);
+    `positive` False for a value that is true where CUDA is missing."""
     seen = set() if seen is None else seen
-    positive = True
     current = node
     while True:
         parent = tree.parent(current)
@@ -271,13 +320,13 @@ def _guarded(tree: _Tree, node: cst.CSTNode, ctx, seen: set[str] | None = None) 
             if current is parent.left and isinstance(parent.operator, cst.And) == positive:
                 yield parent.right
         elif isinstance(parent, (cst.If, cst.While)) and parent.test is current:
-            yield from _branch(tree, parent, positive)
+            yield from _branch(tree, parent, positive, ctx, seen)
             return
         elif isinstance(parent, cst.IfExp) and parent.test is current:
             yield parent.body if positive else parent.orelse
             return
         elif isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
-            yield from _flag_tests(tree, parent, ctx, seen)
+            yield from _flag_tests(tree, parent, ctx, seen, (positive,))
             return
         else:
             return
@@ -304,23 +353,66 @@ def _escapes(tree: _Tree, node: cst.CSTNode) -> bool:
     return False
 
 
-def _branch(tree: _Tree, statement: cst.If | cst.While, positive: bool) -> Iterator[cst.CSTNode]:
+def _branch(tree: _Tree, statement: cst.If | cst.While, positive: bool, ctx, seen: set[str]) -> Iterator[cst.CSTNode]:
     if positive:
         yield statement.body
         return
     if statement.orelse is not None:
         yield statement.orelse
     body = statement.body.body
-    leaves = bool(body) and isinstance(_last_small(body[-1]), (cst.Return, cst.Raise, cst.Continue, cst.Break))
-    only_flags = all(
-        isinstance(s, cst.SimpleStatementLine) and all(isinstance(x, (cst.Assign, cst.AnnAssign)) for x in s.body)
-        for s in body
-    )
-    if leaves or only_flags:
-        block = tree.parent(statement)
-        statements = list(getattr(block, "body", ()))
-        if statement in statements:
-            yield from statements[statements.index(statement) + 1 :]
+    last = _last_small(body[-1]) if body else None
+    if isinstance(last, (cst.Return, cst.Raise, cst.Continue, cst.Break)):
+        yield from _after_exit(tree, statement, last)
+        return
+    if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
+        return
+    assignments = [x for s in body for x in s.body]
+    if not all(isinstance(x, (cst.Assign, cst.AnnAssign)) for x in assignments):
+        return
+    # Flags set where CUDA is missing: flipped, they keep their other value, so what changes is the code
+    # that tests them, not all that follows (`x = 1` then CUDA-only code that never reads `x`). A flag we
+    # cannot follow (`args.fp8 = False`) may be read anywhere after: all that follows counts.
+    for assign in assignments:
+        if all(_flag_key(target) is not None for target in _targets(assign)):
+            yield from _flag_tests(tree, assign, ctx, seen, _flipped_sides(assign.value))
+        else:
+            yield from _after_exit(tree, statement, None)
+
+
+def _flipped_sides(value: cst.BaseExpression | None) -> tuple[bool, ...]:
+    """Which side of a test of a flag runs once the assignment `flag = value` (made only where CUDA is
+    missing) no longer happens on an NPU: the flag keeps its other value. A false literal (`use_fp8 = False`)
+    was the NPU's value, so the true side newly runs; a `True`, the false side; any other value, either."""
+    if isinstance(value, cst.Name) and value.value in ("False", "None"):
+        return (True,)
+    if isinstance(value, cst.Integer) and value.value == "0":
+        return (True,)
+    if isinstance(value, cst.Name) and value.value == "True":
+        return (False,)
+    return (True, False)
+
+
+def _after_exit(tree: _Tree, statement: cst.CSTNode, exit: cst.CSTNode | None) -> Iterator[cst.CSTNode]:
+    """What runs after `statement` once its branch no longer leaves by `exit`: the rest of each enclosing
+    block up to the function (`return`), the loop (`continue` / `break`) or the `try` that catches it
+    (`raise`), through `with`, `if` and loop bodies (`with ctx: if not cuda: return` guards the code after
+    the `with` too). No `exit`: the rest of the statement's own block."""
+    child, node = statement, tree.parent(statement)
+    while node is not None:
+        if isinstance(node, (cst.IndentedBlock, cst.Module)):
+            body = list(node.body)
+            index = next((i for i, s in enumerate(body) if s is child), None)
+            if index is not None:
+                yield from body[index + 1 :]
+            if exit is None:
+                return
+        elif isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return
+        elif isinstance(node, (cst.For, cst.While)) and isinstance(exit, (cst.Continue, cst.Break)):
+            return
+        elif isinstance(node, (cst.Try, cst.TryStar)) and isinstance(exit, cst.Raise) and child is node.body:
+            return
+        child, node = node, tree.parent(node)
 
 
 def _last_small(statement: cst.CSTNode) -> cst.CSTNode:
@@ -329,25 +421,36 @@ def _last_small(statement: cst.CSTNode) -> cst.CSTNode:
     return statement
 
 
-def _flag_tests(tree: _Tree, assign: cst.CSTNode, ctx, seen: set[str]) -> Iterator[cst.CSTNode]:
+def _flag_tests(
+    tree: _Tree, assign: cst.CSTNode, ctx, seen: set[str], sides: tuple[bool, ...]
+) -> Iterator[cst.CSTNode]:
     """The code guarded by the tests of a flag assigned from a guard, in the function that assigns it
-    (a module-level or `self.` flag: the whole module)."""
-    targets = [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
-    for target in targets:
-        if isinstance(target, cst.Name):
-            key = target.value
-        elif isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
-            key = f"self.{target.attr.value}"
-        else:
-            continue
-        if key in seen:
+    (a module-level or `self.` flag: the whole module); `sides` says which side of a test of the flag now
+    runs on an NPU (True: the side a true flag takes)."""
+    for target in _targets(assign):
+        key = _flag_key(target)
+        if key is None or key in seen:
             continue
         seen.add(key)
         scope = _scope(tree, assign) if isinstance(target, cst.Name) else None
         for use in tree.names.get(key, ()):
             if use is target or (scope is not None and not tree.inside(use, {id(scope)})):
                 continue
-            yield from _guarded(tree, use, ctx, seen)
+            for side in sides:
+                yield from _guarded(tree, use, ctx, seen, side)
+
+
+def _targets(assign: cst.CSTNode) -> list[cst.BaseExpression]:
+    return [t.target for t in assign.targets] if isinstance(assign, cst.Assign) else [assign.target]
+
+
+def _flag_key(target: cst.BaseExpression) -> str | None:
+    """How `_Tree.names` knows the uses of a flag: a plain name, or `self.x`; None for what it cannot follow."""
+    if isinstance(target, cst.Name):
+        return target.value
+    if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+        return f"self.{target.attr.value}"
+    return None
 
 
 def _scope(tree: _Tree, node: cst.CSTNode) -> cst.CSTNode | None:

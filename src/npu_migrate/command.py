@@ -5,15 +5,39 @@ from __future__ import annotations
 
 import functools
 import sys
+from pathlib import Path
+from typing import get_args, get_origin
 
 import typer
-from typer.core import TyperArgument, TyperCommand, TyperOption
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+try:  # typer >= 0.2x: converts values itself (through pydantic), with this for paths
+    from typer._param_types import coerce_cli_path
+except ImportError:  # older typer: click converts them, and `_LightCoercion` is not used
+    coerce_cli_path = None
 
 #: The Typer settings every app of ours uses: `-h` as well as `--help`, and no rich formatting.
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 
-class Command(TyperCommand):
+class _LightParams:
+    """Every parameter of the command (the help option click adds too) converted by `_LightCoercion`."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            typer_coercion = getattr(param, "get_runtime_param", None)  # typer >= 0.2x
+            if typer_coercion is not None and hasattr(param, "type_descriptor") and not hasattr(param, "_light"):
+                param._light = True
+                param.get_runtime_param = functools.partial(_LightCoercion, typer_coercion)
+        return params
+
+
+class Group(_LightParams, TyperGroup):
+    """The `npu-migrate` group (its `--version` and `--help`)."""
+
+
+class Command(_LightParams, TyperCommand):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         for param in self.params:
@@ -22,6 +46,44 @@ class Command(TyperCommand):
                 param._usage_display_name = functools.partial(_usage_name, param)
             elif isinstance(param, TyperOption) and param.metavar is None:
                 param.display_type_rich = functools.partial(_plain_metavar, param)
+
+
+class _LightCoercion:
+    """typer (>= 0.2x) converts every parameter's value through a pydantic TypeAdapter, and importing
+    pydantic is a third of what a one-file `apply --check` costs. The values that need no conversion are
+    taken as typer would return them: None, a default that already has its type, strings for `str` and
+    `list[str]`, and paths, which typer's own `coerce_cli_path` checks once made `Path`s (all pydantic
+    does for them). Anything else goes to typer's coercion, built when first needed."""
+
+    def __init__(self, typer_coercion) -> None:
+        self._typer_coercion = typer_coercion  # the parameter's own `get_runtime_param`
+
+    def coerce(self, value, param, ctx):
+        descriptor = param.type_descriptor
+        info = descriptor.parameter_info
+        multi = param.multiple or param.nargs == -1
+        if value is None:
+            return () if multi else None  # as typer's RuntimeParam.coerce
+        annotation = descriptor.annotation
+        if info.parser is None and descriptor.file_annotation is None:
+            element = _list_of(annotation) if multi else annotation
+            values = list(value) if multi and isinstance(value, (list, tuple)) else None
+            if element is str and values is not None and all(isinstance(v, str) for v in values):
+                return values
+            if isinstance(element, type) and issubclass(element, Path) and info.path_type is None:
+                if values is not None and all(isinstance(v, str) for v in values):
+                    return [coerce_cli_path(element(v), info, path_type=element, param=param, ctx=ctx) for v in values]
+                if not multi and isinstance(value, str):
+                    return coerce_cli_path(element(value), info, path_type=element, param=param, ctx=ctx)
+            elif not multi and isinstance(annotation, type) and isinstance(value, annotation):
+                in_range = (info.min is None or value >= info.min) and (info.max is None or value <= info.max)
+                if not descriptor.is_ranged or in_range:
+                    return value
+        return self._typer_coercion().coerce(value, param=param, ctx=ctx)
+
+
+def _list_of(annotation):
+    return get_args(annotation)[0] if get_origin(annotation) is list and len(get_args(annotation)) == 1 else None
 
 
 def _no_type(ctx) -> None:

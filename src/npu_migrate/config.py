@@ -165,3 +165,8 @@ def load_config(path: Path | None) -> Config:
 
 def discover_config(paths: list[Path], explicit: Path | None = None) -> Config:
     return load_config(explicit if explicit is not None else find_pyproject(paths))
+
+
+def split_codes(values: list[str] | None) -> list[str]:
+    """`--select NPU1,NPU201 --select NPU3` -> ["NPU1", "NPU201", "NPU3"] (also `--exclude`, `--mode`)."""
+    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]

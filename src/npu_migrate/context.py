@@ -192,6 +192,7 @@ class FileContext:
         accepted = self._decide()
         while coherence.check(self, line_of or (lambda node: 0)):
             accepted = self._decide()  # a vetoed guard reached through an import: other uses may fall back
+        coherence.note_module_flags(self)
         for key, reasons in self._vetoes.items():
             if key in self._plans:
                 self._plans[key].vetoes.extend(reasons)

@@ -5,16 +5,22 @@ hunk's lines replace the original's, so the result is exactly the migrated text 
 hunks (all accepted: what `apply` writes; none: the file as it was). Nothing is written until the review
 ends; then every file is checked to still hold what was read, and only if all do are they written: an
 interrupted review (Ctrl-C, end of input) or a file edited meanwhile writes nothing.
+
+Hunks are not always independent: one may add a name another uses (`import torch_npu`, which every
+`torch.npu` / `.npu()` / `"npu"` rewrite needs; a helper such as `_npu_sdpa` or its import). Accepting a
+hunk accepts what it needs, and says so; a needed hunk declined earlier is brought back by accepting one
+that needs it. So no answer writes a file that fails with a NameError or without torch_npu.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npu_migrate import kinds
+from npu_migrate import kinds, registry
 from npu_migrate.api import NpuApi
 from npu_migrate.findings import Finding
 from npu_migrate.pipeline import _GIT_LINE, Job, Plan, migrate_file, unified_diff, validate
@@ -26,6 +32,7 @@ a - apply this hunk and all later hunks in the file
 d - do not apply this hunk or any of the later hunks in the file
 q - quit; do not apply this hunk or any of the remaining ones (the hunks accepted so far are written)
 ? - print help
+A hunk that uses a name another hunk adds (`import torch_npu`, a helper) brings that hunk with it.
 """
 
 
@@ -34,6 +41,7 @@ class Hunk:
     opcodes: list[tuple[str, int, int, int, int]]
     text: str  # as `unified_diff` prints it, from its "@@" line
     findings: list[Finding] = field(default_factory=list)  # those on the original lines it replaces
+    needs: dict[int, str] = field(default_factory=dict)  # hunk index -> the name it adds that this hunk uses
 
 
 @dataclass
@@ -46,6 +54,22 @@ class Review:
     migrated: str
     hunks: list[Hunk]
     accepted: set[int] = field(default_factory=set)
+
+    def accept(self, index: int, say: Callable[[str], None]) -> None:
+        """Accept hunk `index` and, transitively, the hunks it needs; tell the user of each one brought in."""
+        pending = [index]
+        while pending:
+            current = pending.pop()
+            if current in self.accepted:
+                continue
+            self.accepted.add(current)
+            for needed, name in sorted(self.hunks[current].needs.items()):
+                if needed not in self.accepted:
+                    say(
+                        f"# hunk {needed + 1}/{len(self.hunks)} applied too: it adds `{name}`, which hunk "
+                        f"{current + 1} uses\n"
+                    )
+                    pending.append(needed)
 
     def result(self) -> str:
         return restrict(self.source.text, self.migrated, [self.hunks[i] for i in sorted(self.accepted)])
@@ -95,7 +119,65 @@ def prepare(job: Job, plan: Plan, api: NpuApi) -> Review | None:
     if migrated == source.text:
         return None
     validate(migrated, job.display, kind)
-    return Review(job, source, kind, migrated, split_hunks(job.display, source.text, migrated, findings))
+    hunks = split_hunks(job.display, source.text, migrated, findings)
+    if kind == kinds.PYTHON:
+        link(hunks, source.text, migrated)
+    return Review(job, source, kind, migrated, hunks)
+
+
+#: What a rewrite that needs torch_npu (`Rule.needs_torch_npu`, the rule NPU001 follows) uses.
+TORCH_NPU = "torch_npu"
+
+
+def link(hunks: list[Hunk], before: str, after: str) -> None:
+    """Fill each hunk's `needs`: the hunks adding a module-level name (absent from `before`) that its new
+    lines use, and the hunk adding `import torch_npu` for a hunk whose fixes need it."""
+    try:
+        old, new = ast.parse(before), ast.parse(after)
+    except (SyntaxError, ValueError):
+        return  # validate() has parsed `after`; an original ast cannot read has no names to lose
+    owner: dict[int, int] = {}  # 1-based line of `after` -> the hunk that writes it
+    for index, hunk in enumerate(hunks):
+        for tag, _, _, j1, j2 in hunk.opcodes:
+            if tag != "equal":
+                owner.update(dict.fromkeys(range(j1 + 1, j2 + 1), index))
+    existing = {name for name, _ in _module_bindings(old)}
+    adds = {name: owner[line] for name, line in _module_bindings(new) if name not in existing and line in owner}
+    for index, hunk in enumerate(hunks):
+        used = {
+            node.id: node.lineno
+            for node in ast.walk(new)
+            if isinstance(node, ast.Name) and owner.get(node.lineno) == index
+        }
+        if any(f.fixed and registry.rule(f.rule_id).needs_torch_npu for f in hunk.findings):
+            used[TORCH_NPU] = 0
+        for name in used:
+            adder = adds.get(name)
+            if adder is not None and adder != index:
+                hunk.needs.setdefault(adder, name)
+
+
+def _module_bindings(tree: ast.Module) -> Iterator[tuple[str, int]]:
+    """The names bound at module level (also in module-level `if` / `try` blocks), with their lines."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                yield (alias.asname or alias.name.split(".")[0]), node.lineno
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node.name, node.lineno
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        yield name.id, node.lineno
+        elif isinstance(node, (ast.If, ast.Try, ast.TryStar, ast.With)):
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                pending.extend(getattr(node, block, ()))
+        elif isinstance(node, ast.ExceptHandler):
+            pending.extend(node.body)
 
 
 def ask(review: Review, ask_line: Callable[[str], str], say: Callable[[str], None]) -> None:
@@ -109,12 +191,20 @@ def ask(review: Review, ask_line: Callable[[str], str], say: Callable[[str], Non
         for finding in hunk.findings:
             say(f"# {finding.rule_id}{' [fixed]' if finding.fixed else ''} {finding.message}\n")
         say(hunk.text)
+        if index in review.accepted:
+            say(f"({index + 1}/{total}) applied: a hunk accepted before needs it\n")
+            index += 1
+            continue
+        for needed, name in sorted(hunk.needs.items()):
+            if needed not in review.accepted:
+                say(f"# needs hunk {needed + 1}/{total}, which adds `{name}`: applying this hunk applies it too\n")
         answer = ask_line(f"({index + 1}/{total}) Apply this hunk to {review.job.display} [y,n,a,d,q,?]? ")
         answer = answer.strip().lower()[:1]
         if answer == "y":
-            review.accepted.add(index)
+            review.accept(index, say)
         elif answer == "a":
-            review.accepted.update(range(index, total))
+            for later in range(index, total):
+                review.accept(later, say)
             return
         elif answer == "d":
             return

@@ -8,26 +8,26 @@ from __future__ import annotations
 import ast
 import difflib
 import enum
+import importlib
 import re
 import signal
+import sys
 import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import libcst as cst
-
-from npu_migrate import kinds, notebooks, scoped
+from npu_migrate import kinds, markers, notebooks
 from npu_migrate.api import DEFAULT_TARGET, NpuApi, PortableApi
-from npu_migrate.astindex import AstIndex, text_words
-from npu_migrate.checkers import Checker, TreeChecker
-from npu_migrate.context import FileContext
 from npu_migrate.findings import Finding
-from npu_migrate.fixes import apply_fixes, node_code, skip_statements_apart
-from npu_migrate.lines import StatementIndex, Suppressions, line_of, source_lines, todo_edits
-from npu_migrate.positions import positions_of
-from npu_migrate.registry import all_checkers, select_rules, text_checkers
 from npu_migrate.source import SourceError, SourceFile, atomic_write, decode_source, parse_python, read_source
-from npu_migrate.textfiles import apply_reports
+
+# The rules, libcst and what works on its trees are imported where a file first needs them: a file no
+# checker may want (`markers.may_match`) is answered without them (start-up of `apply --check`, #16).
+if TYPE_CHECKING:
+    import libcst as cst
+
+    from npu_migrate.checkers import Checker
 
 
 class Status(str, enum.Enum):
@@ -65,7 +65,7 @@ class FileResult:
 class Plan:
     """What every worker needs to know: the enabled rules, the torch_npu version, the mode."""
 
-    enabled: frozenset[str]
+    enabled: frozenset[str] | None  # the ids of the selected rules; None: every rule (read when a file needs it)
     torch_npu_version: str | None
     mode: Mode
     annotate: bool = False  # insert `# TODO(npu-migrate ...)` above open findings
@@ -75,12 +75,37 @@ class Plan:
     torch_version: str | None = None  # the portable target's torch version (`torch_accelerator.toml`)
 
     def enabled_for(self, job_ignore: tuple[str, ...]) -> frozenset[str]:
+        enabled = self.enabled
+        if enabled is None:
+            from npu_migrate.registry import select_rules
+
+            enabled = select_rules(target=self.target)
         if not job_ignore:
-            return self.enabled
-        return frozenset(r for r in self.enabled if not any(r.startswith(code) for code in job_ignore))
+            return enabled
+        return frozenset(r for r in enabled if not any(r.startswith(code) for code in job_ignore))
+
+
+_ENGINE = ("npu_migrate.registry", "npu_migrate.scoped", "npu_migrate.context", "npu_migrate.textfiles")
+
+
+def _import_engine() -> None:
+    """Import the rules and libcst, the first time a file needs them, with the file's time limit (--timeout,
+    an itimer) paused: the file must neither pay for the import nor be interrupted in the middle of it."""
+    if all(name in sys.modules for name in _ENGINE):
+        return
+    timed = hasattr(signal, "setitimer") and _in_main_thread()
+    left, _ = signal.setitimer(signal.ITIMER_REAL, 0) if timed else (0.0, 0.0)
+    try:
+        for name in _ENGINE:
+            importlib.import_module(name)
+    finally:
+        if left > 0:
+            signal.setitimer(signal.ITIMER_REAL, left)
 
 
 def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
+    from npu_migrate.registry import all_checkers
+
     return [c for c in all_checkers() if any(r.id in enabled for r in c.rules)]
 
 
@@ -107,6 +132,13 @@ def migrate_source(
     """The migrated text of one file, its findings, and whether any rule looked into it.
     Raises SourceError for unparsable input."""
     text = source.text
+    if not markers.may_match(text):
+        return text, [], False
+    _import_engine()
+    from npu_migrate import scoped
+    from npu_migrate.astindex import AstIndex, text_words
+    from npu_migrate.checkers import TreeChecker
+
     enabled = plan.enabled_for(job_ignore)
     # The prefilter: a checker whose markers are all absent cannot match, so the file is not parsed for it.
     checkers = _checkers(enabled)
@@ -148,6 +180,13 @@ def _migrate_cst(
     text: str, display: str, plan: Plan, api: NpuApi, enabled: frozenset[str], active: list[type[Checker]]
 ) -> tuple[str, list[Finding]]:
     """The libcst checkers' part: parse, visit, decide, fix, all on the whole module."""
+    import libcst as cst
+
+    from npu_migrate.context import FileContext
+    from npu_migrate.fixes import apply_fixes, node_code
+    from npu_migrate.lines import StatementIndex, Suppressions, line_of, source_lines, todo_edits
+    from npu_migrate.positions import positions_of
+
     try:
         module = cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -220,6 +259,8 @@ def _migrate_cst(
 def _skip_unfixed(module: cst.Module, fixes, positions):
     """The fix pass's `skip`: top-level statements (their positions are known) with no fixed node inside.
     A fix of the module itself (an added import) is applied when the walk leaves it, whatever is skipped."""
+    from npu_migrate.fixes import skip_statements_apart
+
     spans = []
     for node, _ in fixes:
         if node is module:
@@ -238,6 +279,10 @@ def migrate_file(
     if kind == kinds.NOTEBOOK:
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
+        _import_engine()
+        from npu_migrate.registry import text_checkers
+        from npu_migrate.textfiles import apply_reports
+
         enabled = plan.enabled_for(job_ignore)
         reports = [
             r for c in text_checkers() if kind in c.kinds for r in c(enabled, plan.target).check(source.text, kind)
@@ -387,6 +432,8 @@ def migrate_text(
 ) -> tuple[str, list[Finding]]:
     """Migrate text in memory: the Python API used by tests, `analyze` and editors. `path` (its name)
     decides the file kind: Python unless it names a notebook, a launch script or another known kind."""
+    from npu_migrate.registry import select_rules
+
     plan = Plan(
         select_rules(select, ignore, target),
         torch_npu_version,

@@ -140,11 +140,6 @@ def with_torch_npu_import(enabled: frozenset[str], ignore: list[str]) -> frozens
     return enabled | {IMPORT_TORCH_NPU.id}
 
 
-def split_codes(values: list[str] | None) -> list[str]:
-    """`--select NPU1,NPU201 --select NPU3` -> ["NPU1", "NPU201", "NPU3"]."""
-    return [part.strip() for value in values or [] for part in value.split(",") if part.strip()]
-
-
 def fused_rule_names() -> dict[str, str]:
     """Rule name -> id for the fused-operator rules, which `fused = {...}` in the configuration names."""
     return {r.name: r.id for r in rules_tagged("fused")}

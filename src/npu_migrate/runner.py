@@ -12,11 +12,12 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from npu_migrate.pipeline import FileResult, Job, Plan, Status, process
+
+if TYPE_CHECKING:  # the pool (multiprocessing, sockets ...) is imported only by a run that starts one
+    from concurrent.futures import ProcessPoolExecutor
 
 #: Below this many files a pool costs more to start than it saves.
 INLINE_LIMIT = 8
@@ -67,6 +68,8 @@ def run_each(
         for item in items:
             yield work(item, context)
         return
+    from concurrent.futures.process import BrokenProcessPool
+
     call = functools.partial(_call, work)
     # Small chunks keep the pool busy when a few files are much slower than the rest.
     chunksize = max(1, min(16, len(items) // (workers * 8)))
@@ -86,6 +89,8 @@ def run_each(
 def _isolated(
     call: Callable[[Item], Result], item: Item, context: Context, crashed: Callable[[Item], Result]
 ) -> Result:
+    from concurrent.futures.process import BrokenProcessPool
+
     try:
         with _pool(1, context) as pool:
             return pool.submit(call, item).result()
@@ -135,6 +140,8 @@ _CONTEXT: Any = None
 
 
 def _pool(workers: int, context: Any) -> ProcessPoolExecutor:
+    from concurrent.futures import ProcessPoolExecutor
+
     return ProcessPoolExecutor(max_workers=workers, initializer=_start_worker, initargs=(context,))
 
 

@@ -115,8 +115,8 @@ def analyze_command(
     from npu_migrate.analyze.output import render, summary_lines, write_reports
     from npu_migrate.analyze.project import AnalysisError, Project, Settings
     from npu_migrate.api import NpuApi, UnknownVersionError
-    from npu_migrate.config import ConfigError, discover_config
-    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, split_codes
+    from npu_migrate.config import ConfigError, discover_config, split_codes
+    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules
     from npu_migrate.runner import Progress
 
     chosen = split_codes(mode) or ["torch_apis"]
