@@ -11,9 +11,9 @@ and evaluated as before, and only gets renamed to a typed wrapper with SDPA's si
 tensors are on an NPU and `_npu_fusion_sdpa` can map them, traps included (inverted bool mask, scale
 always passed, the compressed causal mask with sparse_mode 2, keep_prob = 1 - dropout_p).
 
-Hand-written attention (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`) and flash-attn calls
-are reported, not rewritten: proving them equal to SDPA (mask polarity and kind, scale, dropout, what
-the function returns) is left to a person.
+Hand-written attention (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`) is reported, not
+rewritten: proving it equal to SDPA (mask polarity and kind, scale, dropout, what the function returns)
+is left to a person. flash-attn calls are NPU705's (`flash_attn.py`).
 """
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ ATTENTION = Rule(
     Float (additive) masks run the original call: the kernel has no additive mask besides `pse`, whose
     shapes and scaling differ. Reported without a rewrite: hand-written attention
     (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`, e.g. HF's `eager_attention_forward`, which
-    also returns the probabilities the kernel does not compute) and flash-attn's `flash_attn_func`
-    (BSND layout, bottom-right causal: sparse_mode 3).
+    also returns the probabilities the kernel does not compute).
     """,
     why="""
     `torch_npu.npu_fusion_attention` is the NPU's fused attention kernel, and its conventions differ from
@@ -185,27 +184,13 @@ ATTENTION = Rule(
 HELPER = "fused/sdpa.py.j2"
 WRAPPER = "_npu_sdpa"
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
-FLASH_ATTN = (
-    "flash_attn.flash_attn_func",
-    "flash_attn.flash_attn_interface.flash_attn_func",
-    "flash_attn.flash_attn_varlen_func",
-    "flash_attn.flash_attn_interface.flash_attn_varlen_func",
-)
 _SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax")
 _MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
 
 
-def match_call(name: str | None, api, names=None) -> Outcome | None:
+def match_call(name: str | None, api, names=None, call=None) -> Outcome | None:
     """What to do with a call of the function `name` (a resolved qualified name), in a file whose
     identifiers are `names` (when known)."""
-    if name in FLASH_ATTN:
-        return Outcome(
-            ATTENTION,
-            f"`{name.rsplit('.', 1)[-1]}` not rewritten: flash-attn does not run on an NPU; map it by hand to "
-            '`torch_npu.npu_fusion_attention(q, k, v, q.shape[2], "BSND", scale=softmax_scale or 1/sqrt(D), '
-            "keep_prob=1 - dropout_p)[0]`, and for causal=True (bottom-right aligned) add "
-            "`atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=q.device).triu(1), sparse_mode=3`",
-        )
     if name != SDPA:
         return None
     if names is not None and "npu_fusion_attention" in names:
@@ -324,12 +309,12 @@ def match(fn: Function) -> Outcome | None:
 
 IDIOM = Idiom(
     rule=ATTENTION,
-    markers=("scaled_dot_product_attention", "flash_attn", "softmax"),
-    identifiers=("scaled_dot_product_attention", "flash_attn_func", "softmax"),
+    markers=("scaled_dot_product_attention", "softmax"),
+    identifiers=("scaled_dot_product_attention", "softmax"),
     kernels=("npu_fusion_attention",),
     match=match,
     helpers={HELPER: WRAPPER},
-    calls=(SDPA, *FLASH_ATTN),
+    calls=(SDPA,),
     match_call=match_call,
     wrap_call=wrap,
 )
