@@ -204,3 +204,14 @@ def test_sequence_ends_with_the_leading_zero_are_rejected_as_the_device_rejects_
     # cu_seqlens as flash-attn has them (a leading 0) are not the kernel's actual_seq_qlen.
     with pytest.raises(reference.NpuOpError, match="without a leading 0"):
         _compare("varlen", torch.float32, mutate=[("q_ends, kv_ends = q_ends[1:], kv_ends[1:]", "")])
+
+
+def test_a_call_behind_a_guard_that_is_false_on_an_npu_host_says_so():
+    from npu_migrate.pipeline import migrate_text
+
+    source = (CASES / "guarded.in.py").read_text(encoding="utf-8")
+    _, findings = migrate_text(source, path="guarded.py", select=["NPU705"])
+    (call,) = [f for f in findings if f.line == 13]
+    assert "its guard `flash_attn_func is not None and q.is_cuda` is False" in call.message
+    (other,) = [f for f in migrate_text((CASES / "flash_calls.in.py").read_text(), path="f.py")[1] if f.line == 12]
+    assert "guard" not in other.message

@@ -267,6 +267,7 @@ class FusedOpsChecker(TreeChecker):
         self._scan_calls = any(
             idiom.rule.id in self.enabled and index.uses(name.rsplit(".", 1)[-1]) for name, idiom in CALL_IDIOMS.items()
         )
+        self._guards: list[ast.expr] = []  # the tests of the `if`s, in the function, whose body is walked
         self._walk(tree.body, owner=None)
         self._optional_imports(tree)
         self._prelude(tree)
@@ -294,7 +295,14 @@ class FusedOpsChecker(TreeChecker):
                 continue  # our helpers call SDPA and the kernels themselves
             elif isinstance(node, _DEFS):
                 self._function(node, owner)
+                enclosing, self._guards = self._guards, []
                 self._walk(node.body, owner=None)
+                self._guards = enclosing
+            elif isinstance(node, ast.If):
+                self._guards.append(node.test)
+                self._walk(node.body, owner)
+                self._guards.pop()
+                self._walk(node.orelse, owner)
             else:
                 blocks = [getattr(node, a, None) for a in ("body", "orelse", "finalbody")]
                 blocks += [h.body for h in getattr(node, "handlers", ())] + [c.body for c in getattr(node, "cases", ())]
@@ -331,7 +339,7 @@ class FusedOpsChecker(TreeChecker):
         idiom = CALL_IDIOMS.get(name)
         if idiom is None or idiom.rule.id not in self.enabled:
             return
-        outcome = idiom.match_call(name, self.api, self.names, node)
+        outcome = idiom.match_call(name, self.api, self.names, node, tuple(self._guards))
         if outcome is None:
             return
         function = name.rsplit(".", 1)[-1]
@@ -414,7 +422,12 @@ class FusedOpsChecker(TreeChecker):
             wrapped = [r.node for _, r in self.applied if r.rule is idiom.rule and isinstance(r.node, ast.Call)]
             if wrapped:
                 for decision in optional_imports.decide(tree, idiom.optional_package, wrapped, self._alone):
-                    self.reports.append(TreeReport(idiom.rule, decision.statement, decision.message, fix=decision.fix))
+                    # Not a site of the idiom: analyze's affinity report counts sites, not this.
+                    self.reports.append(
+                        TreeReport(
+                            idiom.rule, decision.statement, decision.message, fix=decision.fix, data={"fused": "import"}
+                        )
+                    )
 
     def _alone(self, stmt: ast.stmt) -> bool:
         """Whether no other statement shares the lines of `stmt`."""

@@ -188,7 +188,7 @@ _SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softm
 _MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
 
 
-def match_call(name: str | None, api, names=None, call=None) -> Outcome | None:
+def match_call(name: str | None, api, names=None, call=None, guards=()) -> Outcome | None:
     """What to do with a call of the function `name` (a resolved qualified name), in a file whose
     identifiers are `names` (when known)."""
     if name != SDPA:

@@ -270,7 +270,20 @@ def _passes(keyword: ast.keyword, default) -> bool:
         return False
 
 
-def match_call(name: str, api, names=None, call: ast.Call | None = None) -> Outcome:
+def _blocking_guard(call: ast.Call | None, guards: tuple[ast.expr, ...]) -> ast.expr | None:
+    """The test of an enclosing `if` that is False on an NPU host: `x.is_cuda`, or the presence of the
+    function called (`flash_attn_func is not None`, `if flash_attn_func:`), absent there."""
+    called = call.func.id if call is not None and isinstance(call.func, ast.Name) else None
+    for test in guards:
+        for node in ast.walk(test):
+            if isinstance(node, ast.Attribute) and node.attr == "is_cuda":
+                return test
+            if isinstance(node, ast.Name) and node.id == called:
+                return test
+    return None
+
+
+def match_call(name: str, api, names=None, call: ast.Call | None = None, guards=()) -> Outcome:
     function = QUALIFIED[name]
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
         return Outcome(FLASH_ATTN, f"`{function}` not rewritten: torch_npu {api.version} has no npu_fusion_attention")
@@ -280,10 +293,19 @@ def match_call(name: str, api, names=None, call: ast.Call | None = None) -> Outc
             return Outcome(FLASH_ATTN, f"`{function}` not rewritten: it passes `{keyword.arg}`, {what}")
     layout = "TND" if function in ("flash_attn_varlen_func", "flash_attn_unpadded_func") else "BSND"
     causal = "sparse_mode 2, top-left as flash-attn 1.x" if function == "flash_attn_unpadded_func" else "sparse_mode 3"
+    message = (
+        f"`{function}` gets torch_npu's npu_fusion_attention on NPU tensors (`_npu_{function}`, {layout}, "
+        f"causal as {causal}); elsewhere the function runs as before"
+    )
+    guard = _blocking_guard(call, guards)
+    if guard is not None:
+        message += (
+            f"; on an NPU host its guard `{ast.unparse(guard)}` is False (flash-attn is absent there), so the code's "
+            "own fallback runs: let the guard pass for NPU tensors to take the kernel"
+        )
     return Outcome(
         FLASH_ATTN,
-        f"`{function}` gets torch_npu's npu_fusion_attention on NPU tensors (`_npu_{function}`, {layout}, "
-        f"causal as {causal}); elsewhere the function runs as before",
+        message,
         template=_template(function),
         helpers=(CAUSAL_MASK, CORE, *(_template(f) for f in FUNCTIONS[function])),
         context={"wrapper": f"_npu_{function}"},

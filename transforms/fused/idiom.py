@@ -43,10 +43,11 @@ class Idiom:
     #: inserted once per file, and recognised as present by that name.
     helpers: Mapping[str, str] = field(default_factory=dict)
     #: Qualified names of functions whose calls the idiom rewrites where they stand (as SDPA's), with
-    #: `match_call(name, api, names, call)` deciding (`names`: the file's identifiers; `call`: the `ast`
-    #: node) and `wrap_call(call, **outcome.context)` the libcst fix of the call.
+    #: `match_call(name, api, names, call, guards)` deciding (`names`: the file's identifiers; `call`: the
+    #: `ast` node; `guards`: the tests of the `if`s of its function whose body holds it) and
+    #: `wrap_call(call, **outcome.context)` the libcst fix of the call.
     calls: tuple[str, ...] = ()
-    match_call: Callable[[str, object, object, ast.Call], Outcome | None] | None = None
+    match_call: Callable[[str, object, object, ast.Call, tuple[ast.expr, ...]], Outcome | None] | None = None
     wrap_call: Callable[..., cst.Call] | None = None
     #: The package `calls` come from when an NPU host does not have it (flash_attn): its calls also match
     #: through a name a try-import binds and its `except` rebinds (`flash_attn_func = None`), and a
