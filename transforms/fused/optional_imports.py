@@ -40,12 +40,24 @@ def decide(tree: ast.Module, package: str, wrapped: list[ast.Call], one_line) ->
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             loads.setdefault(node.id, []).append(node)
+    roots = {_root(call.func) for call in wrapped}
     for stmt in tree.body:
+        if isinstance(stmt, ast.Import):
+            bound = {(alias.asname or alias.name).split(".")[0] for alias in stmt.names if _of(alias.name, package)}
+            if bound & roots:
+                yield Decision(
+                    stmt,
+                    f"`import {', '.join(alias.name for alias in stmt.names)}` left unconditional: the wrapped calls "
+                    f"read their function from the module, which a fallback of None cannot serve; on an NPU host "
+                    f"({package} does not install there) this module does not import: import the functions by name "
+                    f"(`from {package} import ...`) and run again",
+                )
+            continue
         if not (
             isinstance(stmt, ast.ImportFrom)
             and stmt.level == 0
             and stmt.module is not None
-            and (stmt.module == package or stmt.module.startswith(package + "."))
+            and _of(stmt.module, package)
         ):
             continue
         bound = [alias.asname or alias.name for alias in stmt.names]
@@ -72,6 +84,16 @@ def decide(tree: ast.Module, package: str, wrapped: list[ast.Call], one_line) ->
                 "take torch_npu's kernel",
                 fix=_conditional(package, bound),
             )
+
+
+def _of(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _root(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def _conditional(package: str, names: list[str]):
