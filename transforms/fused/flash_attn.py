@@ -141,12 +141,10 @@ FLASH_ATTN = Rule(
                 return isinstance(tensor, torch.Tensor) and _is_npu(tensor)
 
 
-            def _npu_flash_attn(function, **call):
-                fused, why = _npu_fusion_flash(**call)
-                if fused is None:
-                    # flash-attn does not run on an NPU: there is nothing else to call.
-                    raise RuntimeError(f"{function} on NPU tensors: torch_npu's npu_fusion_attention cannot compute it: {why}")
-                return fused
+            def _npu_flash_attn_declined(function, name, why):
+                """On NPU tensors the kernel cannot take: the name's fallback (if the file bound one) runs, or this says why."""
+                if function is None:  # flash-attn does not run on an NPU: there is nothing else to call
+                    raise RuntimeError(f"{name} on NPU tensors: torch_npu's npu_fusion_attention cannot compute it: {why}")
 
 
             def _npu_fusion_flash(
@@ -224,10 +222,12 @@ FLASH_ATTN = Rule(
 
             def _npu_flash_attn_func(flash_attn_func, *args, **kwargs):
                 """`flash_attn_func(*args, **kwargs)`; on NPU tensors, torch_npu's npu_fusion_attention computes it."""
-                # Anywhere else the function itself runs, with the arguments it was given.
-                if not _is_npu_flash_call(args, kwargs, "q"):
-                    return flash_attn_func(*args, **kwargs)
-                return _npu_flash_attn("flash_attn_func", **_flash_attn_func_args(*args, **kwargs))
+                if _is_npu_flash_call(args, kwargs, "q"):
+                    fused, why = _npu_fusion_flash(**_flash_attn_func_args(*args, **kwargs))
+                    if fused is not None:
+                        return fused
+                    _npu_flash_attn_declined(flash_attn_func, "flash_attn_func", why)
+                return flash_attn_func(*args, **kwargs)
 
 
             def _flash_attn_func_args(
