@@ -289,10 +289,10 @@ class FusedOpsChecker(TreeChecker):
                     + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
                     + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
                 )
+            if isinstance(node, (*_DEFS, ast.ClassDef)) and node.name.startswith("_") and node.name in _own_helpers():
+                continue  # our helpers call SDPA and the kernels themselves
             if isinstance(node, ast.ClassDef):
                 self._walk(node.body, owner=node)
-            elif isinstance(node, _DEFS) and node.name.startswith("_") and node.name in _own_helpers():
-                continue  # our helpers call SDPA and the kernels themselves
             elif isinstance(node, _DEFS):
                 self._function(node, owner)
                 enclosing, self._guards = self._guards, []
