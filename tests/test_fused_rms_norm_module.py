@@ -2,7 +2,8 @@
 
 The migrated fixture runs with `_is_npu` forced true and the CPU reference kernels of
 `npu_migrate.verify.reference` as `torch_npu`, against the original: fp32 cosine >= 0.999, bf16 >= 0.99,
-the kernel called for the norms it can compute (a weight, an explicit eps) and not for the others. With
+the kernel called for the norms it can compute (an explicit eps; without a weight, a gamma of ones) and
+not for the others. With
 `_is_npu` false it computes the original's bits; the checkpoint keys and `isinstance` are unchanged; and it
 survives TorchScript, FX and torch.compile as the original does. A broken branch (the weight dropped)
 fails the comparison.
@@ -68,9 +69,9 @@ def test_the_npu_path_computes_what_rms_norm_does(dtype, least, tmp_path):
     original, migrated, x = _blocks(tmp_path, dtype, npu=True)
     before = TORCH_NPU.calls["npu_rms_norm"]
     got = migrated(x)
-    # The weighted norms with an explicit eps (one over the last dim, one over the last two); not the one
-    # with eps=None nor the one without a weight.
-    assert TORCH_NPU.calls["npu_rms_norm"] == before + 2
+    # The norms with an explicit eps (over the last dim, the last two, and one without a weight: a gamma of
+    # ones); not the one with eps=None.
+    assert TORCH_NPU.calls["npu_rms_norm"] == before + 3
     assert got.dtype == dtype and _cosine(got, original(x)) >= least
 
 

@@ -8,8 +8,8 @@ parameters and state-dict keys, whose forward has the branch:
 
 `_NpuRMSNorm` (templates/fused/rms_norm_module.py.j2) is an `nn.RMSNorm` (`isinstance` checks, weight
 initialisation and checkpoints are unchanged) whose forward calls `F.rms_norm` as torch's does, unless the
-input is on an NPU and the kernel computes the same: a weight (elementwise_affine) in x's dtype, an explicit
-eps, 2 to 8 dims. It is scriptable (torch's own forward, written out: TorchScript has no `super()`).
+input is on an NPU and the kernel computes the same: a weight in x's dtype (or none: a gamma of ones), an
+explicit eps, 2 to 8 dims. It is scriptable (torch's own forward, written out: TorchScript has no `super()`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ RMS_NORM_MODULE = Rule(
     subclass of `nn.RMSNorm` with its constructor, parameters and state-dict keys, so `isinstance`
     checks, initialisation and checkpoints are unchanged. Its forward calls
     `torch.nn.functional.rms_norm` as `nn.RMSNorm`'s does, except on an NPU tensor when the kernel
-    computes the same: a weight (`elementwise_affine=True`) of x's dtype, an explicit `eps` (the
-    default None means the dtype's machine epsilon, left to torch), fp16, bf16 or fp32, 2 to 8 dims.
-    There it returns `torch_npu.npu_rms_norm(x, weight, eps)[0]`, which normalises over the weight's
-    dims, the module's `normalized_shape`. Subclasses of `nn.RMSNorm` and `isinstance` tests are left
+    computes the same: a weight of x's dtype, or none (`elementwise_affine=False`: a gamma of ones, made
+    once per shape, dtype and device), an explicit `eps` (the default None means the dtype's machine
+    epsilon, left to torch), fp16, bf16 or fp32, 2 to 8 dims. There it returns
+    `torch_npu.npu_rms_norm(x, weight, eps)[0]`, which normalises over the weight's dims, the module's
+    `normalized_shape`. Subclasses of `nn.RMSNorm` and `isinstance` tests are left
     alone.
     """,
     why="""
@@ -95,12 +96,29 @@ RMS_NORM_MODULE = Rule(
                     # eps (RMSNorm's default, None, is the dtype's machine epsilon), and takes 2 to 8 dims.
                     # One None test an `if`: TorchScript drops the branches of a module built without one statically.
                     weight, eps = self.weight, self.eps
-                    if weight is not None:
-                        if eps is not None:
-                            dtypes = (torch.float16, torch.bfloat16, torch.float32)
-                            if _is_npu(x) and weight.dtype == x.dtype and x.dtype in dtypes and 2 <= x.dim() <= 8:
+                    if eps is not None:
+                        dtypes = (torch.float16, torch.bfloat16, torch.float32)
+                        if _is_npu(x) and x.dtype in dtypes and 2 <= x.dim() <= 8:
+                            if weight is None:
+                                return _npu_rms_norm_unweighted(x, self.normalized_shape, eps)
+                            elif weight.dtype == x.dtype:
                                 return _npu_rms_norm(x, weight, eps)[0]
                     return torch.nn.functional.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+            _NPU_RMS_NORM_ONES = {}
+
+
+            @torch.jit.unused
+            def _npu_rms_norm_unweighted(x, normalized_shape, eps):
+                # type: (torch.Tensor, Any, float) -> torch.Tensor
+                """npu_rms_norm without a weight: a gamma of ones, made once per shape, dtype and device."""
+                key = (tuple(normalized_shape), x.dtype, x.device)
+                ones = _NPU_RMS_NORM_ONES.get(key)
+                if ones is None:
+                    ones = torch.ones(key[0], dtype=x.dtype, device=x.device)
+                    _NPU_RMS_NORM_ONES[key] = ones
+                return _npu_rms_norm(x, ones, eps)[0]
 
 
             class Block(nn.Module):
@@ -129,7 +147,7 @@ def match_call(name: str, api, names=None, call=None, guards=()) -> Outcome:
     return Outcome(
         RMS_NORM_MODULE,
         f"nn.RMSNorm built as `{CLASS}`, an nn.RMSNorm whose forward runs torch_npu's npu_rms_norm on NPU tensors "
-        "(with a weight of the input's dtype and an explicit eps); elsewhere nn.RMSNorm's own forward",
+        "(with an explicit eps, and a weight of the input's dtype or none); elsewhere nn.RMSNorm's own forward",
         template=HELPER,
         helpers=(HELPER,),
     )
