@@ -363,7 +363,7 @@ class FusedOpsChecker(TreeChecker):
 
         def laid_out(call: cst.Call) -> cst.Call:
             code = cst.Module([]).code_for_node(call)
-            if before + len(code) + after <= width:
+            if before + len(code) + after <= max(width, len(line)):  # fits, or no wider than the line it was
                 return call
             inner = margin + "    "
             flat = ", ".join(
