@@ -512,7 +512,8 @@ def test_complexity_rating(document):
         "5 data-dependent shapes to measure and pad to fixed sizes: 0.5-1 person-days",
         "1 torch API with no NPU support: torch.cuda.get_device_properties: 0.25-1 person-days",
         "2 host-device syncs inside loops: 0.1-0.2 person-days",
-        f"review the {fixed} sites `npu-migrate apply` rewrites: {fixed * 0.005:g}-{fixed * 0.01:g} person-days",
+        f"review the {fixed} sites `npu-migrate apply` rewrites: {round(fixed * 0.005, 2):g}-{round(fixed * 0.01, 2):g} "
+        "person-days",
         "test on an NPU: 0.5-1 person-days",
     ]
     assert rating["effort_days"] == [11.0, 33.0]

@@ -38,6 +38,7 @@ ANY_MARKER = (
     # the fused-operator idioms (`transforms/fused/*`, `Idiom.markers`)
     "sqrt",
     "rms_norm",
+    "RMSNorm",
     "normalize",
     "silu",
     "SiLU",

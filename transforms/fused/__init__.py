@@ -45,6 +45,7 @@ from npu_migrate.checkers import TreeChecker
 from npu_migrate.layout import fit, line_width
 from npu_migrate.names import Names
 from npu_migrate.scoped import Source, TreeReport
+from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
     PRELUDE,
     helper_code,
@@ -220,6 +221,13 @@ def _imports_torch_npu(tree: ast.Module) -> bool:
     )
 
 
+def _own_line(indent: str) -> cst.ParenthesizedWhitespace:
+    """A line break inside brackets, then the enclosing block's indentation and `indent` more."""
+    return cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(), indent=True, last_line=cst.SimpleWhitespace(indent)
+    )
+
+
 def _statement_index(node: ast.FunctionDef, statement: ast.stmt) -> int:
     """The position of the top-level body `statement` (which starts its line) among libcst's statements,
     where simple statements sharing a line are one."""
@@ -269,6 +277,7 @@ class FusedOpsChecker(TreeChecker):
         self.names = index.names
         names = Names.of(tree)
         self.bindings = names.bindings
+        self.shadowed = names.shadowed
         self._qualname = names.resolve
         self.functions = _ModuleFunctions(tree)
         self.reports: list[TreeReport] = []
@@ -278,7 +287,9 @@ class FusedOpsChecker(TreeChecker):
         self._scan_calls = any(
             idiom.rule.id in self.enabled and index.uses(name.rsplit(".", 1)[-1]) for name, idiom in CALL_IDIOMS.items()
         )
+        self._guards: list[ast.expr] = []  # the tests of the `if`s, in the function, whose body is walked
         self._walk(tree.body, owner=None)
+        self._optional_imports(tree)
         self._prelude(tree)
         return self.reports
 
@@ -298,13 +309,20 @@ class FusedOpsChecker(TreeChecker):
                     + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
                     + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
                 )
+            if isinstance(node, (*_DEFS, ast.ClassDef)) and node.name.startswith("_") and node.name in _own_helpers():
+                continue  # our helpers call SDPA and the kernels themselves
             if isinstance(node, ast.ClassDef):
                 self._walk(node.body, owner=node)
-            elif isinstance(node, _DEFS) and node.name.startswith("_") and node.name in _own_helpers():
-                continue  # our helpers call SDPA and the kernels themselves
             elif isinstance(node, _DEFS):
                 self._function(node, owner)
+                enclosing, self._guards = self._guards, []
                 self._walk(node.body, owner=None)
+                self._guards = enclosing
+            elif isinstance(node, ast.If):
+                self._guards.append(node.test)
+                self._walk(node.body, owner)
+                self._guards.pop()
+                self._walk(node.orelse, owner)
             else:
                 blocks = [getattr(node, a, None) for a in ("body", "orelse", "finalbody")]
                 blocks += [h.body for h in getattr(node, "handlers", ())] + [c.body for c in getattr(node, "cases", ())]
@@ -339,10 +357,14 @@ class FusedOpsChecker(TreeChecker):
 
     def _call(self, node: ast.Call) -> None:
         name = self._qualname(node.func)
+        if name is None and isinstance(node.func, ast.Name) and node.func.id in self.shadowed:
+            name = self.shadowed[node.func.id]
+            if getattr(CALL_IDIOMS.get(name), "optional_package", None) is None:
+                return
         idiom = CALL_IDIOMS.get(name)
         if idiom is None or idiom.rule.id not in self.enabled:
             return
-        outcome = idiom.match_call(name, self.api, self.names)
+        outcome = idiom.match_call(name, self.api, self.names, node, tuple(self._guards))
         if outcome is None:
             return
         function = name.rsplit(".", 1)[-1]
@@ -351,7 +373,41 @@ class FusedOpsChecker(TreeChecker):
                 f"{function} not fused: the file does not `import torch` at module level, which the wrapper uses"
             )
             outcome.template = None
-        self._decide(node, outcome, fix=idiom.wrap_call)
+        context, laid_out = outcome.context, self._call_layout(node)
+        self._decide(node, outcome, fix=lambda call: laid_out(idiom.wrap_call(call, **context)))
+
+    def _call_layout(self, node: ast.Call):
+        """A fix of the renamed call that keeps a one-line call within the file's width: its arguments on
+        a line of their own, or one a line, black's way."""
+        line = self.source.lines[node.lineno - 1]
+        if node.end_lineno != node.lineno:
+            return lambda call: call
+        margin = line[: len(line) - len(line.lstrip(" \t"))]
+        before, after = len(line[: node.col_offset]), len(line) - node.end_col_offset
+        width = line_width(self.source.text)
+
+        def laid_out(call: cst.Call) -> cst.Call:
+            code = cst.Module([]).code_for_node(call)
+            if before + len(code) + after <= max(width, len(line)):  # fits, or no wider than the line it was
+                return call
+            inner = margin + "    "
+            flat = ", ".join(
+                cst.Module([]).code_for_node(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for a in call.args
+            )
+            one_line = len(inner) + len(flat) <= width
+            args = []
+            for position, arg in enumerate(call.args):
+                last = position == len(call.args) - 1
+                if one_line:
+                    comma = cst.MaybeSentinel.DEFAULT if last else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+                    trailing = _own_line("") if last else cst.SimpleWhitespace("")
+                else:
+                    comma = cst.Comma(whitespace_after=_own_line("" if last else "    "))
+                    trailing = cst.SimpleWhitespace("")
+                args.append(arg.with_changes(comma=comma, whitespace_after_arg=trailing))
+            return call.with_changes(whitespace_before_args=_own_line("    "), args=args)
+
+        return laid_out
 
     def _decide(self, node: ast.FunctionDef | ast.Call, outcome: Outcome, fix=None) -> None:
         if outcome.template is not None and self.bindings.get("torch") != "torch":
@@ -390,6 +446,26 @@ class FusedOpsChecker(TreeChecker):
         header = self.source.lines[node.lineno - 1]
         unit = margin[len(header) - len(header.lstrip(" \t")) :] or "    "
         return fit(code, line_width(self.source.text) - len(margin), unit)
+
+    def _optional_imports(self, tree: ast.Module) -> None:
+        """Module-level imports of a package an NPU host lacks, whose calls an idiom wrapped."""
+        for idiom in IDIOMS:
+            if idiom.optional_package is None or idiom.rule.id not in self.enabled:
+                continue
+            wrapped = [r.node for _, r in self.applied if r.rule is idiom.rule and isinstance(r.node, ast.Call)]
+            if wrapped:
+                for decision in optional_imports.decide(tree, idiom.optional_package, wrapped, self._alone):
+                    # Not a site of the idiom: analyze's affinity report counts sites, not this.
+                    self.reports.append(
+                        TreeReport(
+                            idiom.rule, decision.statement, decision.message, fix=decision.fix, data={"fused": "import"}
+                        )
+                    )
+
+    def _alone(self, stmt: ast.stmt) -> bool:
+        """Whether no other statement shares the lines of `stmt`."""
+        first, last = self.source.lines[stmt.lineno - 1], self.source.lines[stmt.end_lineno - 1]
+        return not first[: stmt.col_offset].strip() and not last[stmt.end_col_offset :].split("#")[0].strip()
 
     # -- the prelude -----------------------------------------------------------------------------------
 

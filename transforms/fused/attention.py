@@ -13,7 +13,7 @@ always passed, the compressed causal mask with sparse_mode 2, keep_prob = 1 - dr
 
 Hand-written attention (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`) gets a branch in front
 of its scores (`attention_eager.py`), where its mask is converted at run time if it can be and the
-probabilities are provably not needed. flash-attn calls are reported, not rewritten.
+probabilities are provably not needed. flash-attn calls are NPU705's (`flash_attn.py`).
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ ATTENTION = Rule(
     from (`out, _ = self._attn(...)`). Declined, with the reason: an additive term computed in the
     function (ALiBi, relative position) or two of them, masked scores set to a value other than -inf or
     the lowest, a scale applied after the mask, probabilities used or possibly needed, einsum or 3-D
-    layouts, softcapping, code interleaved with the attention. Reported without a rewrite: flash-attn's
-    `flash_attn_func` (BSND layout, bottom-right causal: sparse_mode 3).
+    layouts, softcapping, code interleaved with the attention.
+    flash-attn's calls are NPU705's.
     """,
     why="""
     `torch_npu.npu_fusion_attention` is the NPU's fused attention kernel, and its conventions differ from
@@ -204,25 +204,11 @@ FUSION_HELPER = "fused/fusion_sdpa.py.j2"
 EAGER_TEMPLATE = "fused/eager_attention.py.j2"
 EAGER_HELPER = "fused/npu_eager_attention.py.j2"
 SDPA = attention_eager.SDPA
-FLASH_ATTN = (
-    "flash_attn.flash_attn_func",
-    "flash_attn.flash_attn_interface.flash_attn_func",
-    "flash_attn.flash_attn_varlen_func",
-    "flash_attn.flash_attn_interface.flash_attn_varlen_func",
-)
 
 
-def match_call(name: str | None, api, names=None) -> Outcome | None:
+def match_call(name: str | None, api, names=None, call=None, guards=()) -> Outcome | None:
     """What to do with a call of the function `name` (a resolved qualified name), in a file whose
     identifiers are `names` (when known)."""
-    if name in FLASH_ATTN:
-        return Outcome(
-            ATTENTION,
-            f"`{name.rsplit('.', 1)[-1]}` not rewritten: flash-attn does not run on an NPU; map it by hand to "
-            '`torch_npu.npu_fusion_attention(q, k, v, q.shape[2], "BSND", scale=softmax_scale or 1/sqrt(D), '
-            "keep_prob=1 - dropout_p)[0]`, and for causal=True (bottom-right aligned) add "
-            "`atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=q.device).triu(1), sparse_mode=3`",
-        )
     if name != SDPA:
         return None
     if names is not None and "npu_fusion_attention" in names:
@@ -277,13 +263,13 @@ def match(fn: Function) -> Outcome | None:
 
 IDIOM = Idiom(
     rule=ATTENTION,
-    markers=("scaled_dot_product_attention", "flash_attn", "softmax"),
-    identifiers=("scaled_dot_product_attention", "flash_attn_func", "softmax"),
+    markers=("scaled_dot_product_attention", "softmax"),
+    identifiers=("scaled_dot_product_attention", "softmax"),
     kernels=("npu_fusion_attention",),
     match=match,
     template=EAGER_TEMPLATE,
     helpers={HELPER: WRAPPER, FUSION_HELPER: "_npu_fusion_sdpa", EAGER_HELPER: "_npu_eager_attention"},
-    calls=(SDPA, *FLASH_ATTN),
+    calls=(SDPA,),
     match_call=match_call,
     wrap_call=wrap,
 )

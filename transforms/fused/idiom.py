@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import ast
+
     import libcst as cst
 
     from npu_migrate.rule import Rule
@@ -41,11 +43,16 @@ class Idiom:
     #: inserted once per file, and recognised as present by that name.
     helpers: Mapping[str, str] = field(default_factory=dict)
     #: Qualified names of functions whose calls the idiom rewrites where they stand (as SDPA's), with
-    #: `match_call(name, api, names)` deciding (`names`: the file's identifiers) and `wrap_call` the libcst
-    #: fix of the call.
+    #: `match_call(name, api, names, call, guards)` deciding (`names`: the file's identifiers; `call`: the
+    #: `ast` node; `guards`: the tests of the `if`s of its function whose body holds it) and
+    #: `wrap_call(call, **outcome.context)` the libcst fix of the call.
     calls: tuple[str, ...] = ()
-    match_call: Callable[[str, object, object], Outcome | None] | None = None
-    wrap_call: Callable[[cst.Call], cst.Call] | None = None
+    match_call: Callable[[str, object, object, ast.Call, tuple[ast.expr, ...]], Outcome | None] | None = None
+    wrap_call: Callable[..., cst.Call] | None = None
+    #: The package `calls` come from when an NPU host does not have it (flash_attn): its calls also match
+    #: through a name a try-import binds and its `except` rebinds (`flash_attn_func = None`), and a
+    #: module-level import of it that only feeds wrapped calls is made conditional (`optional_imports`).
+    optional_package: str | None = None
 
     def __post_init__(self) -> None:
         if bool(self.calls) != (self.match_call is not None) or bool(self.calls) != (self.wrap_call is not None):

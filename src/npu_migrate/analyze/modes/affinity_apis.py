@@ -59,8 +59,9 @@ ADVICE = {
 
 
 def is_fused_site(finding) -> bool:
-    """A fused-operator rule's finding about one candidate (not the shared helpers it adds once per file)."""
-    return is_fused_rule(finding.rule_id) and finding.data.get("fused") != "helpers"
+    """A fused-operator rule's finding about one candidate (not the shared helpers it adds once per file, nor
+    an import it makes conditional)."""
+    return is_fused_rule(finding.rule_id) and finding.data.get("fused") not in ("helpers", "import")
 
 
 def _same(a: ast.AST, b: ast.AST) -> bool:

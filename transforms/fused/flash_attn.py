@@ -1,0 +1,339 @@
+"""NPU705: flash-attn calls get a `torch_npu.npu_fusion_attention` path on NPU tensors.
+
+flash-attn runs only on CUDA: it does not even import on an Ascend host. A call of one of its attention
+functions keeps its arguments and gets the original function as a first one, under a wrapper's name:
+
+    flash_attn_func(q, k, v, causal=True)  ->  _npu_flash_attn_func(flash_attn_func, q, k, v, causal=True)
+
+`_npu_flash_attn_func` (templates/fused/flash_attn/) calls `flash_attn_func(q, k, v, causal=True)`
+unless the tensors are on an NPU; there it reads the arguments with flash-attn's signature and calls
+npu_fusion_attention: BSND (dense) or TND (varlen, `actual_seq_qlen` / `actual_seq_kvlen` = the
+cu_seqlens without the leading 0, as host ints), scale = softmax_scale or D**-0.5, keep_prob =
+1 - dropout_p, causal = the compressed triu mask with sparse_mode 3 (flash-attn >= 2.1 aligns it
+bottom-right; 1.x's `flash_attn_unpadded_func` top-left: sparse_mode 2), window_size = sparse_mode 4.
+
+Where the flash path runs on an NPU host is the program's own decision, never flipped here: flash-attn
+is absent there, so every guard that tests for it (`flash_attn_func is not None`, a flag set by a
+try-import, `x.is_cuda`) keeps its fallback. A call reached without such a guard (an unconditional
+import, or a try-import whose fallback is not tested before the call) runs the kernel through the
+wrapper. What the kernel cannot compute on an NPU (ALiBi slopes, softcap, the probabilities, a paged
+KV cache, a causal query longer than its keys) calls the name's fallback if the file bound one, and
+raises with the reason otherwise: the original could not run there either.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.transforms.fused.idiom import Idiom
+from npu_migrate.transforms.fused.symbolic import Outcome
+
+CAUSAL_MASK = "fused/causal_mask.py.j2"
+#: What every wrapper calls: the NPU path (`_npu_fusion_flash`).
+CORE = "fused/flash_attn/core.py.j2"
+#: flash-attn's functions -> the helpers a call of it needs besides CORE: `templates/fused/flash_attn/<f>.py.j2`
+#: defines its wrapper `_npu_<f>` (the packed ones read their arguments through `flash_attn_func`'s).
+FUNCTIONS = {
+    "flash_attn_func": ("flash_attn_func",),
+    "flash_attn_kvpacked_func": ("flash_attn_func", "flash_attn_kvpacked_func"),
+    "flash_attn_qkvpacked_func": ("flash_attn_func", "flash_attn_qkvpacked_func"),
+    "flash_attn_varlen_func": ("flash_attn_varlen_func",),
+    "flash_attn_unpadded_func": ("flash_attn_unpadded_func",),
+}
+#: Their qualified names (`flash_attn.X`, `flash_attn.flash_attn_interface.X`) -> the function.
+QUALIFIED = {f"{module}.{f}": f for f in FUNCTIONS for module in ("flash_attn", "flash_attn.flash_attn_interface")}
+
+
+def _template(function: str) -> str:
+    return f"fused/flash_attn/{function}.py.j2"
+
+
+#: Keyword arguments whose non-default value the kernel cannot compute, with the default and the reason.
+_UNSUPPORTED = {
+    "alibi_slopes": (None, "ALiBi slopes (npu_fusion_attention takes a bias tensor, not slopes)"),
+    "softcap": (0, "logit soft-capping (npu_fusion_attention has none)"),
+    "return_attn_probs": (False, "the attention probabilities (npu_fusion_attention does not return them)"),
+    "block_table": (None, "a paged KV cache (block_table)"),
+}
+
+FLASH_ATTN = Rule(
+    id="NPU705",
+    name="fused-flash-attn",
+    family="fused",
+    summary="flash-attn calls (`flash_attn_func`, varlen, packed) get a `torch_npu.npu_fusion_attention` path",
+    what="""
+    Renames every call of flash-attn's `flash_attn_func`, `flash_attn_kvpacked_func`,
+    `flash_attn_qkvpacked_func`, `flash_attn_varlen_func` and 1.x's `flash_attn_unpadded_func` (imported
+    unconditionally or by a try-import) to `_npu_<function>(<the function>, <the original arguments>)`.
+    Off an NPU the wrapper calls the function with the original arguments. On NPU tensors it calls
+    `torch_npu.npu_fusion_attention` in layout BSND (dense) or TND (varlen, with `actual_seq_qlen` /
+    `actual_seq_kvlen` = `cu_seqlens[1:]` as host ints: one device-to-host copy per call), `scale` =
+    softmax_scale or D**-0.5 (the kernel's default is 1.0), `keep_prob` = 1 - dropout_p, and
+    `causal=True` as the compressed 2048x2048 `triu(1)` mask with sparse_mode 3: flash-attn (>= 2.1) aligns
+    a causal mask bottom-right when q is shorter than k (`flash_attn_unpadded_func`, 1.x, top-left:
+    sparse_mode 2); `window_size` becomes sparse_mode 4 with pre/next tokens. fp16, bf16, fp32; D <= 768;
+    query heads <= 256, a multiple of the kv heads (GQA groups as in flash-attn).
+
+    Where the call is reached on an NPU host stays the program's decision: guards that test for
+    flash-attn (`flash_attn_func is not None`, a flag a try-import sets, `x.is_cuda`) are never flipped.
+    Declined, with the reason: a call passing `alibi_slopes`, `softcap`, `return_attn_probs=True` or a
+    `block_table`. The same values, or a causal query longer than its keys, reaching the wrapper at run
+    time on an NPU call the name's fallback when the file binds one, and raise with the reason
+    otherwise (flash-attn does not run there).
+    """,
+    why="""
+    flash-attn is a CUDA-only package: code that calls it stops on an Ascend host, and a hand port to
+    npu_fusion_attention easily computes something else (a 1.0 default scale, a mask where True means
+    masked out, causal alignment top-left instead of bottom-right, cumulative sequence ends without the
+    leading 0).
+    """,
+    example=Example(
+        before="""
+            import torch
+
+            try:
+                from flash_attn import flash_attn_func
+            except ImportError:
+                flash_attn_func = None
+
+
+            def attend(q, k, v):
+                return flash_attn_func(q, k, v, causal=True)
+        """,
+        after='''
+            import torch
+
+
+            try:
+                import torch_npu
+            except ImportError:  # not an Ascend host: the original code runs
+                torch_npu = None
+
+
+            def _is_npu(x: torch.Tensor) -> bool:
+                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
+                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
+                if torch.jit.is_scripting():
+                    return False
+                if torch_npu is None or isinstance(x, torch.fx.Proxy):
+                    return False
+                return x.device.type == "npu"
+
+
+            _NPU_CAUSAL_MASK_BY_DEVICE = {}
+
+
+            def _npu_causal_mask(device):
+                """The compressed causal mask npu_fusion_attention's sparse modes 2 to 4 read: 2048x2048, True = masked."""
+                mask = _NPU_CAUSAL_MASK_BY_DEVICE.get(device)
+                if mask is None:
+                    mask = torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
+                    _NPU_CAUSAL_MASK_BY_DEVICE[device] = mask
+                return mask
+
+
+            def _is_npu_flash_call(args, kwargs, first):
+                """Whether a flash-attn call's first tensor (given by position, or as `first`) is on an NPU."""
+                tensor = args[0] if args else kwargs.get(first)
+                return isinstance(tensor, torch.Tensor) and _is_npu(tensor)
+
+
+            def _npu_flash_attn_declined(function, name, why):
+                """On NPU tensors the kernel cannot take: the name's fallback (if the file bound one) runs, or this says why."""
+                if function is None:  # flash-attn does not run on an NPU: there is nothing else to call
+                    raise RuntimeError(f"{name} on NPU tensors: torch_npu's npu_fusion_attention cannot compute it: {why}")
+
+
+            def _npu_fusion_flash(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, softmax_scale, causal, bottom_right, window_size, softcap,
+                alibi_slopes, return_attn_probs, block_table,
+            ):
+                """flash-attn's attention by npu_fusion_attention: (output, "") or (None, why the kernel cannot)."""
+                # Where the kernel differs from flash-attn: its scale defaults to 1.0, not 1/sqrt(D); causal and sliding
+                # windows are the 2048x2048 triu mask with a sparse_mode (3: bottom-right aligned as flash-attn >= 2.1,
+                # 2: top-left as flash-attn 1.x, 4: a band around the bottom-right diagonal); varlen sequences are
+                # cumulative ends without the leading 0, as host ints.
+                compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+                if compiling is not None and compiling():
+                    return None, "the kernel has no graph mode (torch.compile)"
+                if alibi_slopes is not None:
+                    return None, "alibi_slopes (the kernel takes a bias, not slopes)"
+                if softcap:
+                    return None, "softcap (the kernel has no logit soft-capping)"
+                if return_attn_probs:
+                    return None, "return_attn_probs (the kernel does not return the probabilities)"
+                if block_table is not None:
+                    return None, "block_table (a paged KV cache)"
+                if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
+                    return None, f"dtypes {q.dtype}, {k.dtype}, {v.dtype} (float16, bfloat16 or float32, all one)"
+                varlen = cu_seqlens_q is not None
+                if q.dim() != (3 if varlen else 4) or k.shape != v.shape or k.dim() != q.dim():
+                    return None, f"shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+                heads, kv_heads, dim = q.shape[-2], k.shape[-2], q.shape[-1]
+                if k.shape[-1] != dim or dim > 768 or heads > 256 or heads % kv_heads:
+                    return None, f"head dim {dim} (at most 768), {heads} query heads (at most 256) over {kv_heads} kv heads"
+                if not 0.0 <= dropout_p < 1.0:
+                    return None, f"dropout_p {dropout_p}"
+                if varlen:
+                    # The kernel takes the sequence ends as host ints: one device-to-host copy per call.
+                    q_ends, kv_ends = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+                    if len(q_ends) != len(kv_ends) or len(q_ends) < 2 or q_ends[0] != 0 or kv_ends[0] != 0:
+                        return None, f"cu_seqlens {q_ends}, {kv_ends}"
+                    q_lens = [end - start for start, end in zip(q_ends, q_ends[1:])]
+                    kv_lens = [end - start for start, end in zip(kv_ends, kv_ends[1:])]
+                    q_ends, kv_ends = q_ends[1:], kv_ends[1:]
+                else:
+                    if k.shape[0] != q.shape[0]:
+                        return None, f"batch sizes {q.shape[0]} and {k.shape[0]}"
+                    q_lens, kv_lens = [q.shape[1]], [k.shape[1]]
+                if min(q_lens + kv_lens) < 1:
+                    return None, "an empty sequence"
+                left, right = window_size
+                if causal:
+                    right = 0  # flash-attn: causal is a window with no keys to the right
+                pre, nxt = 2147483647, 2147483647
+                if left < 0 and right < 0:
+                    mask, sparse_mode = None, 0
+                else:
+                    mask = _npu_causal_mask(q.device)
+                    if causal and left < 0:
+                        sparse_mode = 3 if bottom_right else 2
+                    else:
+                        sparse_mode, pre, nxt = 4, (left if left >= 0 else pre), (right if right >= 0 else nxt)
+                    if sparse_mode != 2 and any(q_len > kv_len for q_len, kv_len in zip(q_lens, kv_lens)):
+                        # Rows before the bottom-right diagonal see no key: flash-attn returns zeros there.
+                        return None, "a causal or windowed query longer than its keys"
+                scale = softmax_scale if softmax_scale is not None else dim ** (-0.5)
+                if varlen:
+                    out = torch_npu.npu_fusion_attention(
+                        q, k, v, heads, "TND", atten_mask=mask, scale=scale, keep_prob=1.0 - dropout_p, pre_tockens=pre,
+                        next_tockens=nxt, sparse_mode=sparse_mode, actual_seq_qlen=q_ends, actual_seq_kvlen=kv_ends,
+                    )
+                else:
+                    out = torch_npu.npu_fusion_attention(
+                        q, k, v, heads, "BSND", atten_mask=mask, scale=scale, keep_prob=1.0 - dropout_p, pre_tockens=pre,
+                        next_tockens=nxt, sparse_mode=sparse_mode,
+                    )
+                return out[0], ""
+
+
+            def _npu_flash_attn_func(flash_attn_func, *args, **kwargs):
+                """`flash_attn_func(*args, **kwargs)`; on NPU tensors, torch_npu's npu_fusion_attention computes it."""
+                if _is_npu_flash_call(args, kwargs, "q"):
+                    fused, why = _npu_fusion_flash(**_flash_attn_func_args(*args, **kwargs))
+                    if fused is not None:
+                        return fused
+                    _npu_flash_attn_declined(flash_attn_func, "flash_attn_func", why)
+                return flash_attn_func(*args, **kwargs)
+
+
+            def _flash_attn_func_args(
+                q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                alibi_slopes=None, deterministic=False, return_attn_probs=False,
+            ):
+                """flash-attn's own signature, read on NPU tensors only: the arguments npu_fusion_attention needs."""
+                return dict(
+                    q=q, k=k, v=v, cu_seqlens_q=None, cu_seqlens_k=None, dropout_p=dropout_p, softmax_scale=softmax_scale,
+                    causal=causal, bottom_right=True, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                    return_attn_probs=return_attn_probs, block_table=None,
+                )
+
+            try:
+                from flash_attn import flash_attn_func
+            except ImportError:
+                flash_attn_func = None
+
+
+            def attend(q, k, v):
+                return _npu_flash_attn_func(flash_attn_func, q, k, v, causal=True)
+        ''',
+    ),
+    fix_safety=FixSafety.NEEDS_REVIEW,
+    review="""
+    The fused kernel computes the same function, not the same bits, and its dropout draws other random
+    numbers. Off an NPU nothing changes. Check that the call is reached on an NPU host (a guard that
+    tests for flash-attn keeps its fallback there), and the migrated model with `npu-migrate verify`.
+    """,
+    tags=frozenset({"fused"}),
+    needs_torch_npu=False,
+    targets=EVERY_TARGET,
+)
+
+
+def _passes(keyword: ast.keyword, default) -> bool:
+    """Whether the argument is a literal other than the default; anything else is decided at run time."""
+    try:
+        return ast.literal_eval(keyword.value) != default
+    except ValueError:
+        return False
+
+
+def _blocking_guard(call: ast.Call | None, guards: tuple[ast.expr, ...]) -> ast.expr | None:
+    """The test of an enclosing `if` that is False on an NPU host: `x.is_cuda`, or the presence of the
+    function called (`flash_attn_func is not None`, `if flash_attn_func:`), absent there."""
+    called = call.func.id if call is not None and isinstance(call.func, ast.Name) else None
+    for test in guards:
+        for node in ast.walk(test):
+            if isinstance(node, ast.Attribute) and node.attr == "is_cuda":
+                return test
+            if isinstance(node, ast.Name) and node.id == called:
+                return test
+    return None
+
+
+def match_call(name: str, api, names=None, call: ast.Call | None = None, guards=()) -> Outcome:
+    function = QUALIFIED[name]
+    if api is not None and "npu_fusion_attention" not in api.fused_ops:
+        return Outcome(FLASH_ATTN, f"`{function}` not rewritten: torch_npu {api.version} has no npu_fusion_attention")
+    for keyword in call.keywords if call is not None else ():
+        default, what = _UNSUPPORTED.get(keyword.arg, (None, None))
+        if what is not None and _passes(keyword, default):
+            return Outcome(FLASH_ATTN, f"`{function}` not rewritten: it passes `{keyword.arg}`, {what}")
+    layout = "TND" if function in ("flash_attn_varlen_func", "flash_attn_unpadded_func") else "BSND"
+    causal = "sparse_mode 2, top-left as flash-attn 1.x" if function == "flash_attn_unpadded_func" else "sparse_mode 3"
+    message = (
+        f"`{function}` gets torch_npu's npu_fusion_attention on NPU tensors (`_npu_{function}`, {layout}, "
+        f"causal as {causal}); elsewhere the function runs as before"
+    )
+    guard = _blocking_guard(call, guards)
+    if guard is not None:
+        message += (
+            f"; on an NPU host its guard `{ast.unparse(guard)}` is False (flash-attn is absent there), so the code's "
+            "own fallback runs: let the guard pass for NPU tensors to take the kernel"
+        )
+    return Outcome(
+        FLASH_ATTN,
+        message,
+        template=_template(function),
+        helpers=(CAUSAL_MASK, CORE, *(_template(f) for f in FUNCTIONS[function])),
+        context={"wrapper": f"_npu_{function}"},
+    )
+
+
+def wrap(call: cst.Call, wrapper: str) -> cst.Call:
+    """`f(args)` -> `_npu_f(f, args)`: the wrapper gets the function the call reached, whatever binds it."""
+    comma = cst.MaybeSentinel.DEFAULT
+    if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):  # arguments on lines of their own
+        comma = cst.Comma(whitespace_after=call.whitespace_before_args)
+    return call.with_changes(func=cst.Name(wrapper), args=[cst.Arg(call.func, comma=comma), *call.args])
+
+
+IDIOM = Idiom(
+    rule=FLASH_ATTN,
+    markers=("flash_attn",),
+    identifiers=tuple(FUNCTIONS),
+    kernels=("npu_fusion_attention",),
+    match=lambda fn: None,  # calls only
+    helpers={
+        CAUSAL_MASK: "_npu_causal_mask",
+        CORE: "_npu_fusion_flash",
+        **{_template(f): f"_npu_{f}" for f in FUNCTIONS},
+    },
+    calls=tuple(QUALIFIED),
+    match_call=match_call,
+    wrap_call=wrap,
+    optional_package="flash_attn",
+)
