@@ -4,7 +4,9 @@ Each file is migrated in memory; its diff is cut into the hunks `unified_diff` p
 hunk's lines replace the original's, so the result is exactly the migrated text restricted to the accepted
 hunks (all accepted: what `apply` writes; none: the file as it was). Nothing is written until the review
 ends; then every file is checked to still hold what was read, and only if all do are they written: an
-interrupted review (Ctrl-C, end of input) or a file edited meanwhile writes nothing.
+interrupted review (Ctrl-C, end of input) or a file edited meanwhile writes nothing. A package's helper
+module is written with the files whose accepted hunks import from it, holding what they import: no file is
+written that imports helpers not written.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 from npu_migrate import kinds
 from npu_migrate.api import NpuApi
 from npu_migrate.findings import Finding
-from npu_migrate.pipeline import _GIT_LINE, Job, Plan, migrate_file, unified_diff, validate
+from npu_migrate.helper_modules import ModuleChange, changes, collect
+from npu_migrate.pipeline import _GIT_LINE, Job, Plan, helper_imports, migrate_file, unified_diff, validate
 from npu_migrate.source import SourceError, SourceFile, atomic_write, read_source
 
 HELP = """y - apply this hunk
@@ -91,7 +94,8 @@ def prepare(job: Job, plan: Plan, api: NpuApi) -> Review | None:
     """The file migrated in memory, cut into hunks; None when nothing would change. SourceError on bad input."""
     source = read_source(job.path)
     kind = kinds.kind_of(job.path) or kinds.PYTHON
-    migrated, findings, _ = migrate_file(source, job.display, plan, api, kind, job.ignore)
+    helper_module = job.helper_module if kind == kinds.PYTHON else None
+    migrated, findings, _ = migrate_file(source, job.display, plan, api, kind, job.ignore, helper_module)
     if migrated == source.text:
         return None
     validate(migrated, job.display, kind)
@@ -126,12 +130,22 @@ def ask(review: Review, ask_line: Callable[[str], str], say: Callable[[str], Non
         index += 1
 
 
-def write_all(reviews: list[Review]) -> tuple[list[tuple[str, str]], bool]:
-    """Write every reviewed file whose result differs from what was read, all or none: each is first
-    checked to still hold the bytes read (and that its result parses); returns the (file, reason) errors,
-    and whether any file was written (only a write failing midway leaves some written)."""
+def helper_module_changes(reviews: list[Review]) -> list[ModuleChange]:
+    """The packages' helper modules as the reviewed files, restricted to their accepted hunks, need them."""
+    imports: dict[Path, set[str]] = {}
+    for review in reviews:
+        module = review.job.helper_module if review.kind == kinds.PYTHON else None
+        collect(imports, review.job.path, module, helper_imports(review.result(), None, module))
+    return changes(imports)
+
+
+def write_all(reviews: list[Review], modules: list[ModuleChange] | None = None) -> tuple[list[tuple[str, str]], bool]:
+    """Write every reviewed file whose result differs from what was read, and the helper `modules` they
+    import (by default, `helper_module_changes(reviews)`), all or none: each is first checked to still hold
+    the bytes read (and that its result parses); returns the (file, reason) errors, and whether any file
+    was written (only a write failing midway leaves some written)."""
     errors: list[tuple[str, str]] = []
-    ready: list[tuple[Path, bytes, bytes]] = []
+    ready: list[tuple[Path, bytes, bytes | None]] = []
     for review in reviews:
         text = review.result()
         if text == review.source.text:
@@ -150,6 +164,11 @@ def write_all(reviews: list[Review]) -> tuple[list[tuple[str, str]], bool]:
             errors.append((review.job.display, "changed on disk during the review; not overwritten"))
             continue
         ready.append((review.job.path, review.source.encode(text), review.source.raw))
+    for module in helper_module_changes(reviews) if modules is None else modules:
+        if module.error or (module.before is None and module.path.exists()):
+            errors.append((str(module.path), module.error or "appeared during the review; not overwritten"))
+        else:
+            ready.append((module.path, module.after.encode(module.encoding), module.raw))
     if errors:
         return errors, False
     written = False

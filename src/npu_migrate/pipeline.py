@@ -28,6 +28,7 @@ from npu_migrate.positions import positions_of
 from npu_migrate.registry import all_checkers, select_rules, text_checkers
 from npu_migrate.source import SourceError, SourceFile, atomic_write, decode_source, parse_python, read_source
 from npu_migrate.textfiles import apply_reports
+from npu_migrate.transforms.fused.helpers import imported_helpers
 
 
 class Status(str, enum.Enum):
@@ -49,6 +50,9 @@ class Job:
     destination: Path | None = None  # where to write in OUTPUT mode
     ignore: tuple[str, ...] = ()  # rule ids or prefixes switched off for this file (per-file-ignores)
     dirty: bool = False  # has uncommitted changes in git, and --force was not given
+    #: The package's fused-helper module as the file would import it (`.._npu_fused`); None: a file of no
+    #: package (or run as a script), which gets the helpers written into it.
+    helper_module: str | None = None
 
 
 @dataclass
@@ -59,6 +63,8 @@ class FileResult:
     diff: str = ""
     error: str = ""
     parsed: bool = False
+    #: The names the file, as written, imports from its `Job.helper_module`: what that module must define.
+    helper_imports: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,14 +91,15 @@ def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
 _GIT_LINE = re.compile(r"[^\n]*\n|[^\n]+\Z")
 
 
-def unified_diff(display: str, before: str, after: str) -> str:
+def unified_diff(display: str, before: str, after: str, *, new_file: bool = False) -> str:
     """A patch that `git apply` and `patch -p1` accept, newline style and missing final newline included.
     Lines are what git calls lines: ended by `\n` only (a `\r\n` keeps its `\r`; a form feed or a lone
-    `\r` is inside a line), not what `str.splitlines` breaks at."""
+    `\r` is inside a line), not what `str.splitlines` breaks at. A `new_file` comes from /dev/null."""
     a_lines = _GIT_LINE.findall(before)
     b_lines = _GIT_LINE.findall(after)
     out = []
-    for line in difflib.unified_diff(a_lines, b_lines, f"a/{display}", f"b/{display}", n=3):
+    origin = "/dev/null" if new_file else f"a/{display}"
+    for line in difflib.unified_diff(a_lines, b_lines, origin, f"b/{display}", n=3):
         out.append(line)
         if not line.endswith("\n"):
             out.append("\n\\ No newline at end of file\n")
@@ -100,10 +107,15 @@ def unified_diff(display: str, before: str, after: str) -> str:
 
 
 def migrate_source(
-    source: SourceFile, display: str, plan: Plan, api: NpuApi, job_ignore: tuple[str, ...] = ()
+    source: SourceFile,
+    display: str,
+    plan: Plan,
+    api: NpuApi,
+    job_ignore: tuple[str, ...] = (),
+    helper_module: str | None = None,
 ) -> tuple[str, list[Finding], bool]:
-    """The migrated text of one file, its findings, and whether any rule looked into it.
-    Raises SourceError for unparsable input."""
+    """The migrated text of one file, its findings, and whether any rule looked into it; the fused-op
+    helpers are imported from `helper_module` if given. Raises SourceError for unparsable input."""
     text = source.text
     enabled = plan.enabled_for(job_ignore)
     # The prefilter: a checker whose markers are all absent cannot match, so the file is not parsed for it.
@@ -131,7 +143,14 @@ def migrate_source(
             tree = validate(new_text, display)
             index = AstIndex.of(tree)
         tree_text, tree_findings = scoped.run(
-            on_tree, tree, scoped.Source(new_text), display, enabled, api, index=index, annotate=plan.annotate
+            on_tree,
+            tree,
+            scoped.Source(new_text, helper_module),
+            display,
+            enabled,
+            api,
+            index=index,
+            annotate=plan.annotate,
         )
         if new_text != text:  # their positions are in the text the libcst rules rewrote
             where = scoped.position_map(text, new_text)
@@ -230,9 +249,16 @@ def _skip_unfixed(module: cst.Module, fixes, positions):
 
 
 def migrate_file(
-    source: SourceFile, display: str, plan: Plan, api: NpuApi, kind: str, job_ignore: tuple[str, ...] = ()
+    source: SourceFile,
+    display: str,
+    plan: Plan,
+    api: NpuApi,
+    kind: str,
+    job_ignore: tuple[str, ...] = (),
+    helper_module: str | None = None,
 ) -> tuple[str, list[Finding], bool]:
-    """Any supported file: Python through libcst, notebooks cell by cell, the rest as text."""
+    """Any supported file: Python through libcst, notebooks cell by cell, the rest as text. A Python file
+    of a package imports the fused-op helpers from `helper_module`."""
     if kind == kinds.NOTEBOOK:
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
@@ -240,7 +266,19 @@ def migrate_file(
         reports = [r for c in text_checkers() if kind in c.kinds for r in c(enabled).check(source.text, kind)]
         new_text, findings = apply_reports(source.text, reports, display)
         return new_text, findings, False
-    return migrate_source(source, display, plan, api, job_ignore)
+    return migrate_source(source, display, plan, api, job_ignore, helper_module)
+
+
+def helper_imports(text: str, tree: ast.Module | None, helper_module: str | None) -> tuple[str, ...]:
+    """The names `text` (whose tree is `tree`, if parsed) imports from `helper_module`."""
+    if helper_module is None or helper_module not in text:
+        return ()
+    if tree is None:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return ()
+    return tuple(imported_helpers(tree, helper_module))
 
 
 def _migrate_notebook(source, display, plan, api, job_ignore):
@@ -318,12 +356,15 @@ def _process(job: Job, plan: Plan) -> FileResult:
         source = read_source(job.path)
         api = _api(plan.torch_npu_version)
         kind = kinds.kind_of(job.path) or kinds.PYTHON
-        new_text, findings, parsed = migrate_file(source, job.display, plan, api, kind, job.ignore)
+        helper_module = job.helper_module if kind == kinds.PYTHON else None
+        new_text, findings, parsed = migrate_file(source, job.display, plan, api, kind, job.ignore, helper_module)
         if new_text == source.text:
             if plan.mode is Mode.OUTPUT and job.destination is not None:
-                _write_output(job.destination, source.raw, plan.output_root)
-            return FileResult(job.display, Status.UNCHANGED, findings, parsed=parsed)
-        validate(new_text, job.display, kind)
+                write_output(job.destination, source.raw, plan.output_root)
+            imports = helper_imports(source.text, None, helper_module)
+            return FileResult(job.display, Status.UNCHANGED, findings, parsed=parsed, helper_imports=imports)
+        tree = validate(new_text, job.display, kind)
+        imports = helper_imports(new_text, tree, helper_module)
         diff = unified_diff(job.display, source.text, new_text)
         data = source.encode(new_text)
         if plan.mode is Mode.IN_PLACE:
@@ -334,8 +375,8 @@ def _process(job: Job, plan: Plan) -> FileResult:
                 )
             atomic_write(job.path, data, expected=source.raw)
         elif plan.mode is Mode.OUTPUT and job.destination is not None:
-            _write_output(job.destination, data, plan.output_root)
-        return FileResult(job.display, Status.CHANGED, findings, diff=diff, parsed=True)
+            write_output(job.destination, data, plan.output_root)
+        return FileResult(job.display, Status.CHANGED, findings, diff=diff, parsed=True, helper_imports=imports)
     except SourceError as exc:
         return FileResult(job.display, Status.FAILED, error=str(exc))
     except FileTimeout:
@@ -348,7 +389,7 @@ def _process(job: Job, plan: Plan) -> FileResult:
         )
 
 
-def _write_output(destination: Path, data: bytes, root: Path | None) -> None:
+def write_output(destination: Path, data: bytes, root: Path | None) -> None:
     """Write into the output tree, never through a symlink that leads out of it."""
     if root is not None:
         resolved_root = root.resolve()

@@ -46,8 +46,11 @@ from npu_migrate.layout import fit, line_width
 from npu_migrate.names import Names
 from npu_migrate.scoped import Source, TreeReport
 from npu_migrate.transforms.fused.helpers import (
+    MODULE,
     PRELUDE,
+    defined_names,
     helper_code,
+    imported_helpers,
     kernel_templates,
     kernels_called,
     rendered,
@@ -142,10 +145,6 @@ class _ModuleFunctions(Mapping):
         return len(self._nodes)
 
 
-def _defined_names(tree: ast.Module) -> set[str]:
-    return {stmt.name for stmt in tree.body if isinstance(stmt, (*_DEFS, ast.ClassDef))}
-
-
 def _is_docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
@@ -188,6 +187,55 @@ def _helper_statements(code: str) -> tuple[cst.BaseStatement, ...]:
     blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
     new[0] = new[0].with_changes(leading_lines=[blank, blank])
     return tuple(new)
+
+
+def _runs_as_script(tree: ast.Module) -> bool:
+    """Whether the file has an `if __name__ == "__main__":` block: run as `python pkg/train.py` it has no
+    package to import relatively from, so it keeps its helpers in itself."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and len(stmt.test.comparators) == 1:
+            sides = [stmt.test.left, stmt.test.comparators[0]]
+            if any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+                isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+            ):
+                return True
+    return False
+
+
+def _imported_from_any_level(tree: ast.Module) -> list[str]:
+    """Names imported from a helper module of any package level (a file migrated in another layout)."""
+    return [
+        alias.asname or alias.name
+        for stmt in tree.body
+        if isinstance(stmt, ast.ImportFrom) and stmt.level and stmt.module == MODULE
+        for alias in stmt.names
+    ]
+
+
+def _import_statement(module: str, names: list[str], width: int) -> str:
+    line = f"from {module} import {', '.join(names)}"
+    if len(line) <= width:
+        return line + "\n"
+    return f"from {module} import (\n" + "".join(f"    {name},\n" for name in names) + ")\n"
+
+
+def _import_fix(code: str, after: bool):
+    """A fix of the anchor statement: the helpers' import next to it."""
+
+    def fix(updated: cst.BaseStatement):
+        new = cst.parse_statement(code)
+        return cst.FlattenSentinel([updated, new] if after else [new, updated])
+
+    return fix
+
+
+def _replace_fix(code: str):
+    """A fix of the helper module's import: the import of every name the file needs."""
+
+    def fix(updated: cst.BaseStatement):
+        return cst.parse_statement(code).with_changes(leading_lines=updated.leading_lines)
+
+    return fix
 
 
 @functools.cache
@@ -252,7 +300,8 @@ class FusedOpsChecker(TreeChecker):
         self._qualname = names.resolve
         self.functions = _ModuleFunctions(tree)
         self.reports: list[TreeReport] = []
-        self.applied: list[tuple[Outcome, TreeReport]] = []
+        #: Per rewrite: the helper templates it needs, those its own code calls, and its report.
+        self.applied: list[tuple[list[str], list[str], TreeReport]] = []
         # A call an idiom rewrites in place resolves to a name whose last part is an identifier of the
         # file; most files looked at for the other idioms have none, and walking every expression is dear.
         self._scan_calls = any(
@@ -339,15 +388,18 @@ class FusedOpsChecker(TreeChecker):
             self.reports.append(TreeReport(outcome.rule, node, outcome.message))
             return
         helpers = with_kernels(list(outcome.helpers))
+        called = list(outcome.helpers)  # what the branch names itself, besides `_is_npu`
         if fix is None:
             from npu_migrate.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
 
             code = self._laid_out(node, render(outcome.template, **outcome.context))
-            helpers += _kernel_helpers(code, outcome.template)
+            kernels = _kernel_helpers(code, outcome.template)
+            helpers += kernels
+            called += kernels
             branch = cst.parse_statement(code)
             fix = lambda updated: _insert_branch(updated, branch)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
-        self.applied.append((helpers, self.reports[-1]))
+        self.applied.append((helpers, called, self.reports[-1]))
 
     def _laid_out(self, node: ast.FunctionDef, code: str) -> str:
         """A branch's `code` (one statement a line, at column 0) within the file's width once indented as
@@ -363,10 +415,13 @@ class FusedOpsChecker(TreeChecker):
     def _prelude(self, tree: ast.Module) -> None:
         if not self.applied:
             return
-        templates = [PRELUDE, *dict.fromkeys(h for helpers, _ in self.applied for h in helpers)]
+        if self.source.helper_module is not None and not _runs_as_script(tree):
+            self._import_helpers(tree, self.source.helper_module)
+            return
+        templates = [PRELUDE, *dict.fromkeys(h for helpers, _, _ in self.applied for h in helpers)]
         kernels = set(kernel_templates().values())
         templates.sort(key=lambda t: (t != PRELUDE, t not in kernels))  # stable: the rest in order of use
-        existing = _defined_names(tree)
+        existing = defined_names(tree) | set(_imported_from_any_level(tree))
         missing = [t for t in templates if HELPER_NAMES[t] not in existing]
         if missing:
             names = ", ".join(f"`{HELPER_NAMES[t]}`" for t in missing)
@@ -377,13 +432,42 @@ class FusedOpsChecker(TreeChecker):
             anchor, after = _prelude_anchor(tree)
             self.reports.append(
                 TreeReport(
-                    self.applied[0][1].rule,
+                    self.applied[0][2].rule,
                     tree,
                     f"fused-op helpers {names}{what} added after the imports",
                     fix=_helpers_fix(helper_code(missing, guarded), after),
                     target=anchor,
-                    serves=tuple(report for _, report in self.applied),
+                    serves=tuple(report for *_, report in self.applied),
                     # Not a site of the idiom: analyze's affinity report counts sites, not this.
                     data={"fused": "helpers"},
                 )
             )
+
+    def _import_helpers(self, tree: ast.Module, module: str) -> None:
+        """A file of a package imports the helpers its branches call from the package's helper module,
+        which the driver writes once for all of them (`npu_migrate.helper_modules`)."""
+        called = [PRELUDE, *dict.fromkeys(t for _, names, _ in self.applied for t in names)]
+        existing = defined_names(tree) | set(_imported_from_any_level(tree))
+        missing = [HELPER_NAMES[t] for t in called if HELPER_NAMES[t] not in existing]
+        if not missing:
+            return
+        present = [s for s in tree.body if isinstance(s, ast.ImportFrom) and "." * s.level + (s.module or "") == module]
+        names = sorted({*imported_helpers(tree, module), *missing})
+        code = _import_statement(module, names, line_width(self.source.text))
+        if present:
+            target, fix = present[0], _replace_fix(code)
+        else:
+            target, after = _prelude_anchor(tree)
+            fix = _import_fix(code, after)
+        listed = ", ".join(f"`{name}`" for name in missing)
+        self.reports.append(
+            TreeReport(
+                self.applied[0][2].rule,
+                tree,
+                f"fused-op helpers {listed} imported from `{module}`, the package's helper module",
+                fix=fix,
+                target=target,
+                serves=tuple(report for *_, report in self.applied),
+                data={"fused": "helpers"},
+            )
+        )
