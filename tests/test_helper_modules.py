@@ -259,3 +259,22 @@ def test_graph_modes_work_across_the_module_boundary(migrated, torch_npu):
     assert {"norm jit.script", "mlp jit.script", "norm fx", "norm compile", "rotary compile"} <= set(survived)
     for case in survived:
         assert after[case] == before[case], f"{case}: {after[case]}"
+
+
+def test_verify_counts_each_files_fused_calls_through_the_shared_module(migrated):
+    from npu_migrate.verify.harness import compare
+
+    original, out, _ = migrated
+    report = compare(original, out, out / "factory.py", min_cosine=0.99, dtype="bfloat16")
+    assert report.passed, report.to_text(verbose=True)
+    assert report.mode == "reference"
+    # Two layers: two norms each and the final one; q and k rotated; one MLP and one attention per layer.
+    assert {m.name: m.calls for m in report.modules} == {
+        "fusedpkg.layers.attention": {"npu_rotary_mul": 4, "npu_fusion_attention": 2},
+        "fusedpkg.layers.mlp": {"npu_swiglu": 2},
+        "fusedpkg.norms": {"npu_rms_norm": 5},
+    }
+    assert {m.name: m.sites for m in report.modules}["fusedpkg.layers.attention"] == {
+        "npu_rotary_mul": 2,
+        "npu_fusion_attention": 1,
+    }

@@ -416,13 +416,16 @@ def migrate_text(
     ignore: list[str] | None = None,
     torch_npu_version: str | None = None,
     annotate: bool = False,
+    helper_module: str | None = None,
 ) -> tuple[str, list[Finding]]:
     """Migrate text in memory: the Python API used by tests, `analyze` and editors. `path` (its name)
-    decides the file kind: Python unless it names a notebook, a launch script or another known kind."""
+    decides the file kind: Python unless it names a notebook, a launch script or another known kind. With
+    `helper_module` (`helper_modules.helper_module`), fused-op helpers are imported from there."""
     plan = Plan(select_rules(select, ignore), torch_npu_version, Mode.DIFF, annotate=annotate)
     source = decode_source(Path(path), text.encode("utf-8"))
     kind = kinds.kind_of(Path(path)) or kinds.PYTHON  # "<string>" and other unknown names are Python
-    new_text, findings, _ = migrate_file(source, path, plan, _api(torch_npu_version), kind)
+    helper_module = helper_module if kind == kinds.PYTHON else None
+    new_text, findings, _ = migrate_file(source, path, plan, _api(torch_npu_version), kind, (), helper_module)
     if new_text != text:
         validate(new_text, path, kind)
     return new_text, findings

@@ -388,14 +388,14 @@ class FusedOpsChecker(TreeChecker):
             self.reports.append(TreeReport(outcome.rule, node, outcome.message))
             return
         helpers = with_kernels(list(outcome.helpers))
-        called = list(outcome.helpers)  # what the branch names itself, besides `_is_npu`
+        called = list(outcome.helpers)  # the helpers the file's own code calls
         if fix is None:
             from npu_migrate.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
 
             code = self._laid_out(node, render(outcome.template, **outcome.context))
             kernels = _kernel_helpers(code, outcome.template)
             helpers += kernels
-            called += kernels
+            called += [PRELUDE, *kernels]
             branch = cst.parse_statement(code)
             fix = lambda updated: _insert_branch(updated, branch)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
@@ -446,7 +446,7 @@ class FusedOpsChecker(TreeChecker):
     def _import_helpers(self, tree: ast.Module, module: str) -> None:
         """A file of a package imports the helpers its branches call from the package's helper module,
         which the driver writes once for all of them (`npu_migrate.helper_modules`)."""
-        called = [PRELUDE, *dict.fromkeys(t for _, names, _ in self.applied for t in names)]
+        called = dict.fromkeys(t for _, names, _ in self.applied for t in names)
         existing = defined_names(tree) | set(_imported_from_any_level(tree))
         missing = [HELPER_NAMES[t] for t in called if HELPER_NAMES[t] not in existing]
         if not missing:
