@@ -179,6 +179,18 @@ def test_interactive_writes_the_module_exactly_when_an_accepted_hunk_imports_it(
         assert text == (PROJECT / "fusedpkg" / "norms.py").read_text()
 
 
+@pytest.mark.parametrize("name", ["fusedpkg/norms.py", "standalone.py"])
+def test_interactive_refuses_a_branch_without_the_hunk_that_brings_its_helpers(tmp_path, name):
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project)
+    # The first hunk adds the import (or the inline helpers), the second the branch.
+    done = _npu_migrate("apply", "--interactive", name, cwd=project, answers="n\ny\n")
+    assert done.returncode == 2
+    assert "call the fused-op helpers `_is_npu`, `_npu_rms_norm` but not the hunk that adds them" in done.stderr
+    assert (project / name).read_bytes() == (PROJECT / name).read_bytes()
+    assert not (project / MODULE).exists()
+
+
 def test_where_the_module_goes(tmp_path):
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "__init__.py").write_text("")  # a leftover at the project root: not the package

@@ -11,6 +11,7 @@ written that imports helpers not written.
 
 from __future__ import annotations
 
+import ast
 import difflib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from npu_migrate.findings import Finding
 from npu_migrate.helper_modules import ModuleChange, changes, collect
 from npu_migrate.pipeline import _GIT_LINE, Job, Plan, helper_imports, migrate_file, unified_diff, validate
 from npu_migrate.source import SourceError, SourceFile, atomic_write, read_source
+from npu_migrate.transforms.fused import HELPER_NAMES
+from npu_migrate.transforms.fused.helpers import defined_names
 
 HELP = """y - apply this hunk
 n - do not apply this hunk
@@ -130,6 +133,16 @@ def ask(review: Review, ask_line: Callable[[str], str], say: Callable[[str], Non
         index += 1
 
 
+def _unbound_helpers(tree: ast.Module) -> list[str]:
+    """The fused-op helpers `tree` calls without defining or importing them (their hunk was declined)."""
+    helpers = set(HELPER_NAMES.values())
+    bound = defined_names(tree) | {
+        alias.asname or alias.name for stmt in tree.body if isinstance(stmt, ast.ImportFrom) for alias in stmt.names
+    }
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in helpers}
+    return sorted(used - bound)
+
+
 def helper_module_changes(reviews: list[Review]) -> list[ModuleChange]:
     """The packages' helper modules as the reviewed files, restricted to their accepted hunks, need them."""
     imports: dict[Path, set[str]] = {}
@@ -151,9 +164,17 @@ def write_all(reviews: list[Review], modules: list[ModuleChange] | None = None) 
         if text == review.source.text:
             continue
         try:
-            validate(text, review.job.display, review.kind)
+            tree = validate(text, review.job.display, review.kind)
         except SourceError as exc:
             errors.append((review.job.display, f"the accepted hunks alone do not parse ({exc}); choose again"))
+            continue
+        unbound = _unbound_helpers(tree) if tree is not None else []
+        if unbound:
+            names = ", ".join(f"`{name}`" for name in unbound)
+            reason = (
+                f"the accepted hunks call the fused-op helpers {names} but not the hunk that adds them; choose again"
+            )
+            errors.append((review.job.display, reason))
             continue
         try:
             current = review.job.path.read_bytes()
