@@ -352,9 +352,12 @@ def apply(
         collect(helper_imports, job.path, job.helper_module, result.helper_imports)
         show(result)
     progress.clear()
+
     # The packages' helper modules, once every file that imports them is done.
-    destination = (lambda path: _absolute(output) / _absolute(path).relative_to(root)) if output is not None else None
-    for result in written(helper_imports, plan, lambda path: _display(path, root), destination or (lambda path: None)):
+    def module_destination(path: Path) -> Path | None:
+        return _absolute(output) / _absolute(path).relative_to(root) if output is not None else None
+
+    for result in written(helper_imports, plan, lambda path: _display(path, root), module_destination):
         show(result)
 
     if output is not None:

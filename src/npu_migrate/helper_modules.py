@@ -148,7 +148,7 @@ def written(
     imports: Mapping[Path, Iterable[str]],
     plan: Plan,
     display: Callable[[Path], str],
-    destination: Callable[[Path], Path],
+    destination: Callable[[Path], Path | None],
 ) -> list[FileResult]:
     """Every helper module that `imports` needs changed, written as `plan` says."""
     return [write(change, plan, display(change.path), destination(change.path)) for change in changes(imports)]

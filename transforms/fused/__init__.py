@@ -14,7 +14,8 @@ untouched original body:
 and the file gets, once, the helpers after its imports (`helpers.py`): a guarded `import torch_npu` (unless
 the file imports it unconditionally), `_is_npu(x)`, true only when torch_npu imported and `x` is on an NPU,
 and a typed function `_npu_<kernel>` per kernel the branches call, the one place that reaches
-`torch_npu.npu_<kernel>`. Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
+`torch_npu.npu_<kernel>`. A file of a package (`Source.helper_module`) imports the helpers it calls from
+the package's helper module instead, which the driver writes once (`npu_migrate.helper_modules`). Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
 working: `_is_npu` is False while TorchScript compiles (an early `torch.jit.is_scripting()` return) and
 for FX proxies, and the kernel functions are `@torch.jit.unused`, compiled as stubs. A test (or
 `verify`) substitutes CPU reference kernels through the module-level name `torch_npu` and forces

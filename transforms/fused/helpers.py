@@ -1,4 +1,5 @@
-"""The module-level helpers fused branches call, as the code written once per file after its imports.
+"""The module-level helpers fused branches call: the code written once per file after its imports, or once
+per package into its helper module (`MODULE`), which the package's files import.
 
 A branch calls `_is_npu(x)` (the prelude) and, for each torch_npu kernel, the typed function
 `_npu_<kernel>` of `kernels/npu_<kernel>.py.j2`, whose signature is the kernel's own: the one place
