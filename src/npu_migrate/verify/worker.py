@@ -146,8 +146,9 @@ def _helper_module_of(module: types.ModuleType) -> types.ModuleType | None:
     """The package helper module whose functions `module` imported, if any."""
     for value in vars(module).values():
         if isinstance(value, types.FunctionType):
-            owner = sys.modules.get(value.__module__)
-            if value.__module__.rpartition(".")[2] == HELPER_MODULE and owner is not None and owner is not module:
+            name = value.__module__ or ""  # None for a function made by exec without a `__name__`
+            owner = sys.modules.get(name)
+            if name.rpartition(".")[2] == HELPER_MODULE and owner is not None and owner is not module:
                 return owner
     return None
 
