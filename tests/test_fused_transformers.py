@@ -5,8 +5,10 @@ transformers package (symlinks for everything else), and tiny random models are 
 and the migrated package in subprocesses with the same seed, twice: fp32 with eager attention, and fp16
 with SDPA attention on an unpadded batch (SDPA's is_causal, GQA through enable_gqa) and a left-padded
 one (a bool mask with fully masked rows, kv heads repeated). Off an NPU the logits must be
-bit-identical. Then the fused branches are forced on (`_is_npu` true) with the CPU reference kernels of
-`npu_migrate.verify.reference` in place of `torch_npu`: the logits must still match, the kernels must be called
+bit-identical. The migrated files import their helpers from the package's helper module
+(`transformers/_npu_fused.py`), written as `apply` writes it. Then the fused branches are forced on (the
+module's `_is_npu` true) with the CPU reference kernels of `npu_migrate.verify.reference` as its `torch_npu`,
+before any migrated module imports from it: the logits must still match, the kernels must be called
 as often as the model has norms, MLPs, rotary embeddings and attention layers, and Gemma's GELU MLP
 must keep its original code.
 """
@@ -23,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from npu_migrate.pipeline import migrate_text
+from npu_migrate.helper_location import helper_module
+from npu_migrate.helper_modules import changes
+from npu_migrate.pipeline import helper_imports, migrate_text
 
 pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
 
@@ -76,19 +80,17 @@ RUNNER = textwrap.dedent("""
     # Phi-3 rotates only part of each head: the branch must slice as the original does.
     extra = {"phi3": {"partial_rotary_factor": 0.5}}
     out = {"transformers": transformers.__file__, "models": {}}
+    if force:
+        helpers = importlib.import_module("transformers._npu_fused")
+        helpers._is_npu = lambda x: True
+        helpers.torch_npu = fake
     sdpa = importlib.import_module("transformers.integrations.sdpa_attention")
-    if force and hasattr(sdpa, "_is_npu"):
-        sdpa._is_npu = lambda x: True
-        sdpa.torch_npu = fake
     ids = torch.randint(1, 128, (2, 7), generator=torch.Generator().manual_seed(1))
     padded = torch.ones(2, 7, dtype=torch.long)
     padded[1, :3] = 0
     batches = [{}] if attention == "eager" else [{}, {"attention_mask": padded}]
     for name, prefix in %(models)r:
         module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        if force:
-            module._is_npu = lambda x: True
-            module.torch_npu = fake
         config = getattr(transformers, prefix + "Config")(**common, **extra.get(name, {}))
         config._attn_implementation = attention
         torch.manual_seed(0)
@@ -141,8 +143,8 @@ def _mirror(original: Path, copy: Path, keep: set[str]) -> None:
 
 @pytest.fixture(scope="module")
 def migrated(tmp_path_factory):
-    """A transformers package whose six modeling files and SDPA integration are migrated, and the
-    findings per file (keyed by model name, and by INTEGRATION)."""
+    """A transformers package whose six modeling files and SDPA integration are migrated, with its helper
+    module; the findings per file (keyed by model name, and by INTEGRATION), and the module's text."""
     root = tmp_path_factory.mktemp("site")
     original = _package_root()
     package = root / "transformers"
@@ -152,13 +154,17 @@ def migrated(tmp_path_factory):
     targets = {name: f"models/{name}/modeling_{name}.py" for name in MODELS} | {INTEGRATION: INTEGRATION}
     for name in MODELS:
         _mirror(original / "models" / name, package / "models" / name, {f"modeling_{name}.py"})
-    findings = {}
+    findings, imports = {}, {}
     for key, relative in targets.items():
         source = (original / relative).read_text(encoding="utf-8")
-        text, found = migrate_text(source, path=Path(relative).name)
+        module = helper_module(package / relative)
+        text, found = migrate_text(source, path=Path(relative).name, helper_module=module)
         (package / relative).write_text(text, encoding="utf-8")
-        findings[key] = (source, text, found)
-    return root, findings
+        findings[key] = (source, text, found, module)
+        imports.setdefault(package / "_npu_fused.py", set()).update(helper_imports(text, None, module))
+    (change,) = changes(imports)
+    change.path.write_text(change.after, encoding="utf-8")
+    return root, findings, change.after
 
 
 def _run(site: Path | None, mode: str, attention: str, dtype: str) -> dict:
@@ -184,7 +190,7 @@ SETUPS = {"eager": ("float32", 1e-5), "sdpa": ("float16", 4e-3)}
 
 @pytest.fixture(scope="module")
 def runs(migrated):
-    site, _ = migrated
+    site, *_ = migrated
     return {
         attention: (
             _run(None, "plain", attention, dtype),
@@ -205,21 +211,26 @@ def _tally(found, fixed: bool) -> dict[str, int]:
 
 @pytest.mark.parametrize("name", [*MODELS, INTEGRATION])
 def test_expected_sites_get_a_fused_branch(migrated, name):
-    _, findings = migrated
-    source, text, found = findings[name]
+    _, findings, helpers = migrated
+    source, text, found, module = findings[name]
     if name == INTEGRATION:
         assert _tally(found, True) == INTEGRATION_SITES
         assert text.count("_npu_sdpa(\n        query,") == 1
-        assert text.count("def _npu_sdpa(") == 1 and text.count("def _is_npu(") == 1
+        assert "\nfrom .._npu_fused import _npu_sdpa\n" in text
     else:
         assert _tally(found, True) == EXPECTED_SITES[name]
         assert _tally(found, False) == EXPECTED_OPEN[name]
-        assert text.count("torch_npu.npu_rms_norm(") == 1 and text.count("torch_npu.npu_swiglu(") == 1
-        assert text.count("_npu_rotary_mul(") - text.count("def _npu_rotary_mul(") == 2  # q and k
-        assert text.count("def _is_npu(") == 1 and text.count("def _is_silu(") == 1
-        assert text.count("def _npu_rotary_fits(") == 1
-    # The fused code reaches torch_npu only through the guarded import: no hard `import torch_npu`.
-    assert "\nimport torch_npu\n" not in text
+        assert module == "..._npu_fused"
+        swiglu = "_npu_swiglu_halves" if name == "phi3" else "_npu_silu_mul"  # Phi-3 projects gate and up at once
+        names = f"_is_npu, _is_silu, _npu_rms_norm, _npu_rotary_fits, _npu_rotary_mul, {swiglu}"
+        assert f"\nfrom ..._npu_fused import {names}\n" in text
+        assert text.count("_npu_rms_norm(") == 1 and text.count(f"{swiglu}(") == 1
+        assert text.count("_npu_rotary_mul(") == 2  # q and k
+    assert "def _is_npu(" not in text and "\nimport torch_npu\n" not in text
+    # The helpers, each once, in the one module; it reaches torch_npu only through its guarded import.
+    for helper in ("_is_npu", "_is_silu", "_npu_rms_norm", "_npu_rotary_fits", "_npu_rotary_mul", "_npu_sdpa"):
+        assert helpers.count(f"def {helper}(") == 1
+    assert helpers.count("import torch_npu") == 1 and "\nimport torch_npu\n" not in helpers
     removed = [line for line in _diff(source, text) if line.startswith("-")]
     if name == INTEGRATION:
         # The one edit besides insertions: the SDPA call gets the wrapper, its arguments untouched.
@@ -227,7 +238,7 @@ def test_expected_sites_get_a_fused_branch(migrated, name):
     else:
         # Every original line survives, in order: the branches and the prelude are insertions only.
         assert removed == []
-    again, refound = migrate_text(text, path=Path(name).name)
+    again, refound = migrate_text(text, path=Path(name).name, helper_module=module)
     assert again == text and not any(f.fixed for f in refound)
 
 
@@ -238,7 +249,7 @@ def _diff(a: str, b: str) -> list[str]:
 
 
 def test_migrated_package_is_the_one_imported(runs, migrated):
-    site, _ = migrated
+    site, *_ = migrated
     for original, plain, _ in runs.values():
         assert original["transformers"].startswith(str(_package_root()))
         assert plain["transformers"].startswith(str(site))

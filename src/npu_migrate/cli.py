@@ -239,6 +239,7 @@ def apply(
     remains (findings only a human can act on never fail by default); exit 2 on an error.
     """
     from npu_migrate.discovery import GitStateUnknown, discover, uncommitted
+    from npu_migrate.helper_location import collect, helper_module
 
     def _uncommitted(paths, files):
         try:
@@ -334,6 +335,8 @@ def apply(
             destination=(_absolute(output) / _absolute(f).relative_to(root)) if output is not None else None,
             ignore=config.ignored_for(_relative_to(f, config.root)),
             dirty=f in dirty,
+            # An --output tree holds nothing above `root`: the package's helper module cannot go higher.
+            helper_module=helper_module(f, stop=root if output is not None else None),
         )
         for f in found.files
     ]
@@ -361,8 +364,7 @@ def apply(
         progress.clear()
         typer.echo(line, err=err)
 
-    for result in run(job_list, plan, jobs):
-        progress.advance()
+    def show(result) -> None:
         summary.add(result)
         all_findings.extend(result.findings)
         results.append(result) if output_format is OutputFormat.json else None
@@ -371,20 +373,36 @@ def apply(
         if output_format is OutputFormat.github:
             for finding in result.findings:
                 typer.echo(github_annotation(finding))
-            continue
+            return
         if not text:
-            continue
+            return
         if mode is Mode.DIFF and result.diff:
             progress.clear()
             sys.stdout.write(colour_diff(result.diff) if colour else result.diff)
         elif result.status is Status.CHANGED and not check and not quiet:
             say(f"migrated {result.display}", err=mode is Mode.DIFF)
         if statistics:
-            continue
+            return
         for finding in result.findings:
             if not finding.fixed or show_fixes:
                 say(format_finding(finding), err=findings_err)
+
+    helper_imports: dict[Path, set[str]] = {}
+    for job, result in zip(job_list, run(job_list, plan, jobs)):
+        progress.advance()
+        collect(helper_imports, job.path, job.helper_module, result.helper_imports)
+        show(result)
     progress.clear()
+
+    # The packages' helper modules, once every file that imports them is done.
+    def module_destination(path: Path) -> Path | None:
+        return _absolute(output) / _absolute(path).relative_to(root) if output is not None else None
+
+    if helper_imports:
+        from npu_migrate.helper_modules import written  # the fused rules: only once a file imports helpers
+
+        for result in written(helper_imports, plan, lambda path: _display(path, root), module_destination):
+            show(result)
 
     if output is not None:
         destinations = {job.display: job.destination for job in job_list}
@@ -430,7 +448,7 @@ def _refuse_dirty_changes(dirty_jobs, plan, workers) -> None:
 def _review(job_list, plan, *, quiet: bool) -> int:
     """`apply --interactive`: see `npu_migrate.interactive`."""
     from npu_migrate.api import NpuApi
-    from npu_migrate.interactive import Quit, ask, prepare, write_all
+    from npu_migrate.interactive import Quit, ask, helper_module_changes, prepare, write_all
     from npu_migrate.source import SourceError
 
     def ask_line(prompt: str) -> str:
@@ -460,8 +478,10 @@ def _review(job_list, plan, *, quiet: bool) -> int:
         return EXIT_ERROR
     # All files or none: a file that could not even be read for review stops the writing of the others.
     written_any = False
+    modules = []
     if not errors:
-        errors, written_any = write_all(reviews)
+        modules = helper_module_changes(reviews)
+        errors, written_any = write_all(reviews, modules)
     for name, reason in errors:
         typer.echo(f"{name}: error: {reason}", err=True)
     if errors and written_any:
@@ -471,6 +491,9 @@ def _review(job_list, plan, *, quiet: bool) -> int:
     elif not quiet:
         written = [r.job.display for r in reviews if r.result() != r.source.text]
         typer.echo(f"{len(written)} files changed, {len(reviews) - len(written)} left as they were", err=True)
+        for module in modules:
+            shown = _display(module.path, _common_root([r.job.path for r in reviews]))
+            typer.echo(f"wrote {shown}: the fused-op helpers the accepted hunks import", err=True)
     return EXIT_ERROR if errors else EXIT_OK
 
 

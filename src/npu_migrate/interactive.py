@@ -10,6 +10,9 @@ Hunks are not always independent: one may add a name another uses (`import torch
 `torch.npu` / `.npu()` / `"npu"` rewrite needs; a helper such as `_npu_sdpa` or its import). Accepting a
 hunk accepts what it needs, and says so; a needed hunk declined earlier is brought back by accepting one
 that needs it. So no answer writes a file that fails with a NameError or without torch_npu.
+
+A package's helper module is written with the files whose accepted hunks import from it, holding what
+they import: no file is written that imports helpers not written.
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ from pathlib import Path
 from npu_migrate import kinds, registry
 from npu_migrate.api import NpuApi
 from npu_migrate.findings import Finding
-from npu_migrate.pipeline import _GIT_LINE, Job, Plan, migrate_file, unified_diff, validate
+from npu_migrate.helper_location import collect
+from npu_migrate.helper_modules import ModuleChange, changes
+from npu_migrate.pipeline import _GIT_LINE, Job, Plan, helper_imports, migrate_file, unified_diff, validate
 from npu_migrate.source import SourceError, SourceFile, atomic_write, read_source
+from npu_migrate.transforms.fused import HELPER_NAMES
+from npu_migrate.transforms.fused.helpers import defined_names
 
 HELP = """y - apply this hunk
 n - do not apply this hunk
@@ -115,7 +122,8 @@ def prepare(job: Job, plan: Plan, api: NpuApi) -> Review | None:
     """The file migrated in memory, cut into hunks; None when nothing would change. SourceError on bad input."""
     source = read_source(job.path)
     kind = kinds.kind_of(job.path) or kinds.PYTHON
-    migrated, findings, _ = migrate_file(source, job.display, plan, api, kind, job.ignore)
+    helper_module = job.helper_module if kind == kinds.PYTHON else None
+    migrated, findings, _ = migrate_file(source, job.display, plan, api, kind, job.ignore, helper_module)
     if migrated == source.text:
         return None
     validate(migrated, job.display, kind)
@@ -216,20 +224,48 @@ def ask(review: Review, ask_line: Callable[[str], str], say: Callable[[str], Non
         index += 1
 
 
-def write_all(reviews: list[Review]) -> tuple[list[tuple[str, str]], bool]:
-    """Write every reviewed file whose result differs from what was read, all or none: each is first
-    checked to still hold the bytes read (and that its result parses); returns the (file, reason) errors,
-    and whether any file was written (only a write failing midway leaves some written)."""
+def _unbound_helpers(tree: ast.Module) -> list[str]:
+    """The fused-op helpers `tree` calls without defining or importing them (their hunk was declined)."""
+    helpers = set(HELPER_NAMES.values())
+    bound = defined_names(tree) | {
+        alias.asname or alias.name for stmt in tree.body if isinstance(stmt, ast.ImportFrom) for alias in stmt.names
+    }
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in helpers}
+    return sorted(used - bound)
+
+
+def helper_module_changes(reviews: list[Review]) -> list[ModuleChange]:
+    """The packages' helper modules as the reviewed files, restricted to their accepted hunks, need them."""
+    imports: dict[Path, set[str]] = {}
+    for review in reviews:
+        module = review.job.helper_module if review.kind == kinds.PYTHON else None
+        collect(imports, review.job.path, module, helper_imports(review.result(), None, module))
+    return changes(imports)
+
+
+def write_all(reviews: list[Review], modules: list[ModuleChange] | None = None) -> tuple[list[tuple[str, str]], bool]:
+    """Write every reviewed file whose result differs from what was read, and the helper `modules` they
+    import (by default, `helper_module_changes(reviews)`), all or none: each is first checked to still hold
+    the bytes read (and that its result parses); returns the (file, reason) errors, and whether any file
+    was written (only a write failing midway leaves some written)."""
     errors: list[tuple[str, str]] = []
-    ready: list[tuple[Path, bytes, bytes]] = []
+    ready: list[tuple[Path, bytes, bytes | None]] = []
     for review in reviews:
         text = review.result()
         if text == review.source.text:
             continue
         try:
-            validate(text, review.job.display, review.kind)
+            tree = validate(text, review.job.display, review.kind)
         except SourceError as exc:
             errors.append((review.job.display, f"the accepted hunks alone do not parse ({exc}); choose again"))
+            continue
+        unbound = _unbound_helpers(tree) if tree is not None else []
+        if unbound:
+            names = ", ".join(f"`{name}`" for name in unbound)
+            reason = (
+                f"the accepted hunks call the fused-op helpers {names} but not the hunk that adds them; choose again"
+            )
+            errors.append((review.job.display, reason))
             continue
         try:
             current = review.job.path.read_bytes()
@@ -240,6 +276,11 @@ def write_all(reviews: list[Review]) -> tuple[list[tuple[str, str]], bool]:
             errors.append((review.job.display, "changed on disk during the review; not overwritten"))
             continue
         ready.append((review.job.path, review.source.encode(text), review.source.raw))
+    for module in helper_module_changes(reviews) if modules is None else modules:
+        if module.error or (module.before is None and module.path.exists()):
+            errors.append((str(module.path), module.error or "appeared during the review; not overwritten"))
+        else:
+            ready.append((module.path, module.after.encode(module.encoding), module.raw))
     if errors:
         return errors, False
     written = False

@@ -39,9 +39,12 @@ class Source:
     """The text of a file as `ast` sees it: lines split on the newlines the tokenizer knows (never on
     form feeds or the other separators `str.splitlines` breaks at), columns in characters."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, helper_module: str | None = None) -> None:
         self.text = text
         self.lines = source_lines(text, keepends=True)
+        #: Where the file imports the fused-op helpers from (a relative module, `.._npu_fused`) when it is
+        #: part of a package; None: they are written into the file itself.
+        self.helper_module = helper_module
 
     def char_col(self, lineno: int, byte_col: int) -> int:
         """`ast` columns count UTF-8 bytes; libcst's and the user's count characters."""

@@ -49,6 +49,9 @@ class Job:
     destination: Path | None = None  # where to write in OUTPUT mode
     ignore: tuple[str, ...] = ()  # rule ids or prefixes switched off for this file (per-file-ignores)
     dirty: bool = False  # has uncommitted changes in git, and --force was not given
+    #: The package's fused-helper module as the file would import it (`.._npu_fused`); None: a file of no
+    #: package (or run as a script), which gets the helpers written into it.
+    helper_module: str | None = None
 
 
 @dataclass
@@ -59,6 +62,8 @@ class FileResult:
     diff: str = ""
     error: str = ""
     parsed: bool = False
+    #: The names the file, as written, imports from its `Job.helper_module`: what that module must define.
+    helper_imports: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,14 +117,15 @@ def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
 _GIT_LINE = re.compile(r"[^\n]*\n|[^\n]+\Z")
 
 
-def unified_diff(display: str, before: str, after: str) -> str:
+def unified_diff(display: str, before: str, after: str, *, new_file: bool = False) -> str:
     """A patch that `git apply` and `patch -p1` accept, newline style and missing final newline included.
     Lines are what git calls lines: ended by `\n` only (a `\r\n` keeps its `\r`; a form feed or a lone
-    `\r` is inside a line), not what `str.splitlines` breaks at."""
+    `\r` is inside a line), not what `str.splitlines` breaks at. A `new_file` comes from /dev/null."""
     a_lines = _GIT_LINE.findall(before)
     b_lines = _GIT_LINE.findall(after)
     out = []
-    for line in difflib.unified_diff(a_lines, b_lines, f"a/{display}", f"b/{display}", n=3):
+    origin = "/dev/null" if new_file else f"a/{display}"
+    for line in difflib.unified_diff(a_lines, b_lines, origin, f"b/{display}", n=3):
         out.append(line)
         if not line.endswith("\n"):
             out.append("\n\\ No newline at end of file\n")
@@ -127,10 +133,15 @@ def unified_diff(display: str, before: str, after: str) -> str:
 
 
 def migrate_source(
-    source: SourceFile, display: str, plan: Plan, api: NpuApi, job_ignore: tuple[str, ...] = ()
+    source: SourceFile,
+    display: str,
+    plan: Plan,
+    api: NpuApi,
+    job_ignore: tuple[str, ...] = (),
+    helper_module: str | None = None,
 ) -> tuple[str, list[Finding], bool]:
-    """The migrated text of one file, its findings, and whether any rule looked into it.
-    Raises SourceError for unparsable input."""
+    """The migrated text of one file, its findings, and whether any rule looked into it; the fused-op
+    helpers are imported from `helper_module` if given. Raises SourceError for unparsable input."""
     text = source.text
     if not markers.may_match(text):
         return text, [], False
@@ -165,7 +176,14 @@ def migrate_source(
             tree = validate(new_text, display)
             index = AstIndex.of(tree)
         tree_text, tree_findings = scoped.run(
-            on_tree, tree, scoped.Source(new_text), display, enabled, api, index=index, annotate=plan.annotate
+            on_tree,
+            tree,
+            scoped.Source(new_text, helper_module),
+            display,
+            enabled,
+            api,
+            index=index,
+            annotate=plan.annotate,
         )
         if new_text != text:  # their positions are in the text the libcst rules rewrote
             where = scoped.position_map(text, new_text)
@@ -273,9 +291,16 @@ def _skip_unfixed(module: cst.Module, fixes, positions):
 
 
 def migrate_file(
-    source: SourceFile, display: str, plan: Plan, api: NpuApi, kind: str, job_ignore: tuple[str, ...] = ()
+    source: SourceFile,
+    display: str,
+    plan: Plan,
+    api: NpuApi,
+    kind: str,
+    job_ignore: tuple[str, ...] = (),
+    helper_module: str | None = None,
 ) -> tuple[str, list[Finding], bool]:
-    """Any supported file: Python through libcst, notebooks cell by cell, the rest as text."""
+    """Any supported file: Python through libcst, notebooks cell by cell, the rest as text. A Python file
+    of a package imports the fused-op helpers from `helper_module`."""
     if kind == kinds.NOTEBOOK:
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
@@ -289,7 +314,21 @@ def migrate_file(
         ]
         new_text, findings = apply_reports(source.text, reports, display)
         return new_text, findings, False
-    return migrate_source(source, display, plan, api, job_ignore)
+    return migrate_source(source, display, plan, api, job_ignore, helper_module)
+
+
+def helper_imports(text: str, tree: ast.Module | None, helper_module: str | None) -> tuple[str, ...]:
+    """The names `text` (whose tree is `tree`, if parsed) imports from `helper_module`."""
+    if helper_module is None or helper_module not in text:
+        return ()
+    from npu_migrate.transforms.fused.helpers import imported_helpers  # imports libcst: only where needed
+
+    if tree is None:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return ()
+    return tuple(imported_helpers(tree, helper_module))
 
 
 def _migrate_notebook(source, display, plan, api, job_ignore):
@@ -367,12 +406,15 @@ def _process(job: Job, plan: Plan) -> FileResult:
         source = read_source(job.path)
         api = api_for(plan)
         kind = kinds.kind_of(job.path) or kinds.PYTHON
-        new_text, findings, parsed = migrate_file(source, job.display, plan, api, kind, job.ignore)
+        helper_module = job.helper_module if kind == kinds.PYTHON else None
+        new_text, findings, parsed = migrate_file(source, job.display, plan, api, kind, job.ignore, helper_module)
         if new_text == source.text:
             if plan.mode is Mode.OUTPUT and job.destination is not None:
-                _write_output(job.destination, source.raw, plan.output_root)
-            return FileResult(job.display, Status.UNCHANGED, findings, parsed=parsed)
-        validate(new_text, job.display, kind)
+                write_output(job.destination, source.raw, plan.output_root)
+            imports = helper_imports(source.text, None, helper_module)
+            return FileResult(job.display, Status.UNCHANGED, findings, parsed=parsed, helper_imports=imports)
+        tree = validate(new_text, job.display, kind)
+        imports = helper_imports(new_text, tree, helper_module)
         diff = unified_diff(job.display, source.text, new_text)
         data = source.encode(new_text)
         if plan.mode is Mode.IN_PLACE:
@@ -383,8 +425,8 @@ def _process(job: Job, plan: Plan) -> FileResult:
                 )
             atomic_write(job.path, data, expected=source.raw)
         elif plan.mode is Mode.OUTPUT and job.destination is not None:
-            _write_output(job.destination, data, plan.output_root)
-        return FileResult(job.display, Status.CHANGED, findings, diff=diff, parsed=True)
+            write_output(job.destination, data, plan.output_root)
+        return FileResult(job.display, Status.CHANGED, findings, diff=diff, parsed=True, helper_imports=imports)
     except SourceError as exc:
         return FileResult(job.display, Status.FAILED, error=str(exc))
     except FileTimeout:
@@ -397,7 +439,7 @@ def _process(job: Job, plan: Plan) -> FileResult:
         )
 
 
-def _write_output(destination: Path, data: bytes, root: Path | None) -> None:
+def write_output(destination: Path, data: bytes, root: Path | None) -> None:
     """Write into the output tree, never through a symlink that leads out of it."""
     if root is not None:
         resolved_root = root.resolve()
@@ -429,9 +471,11 @@ def migrate_text(
     annotate: bool = False,
     target: str = DEFAULT_TARGET,
     torch_version: str | None = None,
+    helper_module: str | None = None,
 ) -> tuple[str, list[Finding]]:
     """Migrate text in memory: the Python API used by tests, `analyze` and editors. `path` (its name)
-    decides the file kind: Python unless it names a notebook, a launch script or another known kind."""
+    decides the file kind: Python unless it names a notebook, a launch script or another known kind. With
+    `helper_module` (`helper_modules.helper_module`), fused-op helpers are imported from there."""
     from npu_migrate.registry import select_rules
 
     plan = Plan(
@@ -444,7 +488,8 @@ def migrate_text(
     )
     source = decode_source(Path(path), text.encode("utf-8"))
     kind = kinds.kind_of(Path(path)) or kinds.PYTHON  # "<string>" and other unknown names are Python
-    new_text, findings, _ = migrate_file(source, path, plan, api_for(plan), kind)
+    helper_module = helper_module if kind == kinds.PYTHON else None
+    new_text, findings, _ = migrate_file(source, path, plan, api_for(plan), kind, (), helper_module)
     if new_text != text:
         validate(new_text, path, kind)
     return new_text, findings

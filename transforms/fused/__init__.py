@@ -14,7 +14,8 @@ untouched original body:
 and the file gets, once, the helpers after its imports (`helpers.py`): a guarded `import torch_npu` (unless
 the file imports it unconditionally), `_is_npu(x)`, true only when torch_npu imported and `x` is on an NPU,
 and a typed function `_npu_<kernel>` per kernel the branches call, the one place that reaches
-`torch_npu.npu_<kernel>`. Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
+`torch_npu.npu_<kernel>`. A file of a package (`Source.helper_module`) imports the helpers it calls from
+the package's helper module instead, which the driver writes once (`npu_migrate.helper_modules`). Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
 working: `_is_npu` is False while TorchScript compiles (an early `torch.jit.is_scripting()` return) and
 for FX proxies, and the kernel functions are `@torch.jit.unused`, compiled as stubs. A test (or
 `verify`) substitutes CPU reference kernels through the module-level name `torch_npu` and forces
@@ -42,15 +43,19 @@ import libcst as cst
 
 from npu_migrate.astindex import AstIndex
 from npu_migrate.checkers import TreeChecker
+from npu_migrate.helper_location import MODULE
 from npu_migrate.layout import fit, line_width
 from npu_migrate.names import Names
 from npu_migrate.scoped import Source, TreeReport
 from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
     PRELUDE,
+    defined_names,
     helper_code,
+    imported_helpers,
     kernel_templates,
     kernels_called,
+    names_in,
     rendered,
     with_kernels,
 )
@@ -144,10 +149,6 @@ class _ModuleFunctions(Mapping):
         return len(self._nodes)
 
 
-def _defined_names(tree: ast.Module) -> set[str]:
-    return {stmt.name for stmt in tree.body if isinstance(stmt, (*_DEFS, ast.ClassDef))}
-
-
 def _is_docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
@@ -192,6 +193,55 @@ def _helper_statements(code: str) -> tuple[cst.BaseStatement, ...]:
     return tuple(new)
 
 
+def _runs_as_script(tree: ast.Module) -> bool:
+    """Whether the file has an `if __name__ == "__main__":` block: run as `python pkg/train.py` it has no
+    package to import relatively from, so it keeps its helpers in itself."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and len(stmt.test.comparators) == 1:
+            sides = [stmt.test.left, stmt.test.comparators[0]]
+            if any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+                isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+            ):
+                return True
+    return False
+
+
+def _imported_from_any_level(tree: ast.Module) -> list[str]:
+    """Names imported from a helper module of any package level (a file migrated in another layout)."""
+    return [
+        alias.asname or alias.name
+        for stmt in tree.body
+        if isinstance(stmt, ast.ImportFrom) and stmt.level and stmt.module == MODULE
+        for alias in stmt.names
+    ]
+
+
+def _import_statement(module: str, names: list[str], width: int) -> str:
+    line = f"from {module} import {', '.join(names)}"
+    if len(line) <= width:
+        return line + "\n"
+    return f"from {module} import (\n" + "".join(f"    {name},\n" for name in names) + ")\n"
+
+
+def _import_fix(code: str, after: bool):
+    """A fix of the anchor statement: the helpers' import next to it."""
+
+    def fix(updated: cst.BaseStatement):
+        new = cst.parse_statement(code)
+        return cst.FlattenSentinel([updated, new] if after else [new, updated])
+
+    return fix
+
+
+def _replace_fix(code: str):
+    """A fix of the helper module's import: the import of every name the file needs."""
+
+    def fix(updated: cst.BaseStatement):
+        return cst.parse_statement(code).with_changes(leading_lines=updated.leading_lines)
+
+    return fix
+
+
 @functools.cache
 def _own_helpers() -> frozenset[str]:
     """Every name a helper template defines."""
@@ -232,6 +282,12 @@ def _statement_index(node: ast.FunctionDef, statement: ast.stmt) -> int:
     """The position of the top-level body `statement` (which starts its line) among libcst's statements,
     where simple statements sharing a line are one."""
     return len({s.lineno for s in node.body if s.lineno < statement.lineno})
+
+
+def _entry_helpers(templates: tuple[str, ...]) -> list[str]:
+    """Of the helper `templates`, those no other of them calls."""
+    inner = {name for t in templates for name in names_in(rendered(t)) if HELPER_NAMES.get(t) != name}
+    return [t for t in templates if HELPER_NAMES[t] not in inner]
 
 
 def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement, index: int | None = None) -> cst.FunctionDef:
@@ -281,7 +337,8 @@ class FusedOpsChecker(TreeChecker):
         self._qualname = names.resolve
         self.functions = _ModuleFunctions(tree)
         self.reports: list[TreeReport] = []
-        self.applied: list[tuple[Outcome, TreeReport]] = []
+        #: Per rewrite: the helper templates it needs, those its own code calls, and its report.
+        self.applied: list[tuple[list[str], list[str], TreeReport]] = []
         # A call an idiom rewrites in place resolves to a name whose last part is an identifier of the
         # file; most files looked at for the other idioms have none, and walking every expression is dear.
         self._scan_calls = any(
@@ -427,16 +484,23 @@ class FusedOpsChecker(TreeChecker):
             self.reports.append(TreeReport(outcome.rule, node, outcome.message))
             return
         helpers = with_kernels(list(outcome.helpers))
+        # The helpers the file's own code calls (what a package's file imports): a renamed call calls the
+        # declared helpers that no other declared helper calls (`_npu_sdpa`, not the `_npu_fusion_sdpa`
+        # it calls); a branch, those its code names.
+        called = _entry_helpers(outcome.helpers)
         if fix is None:
             from npu_migrate.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
 
             code = self._laid_out(node, render(outcome.template, **outcome.context))
-            helpers += _kernel_helpers(code, outcome.template)
+            kernels = _kernel_helpers(code, outcome.template)
+            helpers += kernels
+            named = names_in(code)
+            called = [PRELUDE, *(t for t in outcome.helpers if HELPER_NAMES[t] in named), *kernels]
             branch = cst.parse_statement(code)
             index = None if outcome.before is None else _statement_index(node, outcome.before)
             fix = lambda updated: _insert_branch(updated, branch, index)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
-        self.applied.append((helpers, self.reports[-1]))
+        self.applied.append((helpers, called, self.reports[-1]))
 
     def _laid_out(self, node: ast.FunctionDef, code: str) -> str:
         """A branch's `code` (one statement a line, at column 0) within the file's width once indented as
@@ -452,7 +516,7 @@ class FusedOpsChecker(TreeChecker):
         for idiom in IDIOMS:
             if idiom.optional_package is None or idiom.rule.id not in self.enabled:
                 continue
-            wrapped = [r.node for _, r in self.applied if r.rule is idiom.rule and isinstance(r.node, ast.Call)]
+            wrapped = [r.node for *_, r in self.applied if r.rule is idiom.rule and isinstance(r.node, ast.Call)]
             if wrapped:
                 for decision in optional_imports.decide(tree, idiom.optional_package, wrapped, self._alone):
                     # Not a site of the idiom: analyze's affinity report counts sites, not this.
@@ -472,10 +536,13 @@ class FusedOpsChecker(TreeChecker):
     def _prelude(self, tree: ast.Module) -> None:
         if not self.applied:
             return
-        templates = [PRELUDE, *dict.fromkeys(h for helpers, _ in self.applied for h in helpers)]
+        if self.source.helper_module is not None and not _runs_as_script(tree):
+            self._import_helpers(tree, self.source.helper_module)
+            return
+        templates = [PRELUDE, *dict.fromkeys(h for helpers, _, _ in self.applied for h in helpers)]
         kernels = set(kernel_templates().values())
         templates.sort(key=lambda t: (t != PRELUDE, t not in kernels))  # stable: the rest in order of use
-        existing = _defined_names(tree)
+        existing = defined_names(tree) | set(_imported_from_any_level(tree))
         missing = [t for t in templates if HELPER_NAMES[t] not in existing]
         if missing:
             names = ", ".join(f"`{HELPER_NAMES[t]}`" for t in missing)
@@ -486,13 +553,42 @@ class FusedOpsChecker(TreeChecker):
             anchor, after = _prelude_anchor(tree)
             self.reports.append(
                 TreeReport(
-                    self.applied[0][1].rule,
+                    self.applied[0][2].rule,
                     tree,
                     f"fused-op helpers {names}{what} added after the imports",
                     fix=_helpers_fix(helper_code(missing, guarded), after),
                     target=anchor,
-                    serves=tuple(report for _, report in self.applied),
+                    serves=tuple(report for *_, report in self.applied),
                     # Not a site of the idiom: analyze's affinity report counts sites, not this.
                     data={"fused": "helpers"},
                 )
             )
+
+    def _import_helpers(self, tree: ast.Module, module: str) -> None:
+        """A file of a package imports the helpers its branches call from the package's helper module,
+        which the driver writes once for all of them (`npu_migrate.helper_modules`)."""
+        called = dict.fromkeys(t for _, names, _ in self.applied for t in names)
+        existing = defined_names(tree) | set(_imported_from_any_level(tree))
+        missing = [HELPER_NAMES[t] for t in called if HELPER_NAMES[t] not in existing]
+        if not missing:
+            return
+        present = [s for s in tree.body if isinstance(s, ast.ImportFrom) and "." * s.level + (s.module or "") == module]
+        names = sorted({*imported_helpers(tree, module), *missing})
+        code = _import_statement(module, names, line_width(self.source.text))
+        if present:
+            target, fix = present[0], _replace_fix(code)
+        else:
+            target, after = _prelude_anchor(tree)
+            fix = _import_fix(code, after)
+        listed = ", ".join(f"`{name}`" for name in missing)
+        self.reports.append(
+            TreeReport(
+                self.applied[0][2].rule,
+                tree,
+                f"fused-op helpers {listed} imported from `{module}`, the package's helper module",
+                fix=fix,
+                target=target,
+                serves=tuple(report for *_, report in self.applied),
+                data={"fused": "helpers"},
+            )
+        )

@@ -1,4 +1,5 @@
-"""The module-level helpers fused branches call, as the code written once per file after its imports.
+"""The module-level helpers fused branches call: the code written once per file after its imports, or once
+per package into its helper module (`helper_location.MODULE`), which the package's files import.
 
 A branch calls `_is_npu(x)` (the prelude) and, for each torch_npu kernel, the typed function
 `_npu_<kernel>` of `kernels/npu_<kernel>.py.j2`, whose signature is the kernel's own: the one place
@@ -47,6 +48,11 @@ def rendered(template: str, import_torch_npu: bool = False) -> str:
     return render(template, import_torch_npu=import_torch_npu).strip() + "\n"
 
 
+def names_in(code: str) -> set[str]:
+    """The names `code` reads (the helpers and kernel functions it calls among them)."""
+    return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
+
+
 def kernels_called(code: str) -> list[str]:
     """The templates of the kernel functions `code` calls."""
     names = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
@@ -62,3 +68,40 @@ def helper_code(templates: list[str], import_torch_npu: bool) -> str:
     """The block a file gets after its imports: the helpers, two blank lines apart, the prelude's guarded
     torch_npu import included if `import_torch_npu`."""
     return "\n\n".join(rendered(t, import_torch_npu=import_torch_npu and t == PRELUDE) for t in templates)
+
+
+# -- the helper module of a package ----------------------------------------------------------------------
+
+#: The module a package's migrated files import their helpers from, written once at the top of the package.
+MODULE_HEADER = "fused/module_header.py.j2"
+
+
+def imported_helpers(tree: ast.Module, module: str) -> list[str]:
+    """The names the top-level `from <module> import ...` statements of `tree` import (by their own names)."""
+    return [
+        alias.name
+        for stmt in tree.body
+        if isinstance(stmt, ast.ImportFrom) and "." * stmt.level + (stmt.module or "") == module
+        for alias in stmt.names
+        if alias.asname is None
+    ]
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    """The module-level defs and classes of `tree`."""
+    return {stmt.name for stmt in tree.body if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def module_text(existing: str | None, templates: list[str]) -> str:
+    """The helper module holding `templates` (the prelude first): `existing` with what it lacks appended
+    (what is there, the user's edits included, stays as it is), or a new module with its header and the
+    guarded torch_npu import. `templates` name only helpers whose names `existing` does not define."""
+    if existing is None:
+        parts = [rendered(MODULE_HEADER).rstrip("\n")]
+        parts += [rendered(t, import_torch_npu=t == PRELUDE).rstrip("\n") for t in templates]
+        return "\n\n\n".join(parts) + "\n"
+    if not templates:
+        return existing
+    guard = "import torch_npu" not in existing  # a module whose prelude was deleted, say
+    added = "\n\n\n".join(rendered(t, import_torch_npu=guard and t == PRELUDE).rstrip("\n") for t in templates)
+    return existing.rstrip("\n") + "\n\n\n" + added + "\n"

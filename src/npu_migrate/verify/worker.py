@@ -15,11 +15,16 @@ In the migrated process the fused branches must really run:
   prelude) gets the CPU reference as `torch_npu` and an `_is_npu` that is true for any tensor, so each
   branch whose other guards hold takes the fused path. Modules are patched as they are imported, so
   ones imported lazily during the forward pass are covered too.
+
+A file of a package imports the helpers from the package's helper module (`_npu_fused.py`) instead of
+defining them. Each such file gets a private copy of that module's functions, patched as above, in
+place of the names it imported: its kernel calls are counted as its own, as if the helpers were inline.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import importlib.abc
 import importlib.util
@@ -38,6 +43,8 @@ from npu_migrate.verify import reference
 #: In a migrated module's source: its own fused-op prelude (not names imported from elsewhere).
 PRELUDE_MARK = "def _is_npu("
 _SITE = re.compile(r"torch_npu\.(npu_\w+)\s*\(")
+#: The last part of the name of a package's helper module (`transformers._npu_fused`).
+HELPER_MODULE = "_npu_fused"
 _FACTORY_MODULE = "_npu_migrate_verify_factory"
 
 
@@ -48,6 +55,7 @@ class _Patcher(importlib.abc.MetaPathFinder):
         self.root = os.path.join(os.path.abspath(root), "")
         self.install = install
         self.modules: dict[str, dict] = {}
+        self.helper_modules: dict[str, types.ModuleType] = {}
 
     def owns(self, filename: str | None) -> bool:
         return bool(filename) and os.path.abspath(filename).startswith(self.root)
@@ -78,24 +86,106 @@ class _Patcher(importlib.abc.MetaPathFinder):
     def patch(self, module: types.ModuleType) -> None:
         if module.__name__ in self.modules or not self.owns(getattr(module, "__file__", None)):
             return
-        if not _has_prelude(module):
+        if module.__name__.rpartition(".")[2] == HELPER_MODULE:
+            # Patched for any caller this finder does not see; the files importing it are reported.
+            if module.__name__ not in self.helper_modules and _has_prelude(module):
+                self.helper_modules[module.__name__] = module
+                self.install(module)
             return
-        try:
-            with open(module.__file__, encoding="utf-8") as handle:
-                source = handle.read()
-        except OSError:
-            source = ""
+        helpers = _helper_module_of(module)
+        if helpers is None and not _has_prelude(module):
+            return
+        source = _source(module)
+        if helpers is not None:
+            self.modules[module.__name__] = self._install_copy(module, helpers)
+            return
         if PRELUDE_MARK not in source:
             return  # it imported the prelude's names from elsewhere: not a migrated module itself
         sites = collections.Counter(_SITE.findall(source))
         calls = self.install(module)
         self.modules[module.__name__] = {"file": module.__file__, "sites": dict(sites), "calls": calls}
 
+    def _install_copy(self, module: types.ModuleType, helpers: types.ModuleType) -> dict:
+        """Rebinds the helpers `module` imported to copies of the helper module's functions whose globals
+        are a patched namespace of the module's own."""
+        namespace = dict(vars(helpers))
+        copy = types.ModuleType(helpers.__name__)
+        for name, value in vars(helpers).items():
+            if isinstance(value, types.FunctionType) and value.__globals__ is vars(helpers):
+                namespace[name] = _rebound(value, vars(copy))
+        vars(copy).update(namespace)
+        calls = self.install(copy)
+        imported = [
+            name for name, value in vars(module).items() if name in vars(helpers) and value is vars(helpers)[name]
+        ]
+        for name in imported:
+            setattr(module, name, getattr(copy, name))
+        ops = _ops_by_helper(helpers)
+        source = _source(module)
+        sites = collections.Counter(
+            op for name in imported for op in ops.get(name, ()) for _ in re.finditer(rf"\b{name}\s*\(", source)
+        )
+        return {"file": module.__file__, "sites": dict(sites), "calls": calls}
+
     def sweep(self) -> None:
         """Modules that bypassed the finder (loaded from a file spec, say) are patched here."""
         for module in list(sys.modules.values()):
             if isinstance(module, types.ModuleType):
                 self.patch(module)
+
+
+def _source(module: types.ModuleType) -> str:
+    try:
+        with open(module.__file__, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _helper_module_of(module: types.ModuleType) -> types.ModuleType | None:
+    """The package helper module whose functions `module` imported, if any."""
+    for value in vars(module).values():
+        if isinstance(value, types.FunctionType):
+            name = value.__module__ or ""  # None for a function made by exec without a `__name__`
+            owner = sys.modules.get(name)
+            if name.rpartition(".")[2] == HELPER_MODULE and owner is not None and owner is not module:
+                return owner
+    return None
+
+
+def _rebound(function: types.FunctionType, namespace: dict) -> types.FunctionType:
+    """`function` reading its globals from `namespace`."""
+    copy = types.FunctionType(
+        function.__code__, namespace, function.__name__, function.__defaults__, function.__closure__
+    )
+    copy.__kwdefaults__ = function.__kwdefaults__
+    copy.__dict__.update(function.__dict__)
+    copy.__qualname__, copy.__module__, copy.__doc__ = function.__qualname__, function.__module__, function.__doc__
+    return copy
+
+
+def _ops_by_helper(helpers: types.ModuleType) -> dict[str, set[str]]:
+    """Helper function name -> the torch_npu ops it reaches, through the other helpers it calls."""
+    tree = ast.parse(_source(helpers))
+    direct, callees = {}, {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            direct[node.name] = set(_SITE.findall(ast.unparse(node)))
+            callees[node.name] = {
+                n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            }
+    reached = {}
+    for name in direct:
+        seen, stack, ops = set(), [name], set()
+        while stack:
+            current = stack.pop()
+            if current in seen or current not in direct:
+                continue
+            seen.add(current)
+            ops |= direct[current]
+            stack.extend(callees[current])
+        reached[name] = ops
+    return reached
 
 
 def _has_prelude(module: types.ModuleType) -> bool:

@@ -1,0 +1,114 @@
+"""The fused-op helper module of a package: which files import it, where it goes, what it must hold.
+
+A migrated file inside a package imports the helpers its fused branches call from one module at the top
+of the package (`from .._npu_fused import _is_npu, _npu_rms_norm`) instead of carrying its own copy; a
+file of no package (a script, a notebook, a namespace package without `__init__.py`) keeps them inline.
+The workers only write the import (`Job.helper_module`) and say which names each file imports
+(`FileResult.helper_imports`); the module itself is produced once, by the driver, after every file is
+done, as the union of what the package's files import and what the module already holds: it only ever
+grows, and what is in it (a reviewer's edits too) stays as it is.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from npu_migrate.pipeline import FileResult, Mode, Plan, Status, unified_diff, write_output
+from npu_migrate.source import SourceError, atomic_write, read_source
+from npu_migrate.transforms.fused import HELPER_NAMES
+from npu_migrate.transforms.fused.helpers import (
+    PRELUDE,
+    defined_names,
+    kernel_templates,
+    module_text,
+    names_in,
+    rendered,
+    with_kernels,
+)
+
+
+@dataclass(frozen=True)
+class ModuleChange:
+    """A helper module that must be written (`before` is None when it does not exist yet), or `error`."""
+
+    path: Path
+    before: str | None
+    after: str
+    raw: bytes | None = None  # what was read, to check it is still there when writing
+    encoding: str = "utf-8"
+    error: str = ""
+
+
+def _templates(names: Iterable[str]) -> list[str]:
+    """The helper templates that define `names`, with the kernel functions they call and the prelude
+    (every helper calls `_is_npu`), in a fixed order: prelude, kernel functions, the rest by name."""
+    by_name = {name: template for template, name in HELPER_NAMES.items()}
+    needed = {by_name[name] for name in names if name in by_name}
+    while True:  # and the helpers they call (`_npu_sdpa` calls `_npu_fusion_sdpa`)
+        called = {by_name[name] for t in needed for name in names_in(rendered(t)) if name in by_name} - needed
+        if not called:
+            break
+        needed |= called
+    wanted = with_kernels(sorted(needed))
+    kernels = set(kernel_templates().values())
+    return [
+        PRELUDE,
+        *sorted(t for t in wanted if t in kernels),
+        *sorted(t for t in wanted if t not in kernels | {PRELUDE}),
+    ]
+
+
+def changes(imports: Mapping[Path, Iterable[str]]) -> list[ModuleChange]:
+    """For each helper module file -> the names files import from it: the module as it must be, where that
+    differs from what is on disk."""
+    found = []
+    for path, names in sorted(imports.items()):
+        templates = _templates(names)
+        if not path.exists():
+            found.append(ModuleChange(path, None, module_text(None, templates)))
+            continue
+        try:
+            source = read_source(path)
+            tree = ast.parse(source.text)
+        except (SourceError, SyntaxError, ValueError) as exc:
+            reason = f"cannot add the fused-op helpers the package's files import to it: {exc}"
+            found.append(ModuleChange(path, "", "", error=reason))
+            continue
+        defined = defined_names(tree)
+        missing = [t for t in templates if HELPER_NAMES[t] not in defined]
+        if missing:
+            after = module_text(source.text, missing)
+            found.append(ModuleChange(path, source.text, after, source.raw, source.encoding))
+    return found
+
+
+def write(change: ModuleChange, plan: Plan, display: str, destination: Path | None) -> FileResult:
+    """Carry out `change` as `plan.mode` says (in place, into the --output tree at `destination`, or only
+    as a diff): a result like a migrated file's, so that --diff, --check and the summary count it."""
+    if change.error:
+        return FileResult(display, Status.FAILED, error=change.error)
+    diff = unified_diff(display, change.before or "", change.after, new_file=change.before is None)
+    data = change.after.encode(change.encoding)
+    try:
+        if plan.mode is Mode.IN_PLACE:
+            if change.before is None and change.path.exists():
+                raise SourceError("appeared while npu-migrate was running; not overwritten")
+            atomic_write(change.path, data, expected=change.raw)
+        elif plan.mode is Mode.OUTPUT and destination is not None:
+            write_output(destination, data, plan.output_root)
+    except SourceError as exc:
+        return FileResult(display, Status.FAILED, error=f"{exc} (the package's migrated files import it)")
+    return FileResult(display, Status.CHANGED, diff=diff, parsed=True)
+
+
+def written(
+    imports: Mapping[Path, Iterable[str]],
+    plan: Plan,
+    display: Callable[[Path], str],
+    destination: Callable[[Path], Path | None],
+) -> list[FileResult]:
+    """Every helper module that `imports` needs changed, written as `plan` says."""
+    return [write(change, plan, display(change.path), destination(change.path)) for change in changes(imports)]
