@@ -445,13 +445,14 @@ def test_eager_attention_weights_wanted_or_head_mask_run_the_original():
 # -- our own Qwen-7B-shaped model, migrated as a user would ------------------------------------------
 
 PROJECT = FIXTURES / "projects" / "qwen_like"
-#: Sites of `qwen_like/modeling.py` by op and status: the norm class, both MLPs, the partial rotary and
-#: `_attn` (it returns the probabilities, which its one caller discards) fused.
+#: Sites of `qwen_like/modeling.py` by op and status: the norm class, both MLPs and the partial rotary
+#: fused; `_attn` declined: it returns the probabilities, and no parameter says when they are not wanted
+#: (its one caller here discards them, but a subclass or another module could call it and keep them).
 EXPECTED_SITES = {
     ("torch_npu.npu_rms_norm", "applied"): 1,
     ("torch_npu.npu_swiglu", "applied"): 2,
     ("torch_npu.npu_rotary_mul", "applied"): 1,
-    ("torch_npu.npu_fusion_attention", "applied"): 1,
+    ("torch_npu.npu_fusion_attention", "declined"): 1,
 }
 
 
@@ -512,9 +513,7 @@ def test_qwen_like_block_migrated_with_apply_output(tmp_path, monkeypatch, dtype
     got = run(migrated.QBlock, x)
     ops = ("npu_rms_norm", "npu_swiglu", "npu_rotary_mul", "npu_fusion_attention")
     calls = {k: TORCH_NPU.calls[k] - before.get(k, 0) for k in ops}
-    # The attention kernel takes fp16 and bf16 only: in fp32 `_attn` runs the original code.
-    attention = 1 if dtype != torch.float32 else 0
-    assert calls == {"npu_rms_norm": 2, "npu_swiglu": 2, "npu_rotary_mul": 2, "npu_fusion_attention": attention}
+    assert calls == {"npu_rms_norm": 2, "npu_swiglu": 2, "npu_rotary_mul": 2, "npu_fusion_attention": 0}
     assert _cosine(got, expected) >= floor
 
 
@@ -525,7 +524,7 @@ def test_hand_written_attention_is_reported_once_with_its_true_reason():
     _, findings = migrate_text(case.read_text(encoding="utf-8"), path="attention.py", select=["NPU704"])
     by_line = {f.line: f.message for f in findings if f.rule_id == "NPU704"}
     assert "gets a fused `torch_npu.npu_fusion_attention` branch" in by_line[8]
-    assert "returns the attention probabilities" in by_line[16] and "is public" in by_line[16]
+    assert "returns the attention probabilities" in by_line[16] and "says when they are not wanted" in by_line[16]
     # Line 1: the helpers; line 30: the class's SDPA call, wrapped. Its fallback body gets no finding.
     assert sorted(by_line) == [1, 8, 16, 30]
 
@@ -546,8 +545,8 @@ def test_hand_written_attention_is_reported_once_with_its_true_reason():
             "eager_weights_discarded",
             {
                 19: "gets a fused `torch_npu.npu_fusion_attention` branch",
-                37: "returns the attention probabilities, which npu_fusion_attention does not compute, and the call on"
-                " line 43 keeps them",
+                38: "returns the attention probabilities, which npu_fusion_attention does not compute, and no "
+                "parameter (`output_attentions` / `need_weights`) says when they are not wanted",
             },
         ),
     ],

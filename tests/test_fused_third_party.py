@@ -49,6 +49,8 @@ EXPECTED_SITES = {
     # which hold its declined rotary embeddings: each function is reported for both ops.
     ("torch_npu.npu_fusion_attention", "declined"): 4,
     ("torch_npu.npu_rms_norm", "declined"): 3,
+    # x-transformers' `nn.RMSNorm(...)` constructions (NPU706).
+    ("torch_npu.npu_rms_norm", "applied"): 4,
     ("torch_npu.npu_scaled_masked_softmax", "candidate"): 1,
 }
 #: The rotary sites, by file: its status and what its finding must say.

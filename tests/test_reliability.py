@@ -247,7 +247,19 @@ def test_migrated_fused_fixtures_behave_like_the_originals_without_torch_npu(tmp
     assert fixtures
     compared = 0
     for out in fixtures:
-        original = _exec(out.with_name(out.name.replace(".out.py", ".in.py")))
+        try:
+            original = _exec(out.with_name(out.name.replace(".out.py", ".in.py")))
+        except ModuleNotFoundError as exc:
+            # A CUDA-only package (flash_attn) the original imports unconditionally: nothing runs here to
+            # compare with. The migrated file imports (NPU705 made the import conditional) or fails alike
+            # (an import NPU705 reports and leaves).
+            assert exc.name == "flash_attn", exc
+            try:
+                _exec(out)
+            except ModuleNotFoundError as again:
+                assert again.name == "flash_attn", again
+            fixtures = [f for f in fixtures if f != out]
+            continue
         migrated = _exec(out)
         assert migrated["torch_npu"] is None and migrated["_is_npu"](torch.ones(1)) is False
         for name, obj in original.items():

@@ -26,6 +26,7 @@ from npu_migrate.transforms.common.accelerator import (
     top_level_torch,
     uses_accelerator_name,
 )
+from npu_migrate.transforms.common.guarded_import import GUARDED_IMPORT, is_guarded_import
 
 IMPORT_TORCH_NPU = Rule(
     id="NPU001",
@@ -137,30 +138,6 @@ def _insert(updated: cst.Module) -> cst.Module:
         blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
         body[index + 1] = following.with_changes(leading_lines=[blank, blank])
     return module.with_changes(body=body)
-
-
-#: The portable target's import: torch_npu makes an Ascend NPU torch's accelerator where it is installed, and
-#: the code must still import on a CUDA or CPU host without it. The fused branches' prelude imports it in the
-#: same words, so a file that needs both has one import, which each recognises (`is_guarded_import`).
-GUARDED_IMPORT = """\
-try:
-    import torch_npu
-except ImportError:  # not an Ascend host: the original code runs
-    torch_npu = None
-"""
-
-
-def is_guarded_import(stmt: ast.stmt) -> bool:
-    """`try: import torch_npu / except ImportError: torch_npu = None` at module level."""
-    return (
-        isinstance(stmt, ast.Try)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], ast.Import)
-        and [(a.name, a.asname) for a in stmt.body[0].names] == [("torch_npu", None)]
-        and len(stmt.handlers) == 1
-        and isinstance(stmt.handlers[0].type, ast.Name)
-        and stmt.handlers[0].type.id == "ImportError"
-    )
 
 
 def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, name: bool) -> cst.Module:

@@ -119,7 +119,6 @@ class FailOn(str, enum.Enum):
         "npu-migrate apply --diff src/ > npu.patch      # review the migration as a patch; writes nothing",
         "npu-migrate apply src/                         # migrate in place (git keeps the tracked files' old versions)",
         "npu-migrate apply --check --statistics .       # CI: exit 1 while something is left to migrate",
-        "npu-migrate apply - --stdin-filename train.py < train.py   # editors: the migrated text on stdout",
         "npu-migrate apply --target portable src/       # one codebase for CUDA, Ascend NPU and CPU (torch.accelerator)",
     ),
 )

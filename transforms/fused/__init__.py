@@ -47,6 +47,7 @@ from npu_migrate.helper_location import MODULE
 from npu_migrate.layout import fit, line_width
 from npu_migrate.names import Names
 from npu_migrate.scoped import Source, TreeReport
+from npu_migrate.transforms.common.guarded_import import is_guarded_import
 from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
     PRELUDE,
@@ -61,7 +62,6 @@ from npu_migrate.transforms.fused.helpers import (
 )
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch
-from npu_migrate.transforms.torch_npu_import import is_guarded_import
 
 
 def _idioms() -> tuple[Idiom, ...]:
@@ -400,9 +400,7 @@ class FusedOpsChecker(TreeChecker):
         if not idioms or has_fused_branch(node):
             return
         siblings = {s.name: s for s in owner.body if isinstance(s, _DEFS)} if owner is not None else {}
-        fn = Function(
-            node, owner is not None, self._qualname, siblings, self.functions, self.api, self.names, module=self.tree
-        )
+        fn = Function(node, owner is not None, self._qualname, siblings, self.functions, self.api, self.names)
         for idiom in idioms:
             outcome = idiom.match(fn)
             if outcome is not None:

@@ -625,14 +625,17 @@ def fuse(fn: Function) -> Fusion | None:
     if attention.dropout_p is not None and not _reevaluable(attention.dropout_p, fn):
         raise Declined(f"the dropout probability `{source(attention.dropout_p)}` is computed by a call")
     intermediates = set(env)  # names the attention binds: unbound where the branch runs
+    # Of those, the scores and what is computed from them (the probabilities) are what the kernel does not
+    # return: only they may become None; any other (a cache built beside them) declines where it is used.
+    from_scores = {name for name, value in env.items() if _contains_scores(value, fn)}
     tail = [replace_nodes(stmt, {id(matmul): ast.Name(FUSED, ast.Load())}), *body[index + 1 :]]
     if not isinstance(tail[-1], ast.Return):
         raise Declined("the function does not end with a `return` after the attention")
     if FUSED in {n.id for n in fn.nodes if isinstance(n, ast.Name)}:
         raise Declined(f"the function already uses the name `{FUSED}`, which the branch would bind")
-    tail, positions = _without_probabilities(tail, intermediates)
+    tail, positions = _without_probabilities(tail, intermediates, from_scores)
     if positions:
-        _weights_not_needed(fn, attention, positions, tail[-1])
+        _weights_not_needed(fn, attention)
         # TorchScript compiles the branch unless this test rules it out at compile time, and a None where
         # the original returns a tensor does not compile.
         attention.guards.insert(0, "not torch.jit.is_scripting()")
@@ -646,9 +649,11 @@ def _is_our_branch(stmt: ast.stmt) -> bool:
     return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "_is_npu"
 
 
-def _without_probabilities(tail: list[ast.stmt], intermediates: set[str]) -> tuple[list[ast.stmt], set[int]]:
-    """The tail with each intermediate (scores, probabilities) that is an element of a tuple replaced by
-    None, and those positions. Such a tuple may only be returned, or held by a local that is returned
+def _without_probabilities(
+    tail: list[ast.stmt], intermediates: set[str], from_scores: set[str]
+) -> tuple[list[ast.stmt], set[int]]:
+    """The tail with each intermediate computed from the scores (scores, probabilities) that is an element
+    of a tuple replaced by None, and those positions. Such a tuple may only be returned, or held by a local that is returned
     (`outputs = (out, probs)`; `outputs = outputs + (cache,)`): any other use of it, or of an
     intermediate, declines."""
     positions: set[int] = set()
@@ -658,7 +663,7 @@ def _without_probabilities(tail: list[ast.stmt], intermediates: set[str]) -> tup
             if not isinstance(node, ast.Tuple):
                 continue
             for position, element in enumerate(node.elts):
-                if isinstance(element, ast.Name) and element.id in intermediates:
+                if isinstance(element, ast.Name) and element.id in from_scores:
                     replaced[id(element)] = ast.Constant(None)
                     positions.add(position)
     holders: set[str] = set()  # locals holding a tuple with a None in place of the probabilities
@@ -683,81 +688,20 @@ def _without_probabilities(tail: list[ast.stmt], intermediates: set[str]) -> tup
     return [replace_nodes(stmt, replaced) for stmt in tail], positions
 
 
-def _weights_not_needed(fn: Function, attention: Attention, positions: set[int], returned: ast.Return) -> None:
+def _weights_not_needed(fn: Function, attention: Attention) -> None:
     """Prove that the returned probabilities are not needed where the branch returns None for them: a
-    guard on a parameter that says so, or every caller discarding them. Raises `Declined`."""
+    guard on a parameter that says so. Raises `Declined`."""
     flag = next((p for p in WEIGHT_FLAGS if p in fn.params or p in _keyword_only(fn)), None)
     if flag is not None:
         attention.guards.insert(0, f"not {flag}")
         return
-    why = "it returns the attention probabilities, which npu_fusion_attention does not compute"
-    name = fn.tree.name
-    if not name.startswith("_"):
-        raise Declined(f"{why}, and `{name}` is public: callers elsewhere may use them")
-    arity = len(returned.value.elts) if isinstance(returned.value, ast.Tuple) else None
-    if fn.module is None or arity is None:
-        raise Declined(f"{why}, and which callers discard them is unknown")
-    references = _references(fn, name)
-    if not references:
-        raise Declined(f"{why}, and `{name}` is never called in this file")
-    for reference, call, holder in references:
-        if call is None:
-            raise Declined(f"{why}, and line {reference.lineno} passes `{name}` on without calling it")
-        if holder is None or not _discarding_use(call, holder, positions, arity):
-            raise Declined(f"{why}, and the call on line {reference.lineno} keeps them")
+    # No proof from the callers: a subclass or another module may call even a private function and use
+    # what it returns, and a None there would fail on the NPU only.
+    raise Declined(
+        "it returns the attention probabilities, which npu_fusion_attention does not compute, and no "
+        f"parameter ({' / '.join(f'`{p}`' for p in WEIGHT_FLAGS)}) says when they are not wanted"
+    )
 
 
 def _keyword_only(fn: Function) -> list[str]:
     return [a.arg for a in fn.tree.args.kwonlyargs]
-
-
-def _references(fn: Function, name: str) -> list[tuple[ast.expr, ast.Call | None, ast.AST | None]]:
-    """Each reference to the function in its module (`name`, or `<anything>.name` for a method), with the
-    call it is the callee of and the node holding that call (None where it is not called)."""
-    parents = {id(child): node for node in ast.walk(fn.module) for child in ast.iter_child_nodes(node)}
-    # `self.name(...)` in another class that defines its own `name` calls that one.
-    elsewhere = {
-        id(node)
-        for cls in ast.walk(fn.module)
-        if isinstance(cls, ast.ClassDef)
-        and fn.tree not in cls.body
-        and any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == name for s in cls.body)
-        for method in cls.body
-        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.args.args
-        for node in ast.walk(method)
-        if isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == method.args.args[0].arg
-    }
-    found = []
-    for node in ast.walk(fn.module):
-        if id(node) in elsewhere:
-            continue
-        if (fn.is_method and isinstance(node, ast.Attribute) and node.attr == name) or (
-            not fn.is_method and isinstance(node, ast.Name) and node.id == name
-        ):
-            call = parents.get(id(node))
-            if isinstance(call, ast.Call) and call.func is node:
-                found.append((node, call, parents.get(id(call))))
-            else:
-                found.append((node, None, None))
-    return found
-
-
-def _discarding_use(call: ast.Call, holder: ast.AST, positions: set[int], arity: int) -> bool:
-    """`f(...)[i]` for an `i` not in `positions`, or `a, _ = f(...)` with `_` at each of them."""
-    if isinstance(holder, ast.Subscript) and holder.value is call:
-        index = _constant(holder.slice)
-        return isinstance(index, int) and index not in positions and -arity <= index < arity
-    if isinstance(holder, ast.Assign) and holder.value is call and len(holder.targets) == 1:
-        target = holder.targets[0]
-        return (
-            isinstance(target, ast.Tuple)
-            and len(target.elts) == arity
-            and all(
-                isinstance(element, ast.Name) and element.id == "_"
-                for position, element in enumerate(target.elts)
-                if position in positions
-            )
-        )
-    return False

@@ -73,9 +73,6 @@ class Function:
     #: whose name is not among them.
     names: frozenset[str] | set[str] | None = None
 
-    #: The module the function is in, when known: who calls it, for a matcher that must know.
-    module: ast.Module | None = None
-
     @functools.cached_property
     def nodes(self) -> list[ast.AST]:
         """Every node of the function, walked once: each matcher looks through them."""
