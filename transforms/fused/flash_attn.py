@@ -256,6 +256,10 @@ FLASH_ATTN = Rule(
     The fused kernel computes the same function, not the same bits, and its dropout draws other random
     numbers. Off an NPU nothing changes. Check that the call is reached on an NPU host (a guard that
     tests for flash-attn keeps its fallback there), and the migrated model with `npu-migrate verify`.
+    flash-attn's own semantics are assumed from 2.1 on: 2.0 aligned `causal` top-left when q and k lengths
+    differ, and took `return_attn_probs` as its 7th positional argument; on 2.0, check causal calls with
+    unequal lengths and calls passing more than six arguments by position. Other imports from flash_attn
+    (`flash_attn.bert_padding`, an import inside a function) are left as they are: make them conditional.
     """,
     tags=frozenset({"fused"}),
     needs_torch_npu=False,
