@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_migrate.helper_location import helper_module
+from npu_migrate.helper_location import collect, helper_module
 from npu_migrate.helper_modules import changes
 from npu_migrate.pipeline import helper_imports, migrate_text
 
@@ -161,8 +161,9 @@ def migrated(tmp_path_factory):
         text, found = migrate_text(source, path=Path(relative).name, helper_module=module)
         (package / relative).write_text(text, encoding="utf-8")
         findings[key] = (source, text, found, module)
-        imports.setdefault(package / "_npu_fused.py", set()).update(helper_imports(text, None, module))
-    (change,) = changes(imports)
+        collect(imports, package / relative, *helper_imports(text, None, module))
+    (change,) = changes(imports)  # one module, at transformers/: the files' `from ...utils import` prove it
+    assert change.path == package / "_npu_fused.py"
     change.path.write_text(change.after, encoding="utf-8")
     return root, findings, change.after
 

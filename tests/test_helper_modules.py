@@ -9,6 +9,7 @@ The fixture project `fused_package`: a package `fusedpkg` whose RMSNorm (`norms.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -212,6 +213,120 @@ def test_where_the_module_goes(tmp_path):
     assert helper_module(tmp_path / "a.py") is None
     assert helper_module(tmp_path / "my-tools" / "sub" / "a.py") == "._npu_fused"  # `my-tools` cannot be imported
     assert helper_module(tmp_path / "pkg" / "nb.ipynb") is None
+
+
+def test_the_module_is_imported_only_as_far_up_as_the_files_own_relative_imports_prove(tmp_path):
+    from npu_migrate.helper_location import proven_module
+
+    def proven(code: str, bound: str | None = "..._npu_fused") -> str | None:
+        return proven_module(bound, ast.parse(textwrap.dedent(code)))
+
+    assert proven("import torch") is None
+    assert proven("from . import y") == "._npu_fused"
+    assert proven("from ..utils import x\nfrom . import y") == ".._npu_fused"
+    assert proven("from ....x import y") == "..._npu_fused"  # never above what the path allows
+    assert proven("from ..x import y", bound=None) is None
+    # Only what always runs proves it: not a fallback, a function body, nor the helper import itself.
+    assert proven("try:\n    from ..x import y\nexcept ImportError:\n    from x import y") is None
+    assert proven("def f():\n    from ..x import y") is None
+    assert proven("from .._npu_fused import _is_npu") is None
+
+
+ATTENTION = """\
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+{imports}
+
+class SelfAttention(nn.Module):
+    def __init__(self, pdrop=PDROP):
+        super().__init__()
+        self.attn_dropout = nn.Dropout(pdrop)
+
+    def _attn(self, q, k, v, mask):
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(mask == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        y = att @ v
+        return y, att
+
+    def forward(self, q, k, v, mask):
+        return self._attn(q, k, v, mask)[0]
+"""
+RUN_ATTENTION = (
+    "torch.manual_seed(0); q = torch.randn(1, 2, 4, 4); print({}().eval()(q, q, q, torch.ones(4, 4)).sum().item())"
+)
+#: Files whose folders have an `__init__.py` but which Python imports otherwise; and a package whose files
+#: prove how deep they are imported. How each is run, from which folder.
+LAYOUT = {
+    # A leftover `src/__init__.py`: `cd src && python train.py` imports `models.attn`, with `src` no package.
+    "src/__init__.py": "",
+    "src/models/__init__.py": "",
+    "src/models/attn.py": ATTENTION.format(imports="\nPDROP = 0.0\n"),
+    "src/train.py": "import torch\nfrom models.attn import SelfAttention\n\n" + RUN_ATTENTION.format("SelfAttention"),
+    # A folder put on sys.path: its files are top-level modules, though it has an `__init__.py`.
+    "tools/models/__init__.py": "",
+    "tools/models/attn.py": ATTENTION.format(imports="\nPDROP = 0.0\n"),
+    "tools/main.py": (
+        "import os, sys\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), 'models'))\n"
+        "import torch\nimport attn\n\n" + RUN_ATTENTION.format("attn.SelfAttention")
+    ),
+    # `from ...config import` proves three packages deep: it shares `deep/_npu_fused.py` with `a/other.py`;
+    # `from . import` proves one: `local.py` gets a module in its own folder.
+    "lib/deep/__init__.py": "",
+    "lib/deep/config.py": "PDROP = 0.0\n",
+    "lib/deep/a/__init__.py": "",
+    "lib/deep/a/other.py": ATTENTION.format(imports="\nfrom ..config import PDROP\n"),
+    "lib/deep/a/b/__init__.py": "",
+    "lib/deep/a/b/attn.py": ATTENTION.format(imports="\nfrom ...config import PDROP\n"),
+    "lib/deep/a/b/local.py": ATTENTION.format(imports="\nfrom . import attn\n\nPDROP = attn.PDROP\n"),
+}
+RUNS = {
+    "src": [sys.executable, "train.py"],
+    "tools": [sys.executable, "main.py"],
+    "lib": [
+        sys.executable,
+        "-c",
+        "import torch\nfrom deep.a import other\nfrom deep.a.b import attn, local\n"
+        + "\n".join(RUN_ATTENTION.format(f"{m}.SelfAttention") for m in ("other", "attn", "local")),
+    ],
+}
+
+
+def test_files_imported_otherwise_than_their_folders_suggest_still_import_and_run(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    for name, text in LAYOUT.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+
+    def outputs() -> dict[str, str]:
+        found = {}
+        for folder, command in RUNS.items():
+            done = subprocess.run(command, cwd=repo / folder, capture_output=True, text=True)
+            assert done.returncode == 0, f"{folder}: {done.stderr}"
+            found[folder] = done.stdout
+        return found
+
+    before = outputs()
+    done = _npu_migrate("apply", "--force", "src", "tools", "lib", cwd=repo)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("_npu_fused.py")) == [
+        "lib/deep/_npu_fused.py",
+        "lib/deep/a/b/_npu_fused.py",
+    ]
+    for name in ("src/models/attn.py", "tools/models/attn.py"):  # nothing proves a package: inline
+        text = (repo / name).read_text()
+        assert text.count("def _is_npu(") == 1 and "_npu_fused" not in text, name
+    assert "\nfrom ..._npu_fused import _is_npu, " in (repo / "lib/deep/a/b/attn.py").read_text()
+    assert "\nfrom .._npu_fused import _is_npu, " in (repo / "lib/deep/a/other.py").read_text()
+    assert "\nfrom ._npu_fused import _is_npu, " in (repo / "lib/deep/a/b/local.py").read_text()
+    assert outputs() == before
+    done = _npu_migrate("apply", "--check", "--diff", "src", "tools", "lib", cwd=repo)
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
 
 
 GRAPH_MODES = textwrap.dedent("""

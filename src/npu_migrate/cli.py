@@ -389,7 +389,7 @@ def apply(
     helper_imports: dict[Path, set[str]] = {}
     for job, result in zip(job_list, run(job_list, plan, jobs)):
         progress.advance()
-        collect(helper_imports, job.path, job.helper_module, result.helper_imports)
+        collect(helper_imports, job.path, result.helper_module, result.helper_imports)
         show(result)
     progress.clear()
 

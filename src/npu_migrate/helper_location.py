@@ -7,6 +7,7 @@ must not import them (start-up of `apply --check`).
 
 from __future__ import annotations
 
+import ast
 import functools
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,12 +25,17 @@ def relative_module(level: int) -> str:
     return "." * level + MODULE
 
 
+def _level(module: str) -> int:
+    return len(module) - len(module.lstrip("."))
+
+
 def helper_module(path: Path, stop: Path | None = None) -> str | None:
     """How the Python file `path` imports its package's helper module (`.._npu_fused`), or None where it
     gets the helpers inline: a file whose folder is no package, or a `__main__.py` (`python pkg/` runs it
     without its package). The module goes to the top package: up the chain of folders with an
     `__init__.py`, as long as their names can be imported and none is a project root, and not above
-    `stop` (the root of an `--output` tree, which holds nothing above it)."""
+    `stop` (the root of an `--output` tree, which holds nothing above it). That is an upper bound: the
+    worker lowers it to what the file proves (`proven_module`)."""
     if path.suffix != ".py" or path.name == "__main__.py":
         return None
     folder = path.absolute().parent
@@ -51,10 +57,28 @@ def _is_package(folder: Path) -> bool:
     )
 
 
+def proven_module(bound: str | None, tree: ast.Module) -> str | None:
+    """How the file whose tree is `tree` imports the helper module, given `bound` (`helper_module`, from its
+    path alone), or None where it keeps the helpers inline. The folders with an `__init__.py` above a file
+    do not say where Python imports it from (a leftover `__init__.py` in `src/`, a folder put on
+    `sys.path`), but the file's own relative imports do: `from ..utils import x` at its top level runs only
+    where the file is imported two packages deep, so `.._npu_fused` resolves too. Only unconditional
+    top-level imports prove it (one in a `try:` or a function may never run), and not the helper import
+    itself, which the tool wrote."""
+    if bound is None:
+        return None
+    proven = max(
+        (s.level for s in tree.body if isinstance(s, ast.ImportFrom) and s.module != MODULE),
+        default=0,
+    )
+    level = min(_level(bound), proven)
+    return relative_module(level) if level else None
+
+
 def module_file(path: Path, module: str) -> Path:
     """The file of the helper module that `path` imports as `module`."""
     folder = path.absolute().parent
-    for _ in range(len(module) - len(module.lstrip(".")) - 1):
+    for _ in range(_level(module) - 1):
         folder = folder.parent
     return folder / f"{MODULE}.py"
 

@@ -239,7 +239,7 @@ def helper_module_changes(reviews: list[Review]) -> list[ModuleChange]:
     imports: dict[Path, set[str]] = {}
     for review in reviews:
         module = review.job.helper_module if review.kind == kinds.PYTHON else None
-        collect(imports, review.job.path, module, helper_imports(review.result(), None, module))
+        collect(imports, review.job.path, *helper_imports(review.result(), None, module))
     return changes(imports)
 
 

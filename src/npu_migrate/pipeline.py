@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from npu_migrate import kinds, markers, notebooks
 from npu_migrate.api import DEFAULT_TARGET, NpuApi, PortableApi
 from npu_migrate.findings import Finding
+from npu_migrate.helper_location import MODULE, proven_module
 from npu_migrate.source import SourceError, SourceFile, atomic_write, decode_source, parse_python, read_source
 
 # The rules, libcst and what works on its trees are imported where a file first needs them: a file no
@@ -49,8 +50,9 @@ class Job:
     destination: Path | None = None  # where to write in OUTPUT mode
     ignore: tuple[str, ...] = ()  # rule ids or prefixes switched off for this file (per-file-ignores)
     dirty: bool = False  # has uncommitted changes in git, and --force was not given
-    #: The package's fused-helper module as the file would import it (`.._npu_fused`); None: a file of no
-    #: package (or run as a script), which gets the helpers written into it.
+    #: The package's fused-helper module as the file's path allows it to import it (`.._npu_fused`): an upper
+    #: bound, which the worker lowers to what the file proves; None: a file of no package (or run as a
+    #: script), which gets the helpers written into it.
     helper_module: str | None = None
 
 
@@ -62,7 +64,9 @@ class FileResult:
     diff: str = ""
     error: str = ""
     parsed: bool = False
-    #: The names the file, as written, imports from its `Job.helper_module`: what that module must define.
+    #: The helper module the file, as written, imports (`Job.helper_module` or, where the file proves less,
+    #: one lower: `helper_location.proven_module`), and the names it imports from it: what it must define.
+    helper_module: str | None = None
     helper_imports: tuple[str, ...] = ()
 
 
@@ -317,18 +321,20 @@ def migrate_file(
     return migrate_source(source, display, plan, api, job_ignore, helper_module)
 
 
-def helper_imports(text: str, tree: ast.Module | None, helper_module: str | None) -> tuple[str, ...]:
-    """The names `text` (whose tree is `tree`, if parsed) imports from `helper_module`."""
-    if helper_module is None or helper_module not in text:
-        return ()
+def helper_imports(text: str, tree: ast.Module | None, helper_module: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """The helper module `text` (whose tree is `tree`, if parsed) imports, as far up as `helper_module` and
+    the file itself allow (`proven_module`), and the names it imports from it."""
+    if helper_module is None or MODULE not in text:
+        return None, ()
     from npu_migrate.transforms.fused.helpers import imported_helpers  # imports libcst: only where needed
 
     if tree is None:
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return ()
-    return tuple(imported_helpers(tree, helper_module))
+            return None, ()
+    module = proven_module(helper_module, tree)
+    return module, tuple(imported_helpers(tree, module)) if module else ()
 
 
 def _migrate_notebook(source, display, plan, api, job_ignore):
@@ -411,10 +417,12 @@ def _process(job: Job, plan: Plan) -> FileResult:
         if new_text == source.text:
             if plan.mode is Mode.OUTPUT and job.destination is not None:
                 write_output(job.destination, source.raw, plan.output_root)
-            imports = helper_imports(source.text, None, helper_module)
-            return FileResult(job.display, Status.UNCHANGED, findings, parsed=parsed, helper_imports=imports)
+            module, imports = helper_imports(source.text, None, helper_module)
+            return FileResult(
+                job.display, Status.UNCHANGED, findings, parsed=parsed, helper_module=module, helper_imports=imports
+            )
         tree = validate(new_text, job.display, kind)
-        imports = helper_imports(new_text, tree, helper_module)
+        module, imports = helper_imports(new_text, tree, helper_module)
         diff = unified_diff(job.display, source.text, new_text)
         data = source.encode(new_text)
         if plan.mode is Mode.IN_PLACE:
@@ -426,7 +434,9 @@ def _process(job: Job, plan: Plan) -> FileResult:
             atomic_write(job.path, data, expected=source.raw)
         elif plan.mode is Mode.OUTPUT and job.destination is not None:
             write_output(job.destination, data, plan.output_root)
-        return FileResult(job.display, Status.CHANGED, findings, diff=diff, parsed=True, helper_imports=imports)
+        return FileResult(
+            job.display, Status.CHANGED, findings, diff=diff, parsed=True, helper_module=module, helper_imports=imports
+        )
     except SourceError as exc:
         return FileResult(job.display, Status.FAILED, error=str(exc))
     except FileTimeout:

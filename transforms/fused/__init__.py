@@ -15,7 +15,8 @@ and the file gets, once, the helpers after its imports (`helpers.py`): a guarded
 the file imports it unconditionally), `_is_npu(x)`, true only when torch_npu imported and `x` is on an NPU,
 and a typed function `_npu_<kernel>` per kernel the branches call, the one place that reaches
 `torch_npu.npu_<kernel>`. A file of a package (`Source.helper_module`) imports the helpers it calls from
-the package's helper module instead, which the driver writes once (`npu_migrate.helper_modules`). Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
+the package's helper module instead, which the driver writes once (`npu_migrate.helper_modules`), as
+far up as the file's own relative imports prove it is imported in a package (`proven_module`). Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
 working: `_is_npu` is False while TorchScript compiles (an early `torch.jit.is_scripting()` return) and
 for FX proxies, and the kernel functions are `@torch.jit.unused`, compiled as stubs. A test (or
 `verify`) substitutes CPU reference kernels through the module-level name `torch_npu` and forces
@@ -43,7 +44,7 @@ import libcst as cst
 
 from npu_migrate.astindex import AstIndex
 from npu_migrate.checkers import TreeChecker
-from npu_migrate.helper_location import MODULE
+from npu_migrate.helper_location import MODULE, proven_module
 from npu_migrate.layout import fit, line_width
 from npu_migrate.names import Names
 from npu_migrate.scoped import Source, TreeReport
@@ -534,8 +535,9 @@ class FusedOpsChecker(TreeChecker):
     def _prelude(self, tree: ast.Module) -> None:
         if not self.applied:
             return
-        if self.source.helper_module is not None and not _runs_as_script(tree):
-            self._import_helpers(tree, self.source.helper_module)
+        module = proven_module(self.source.helper_module, tree)
+        if module is not None and not _runs_as_script(tree):
+            self._import_helpers(tree, module)
             return
         templates = [PRELUDE, *dict.fromkeys(h for helpers, _, _ in self.applied for h in helpers)]
         kernels = set(kernel_templates().values())
