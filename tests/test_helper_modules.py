@@ -245,7 +245,7 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.attn_dropout = nn.Dropout(pdrop)
 
-    def _attn(self, q, k, v, mask):
+    def _attn(self, q, k, v, mask, need_weights: bool = False):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         att = att.masked_fill(mask == 0, float("-inf"))
         att = F.softmax(att, dim=-1)

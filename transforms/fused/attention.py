@@ -58,8 +58,9 @@ ATTENTION = Rule(
     NaN), and otherwise calls `_npu_fusion_sdpa` (the same checks as above, fp16 / bf16 only); where it
     returns None the original code runs. The branch copies the statements after the output and returns
     None in place of the probabilities only where they are not needed: a false `output_attentions` /
-    `need_weights` parameter (guarded), or a private function every caller in the file discards them
-    from (`out, _ = self._attn(...)`). Declined, with the reason: an additive term computed in the
+    `need_weights` parameter (guarded; callers are not proof: a subclass or another module may keep
+    them). Only the scores and probabilities become None: any other value returned beside them declines.
+    Declined, with the reason: an additive term computed in the
     function (ALiBi, relative position) or two of them, masked scores set to a value other than -inf or
     the lowest, a scale applied after the mask, probabilities used or possibly needed, einsum or 3-D
     layouts, softcapping, code interleaved with the attention.

@@ -17,8 +17,8 @@ something else; then the original code runs, untouched:
     ...
 
 The kernel does not compute the probabilities: a function that returns them is fused only where they
-are provably not needed (a false `output_attentions` / `need_weights` parameter, or every caller in the
-file discarding them from a private function); the branch returns None in their place.
+are provably not needed (a false `output_attentions` / `need_weights` parameter; callers are no proof:
+a subclass or another module may keep them); the branch returns None in their place.
 """
 
 from __future__ import annotations
