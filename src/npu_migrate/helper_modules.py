@@ -24,8 +24,7 @@ from npu_migrate.transforms.fused.helpers import (
     defined_names,
     kernel_templates,
     module_text,
-    names_in,
-    rendered,
+    names_in_template,
     with_kernels,
 )
 
@@ -48,7 +47,7 @@ def _templates(names: Iterable[str]) -> list[str]:
     by_name = {name: template for template, name in HELPER_NAMES.items()}
     needed = {by_name[name] for name in names if name in by_name}
     while True:  # and the helpers they call (`_npu_sdpa` calls `_npu_fusion_sdpa`)
-        called = {by_name[name] for t in needed for name in names_in(rendered(t)) if name in by_name} - needed
+        called = {by_name[name] for t in needed for name in names_in_template(t) if name in by_name} - needed
         if not called:
             break
         needed |= called

@@ -58,6 +58,7 @@ from npu_migrate.transforms.fused.helpers import (
     kernel_templates,
     kernels_called,
     names_in,
+    names_in_template,
     rendered,
     with_kernels,
 )
@@ -287,7 +288,7 @@ def _statement_index(node: ast.FunctionDef, statement: ast.stmt) -> int:
 
 def _entry_helpers(templates: tuple[str, ...]) -> list[str]:
     """Of the helper `templates`, those no other of them calls."""
-    inner = {name for t in templates for name in names_in(rendered(t)) if HELPER_NAMES.get(t) != name}
+    inner = {name for t in templates for name in names_in_template(t) if HELPER_NAMES.get(t) != name}
     return [t for t in templates if HELPER_NAMES[t] not in inner]
 
 

@@ -53,6 +53,12 @@ def names_in(code: str) -> set[str]:
     return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
 
 
+@functools.cache
+def names_in_template(template: str) -> frozenset[str]:
+    """The names a helper template's code reads, parsed once per process (every applied site asks)."""
+    return frozenset(names_in(rendered(template)))
+
+
 def kernels_called(code: str) -> list[str]:
     """The templates of the kernel functions `code` calls."""
     names = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
