@@ -95,7 +95,7 @@ def test_a_fifo_named_on_the_command_line_is_an_error_for_it_alone(project):
 
 
 def test_quiet_prints_findings_and_diffs_but_no_summary(project):
-    result = run_cli("apply", "--check", "-q", ".", cwd=project)
+    result = run_cli("apply", "--check", "--diff", "-q", ".", cwd=project)
     assert result.returncode == 1
     assert "+x = torch.ones(2).npu()" in result.stdout
     assert "NPU305" in result.stderr
@@ -137,6 +137,14 @@ def run_stdin(*args, text, cwd):
         text=True,
         env={**os.environ, "NO_COLOR": "1"},
     )
+
+
+def test_check_names_the_files_and_leaves_the_patch_to_diff(project):
+    result = run_cli("apply", "--check", ".", cwd=project)
+    assert result.returncode == 1
+    assert result.stdout == "", "the patch is --diff's: a CI log of a large tree stays readable"
+    assert "would migrate train.py" in result.stderr
+    assert "would migrate parallel.py" not in result.stderr, "report-only findings change no file"
 
 
 def test_stdin_writes_the_migrated_text_to_stdout_and_touches_no_file(tmp_path):

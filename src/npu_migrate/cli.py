@@ -131,7 +131,10 @@ def apply(
     ],
     diff: Annotated[bool, typer.Option("--diff", help="Print unified diffs; write nothing.")] = False,
     check: Annotated[
-        bool, typer.Option("--check", help="Write nothing; exit 1 if any file would change (CI, pre-commit).")
+        bool,
+        typer.Option(
+            "--check", help="Write nothing; list the files that would change and exit 1 (CI); --diff adds the patch."
+        ),
     ] = False,
     output: Annotated[
         Optional[Path],
@@ -375,10 +378,14 @@ def apply(
             return
         if not text:
             return
-        if mode is Mode.DIFF and result.diff:
+        if mode is Mode.DIFF and result.diff and diff:
             progress.clear()
             sys.stdout.write(colour_diff(result.diff) if colour else result.diff)
-        elif result.status is Status.CHANGED and not check and not quiet:
+        elif result.status is Status.CHANGED and check:
+            # ruff's and black's --check: the files, not the patch (which --diff adds), so a CI log of a
+            # large tree stays readable; stdout stays empty for a caller that only wants the exit status.
+            say(f"would migrate {result.display}", err=True)
+        elif result.status is Status.CHANGED and not quiet:
             say(f"migrated {result.display}", err=mode is Mode.DIFF)
         if statistics:
             return
