@@ -550,6 +550,16 @@ def test_hand_written_attention_is_reported_once_with_its_true_reason():
                 "parameter (`output_attentions` / `need_weights`) says when they are not wanted",
             },
         ),
+        (
+            # Spellings from vision models (timm's talking heads, channel attention, global context).
+            "eager_layouts",
+            {
+                14: "the probabilities go through `self.mix_probs(...)` before `@ v`",
+                22: "the scores are not `q @ k.transpose(-2, -1)`",
+                # Line 36, a softmax over a convolution pooling the input, is no attention: not reported.
+                51: "the attention is computed inside `if self.use_conv:`",
+            },
+        ),
     ],
 )
 def test_hand_written_attention_declines_say_why(case, expected):
@@ -585,3 +595,13 @@ def test_split_halves_with_number_tables_runs_the_original():
     expected = original["rotate_split_halves"](x, 0.6, 0.8)
     assert torch.equal(forced["rotate_split_halves"](x, 0.6, 0.8), expected)
     assert TORCH_NPU.calls["npu_rotary_mul"] == before
+
+
+def test_a_long_quoted_expression_in_a_declined_finding_shows_its_start_and_end():
+    from npu_migrate.transforms.fused.symbolic import QUOTE_LIMIT, brief
+
+    long = "a" * 60 + "MIDDLE" + "z" * 60
+    cut = brief(f"the scores go through `{long}` where `mask is not None`")
+    quoted = cut.split("`")[1]
+    assert len(quoted) <= QUOTE_LIMIT and quoted.startswith("a" * 20) and quoted.endswith("z" * 16)
+    assert "MIDDLE" not in cut and cut.endswith("where `mask is not None`"), "short spans stay whole"

@@ -63,7 +63,7 @@ from npu_migrate.transforms.fused.helpers import (
     with_kernels,
 )
 from npu_migrate.transforms.fused.idiom import Idiom
-from npu_migrate.transforms.fused.symbolic import Function, Outcome, has_fused_branch
+from npu_migrate.transforms.fused.symbolic import Function, Outcome, brief, has_fused_branch
 
 
 def _idioms() -> tuple[Idiom, ...]:
@@ -481,7 +481,7 @@ class FusedOpsChecker(TreeChecker):
                 outcome.message += f" not injected: {where}"
                 outcome.template = None
         if outcome.template is None:
-            self.reports.append(TreeReport(outcome.rule, node, outcome.message))
+            self.reports.append(TreeReport(outcome.rule, node, brief(outcome.message)))
             return
         helpers = with_kernels(list(outcome.helpers))
         # The helpers the file's own code calls (what a package's file imports): a renamed call calls the

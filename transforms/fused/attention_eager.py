@@ -121,12 +121,17 @@ def is_hand_written_attention(fn: Function) -> bool:
             stack.extend(ast.iter_child_nodes(n))
         return False
 
-    statements = [
-        stmt
-        for stmt in fn.nodes
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Return)) and stmt.value is not None
-    ]
-    for stmt in statements * 2:  # twice: the walk is breadth-first, not in execution order
+    # In the order they run (the walk is breadth-first): a name bound after the softmax (`x = x * gate`,
+    # late in a squeeze-excite block) must not make an earlier `softmax(conv(x))` look like one of scores.
+    statements = sorted(
+        (
+            stmt
+            for stmt in fn.nodes
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.Return)) and stmt.value is not None
+        ),
+        key=lambda stmt: (stmt.lineno, stmt.col_offset),
+    )
+    for stmt in statements:
         value = stmt.value
         applied = applied or any(
             _is_matmul(n, fn) and any(is_probabilities(child) for child in ast.iter_child_nodes(n))
@@ -338,6 +343,15 @@ def _probabilities(node: ast.expr, fn: Function, attention: Attention) -> ast.ex
             continue
         scores = _softmax_input(node, fn)
         if scores is None:
+            if any(_softmax_input(inner, fn) is not None for inner in ast.walk(node)):
+                # The product of the probabilities (talking heads' `proj_w(attn)`), not a matmul elsewhere.
+                step = node
+                while isinstance(step, ast.Call) and isinstance(step.func, ast.Attribute):
+                    if not isinstance(step.func.value, ast.Call):
+                        break
+                    step = step.func.value  # `self.proj_w(...).permute(...)`: name the call it starts from
+                step = f"{source(step.func)}(...)" if isinstance(step, ast.Call) else source(node)
+                raise Declined(f"the probabilities go through `{step}` before `@ v`, which the kernel does not")
             raise _NotProbabilities
         at = 1 if fn.qualname(node.func) in _SOFTMAX else 0  # `F.softmax(s, dim)` or `s.softmax(dim)`
         dim = node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == "dim"), None)
@@ -607,7 +621,12 @@ def fuse(fn: Function) -> Fusion | None:
     body = body_statements(fn.tree)
     if any(_is_our_branch(stmt) for stmt in body):
         return None
-    start = next((i for i, stmt in enumerate(body) if _contains_scores(stmt, fn)), None)
+    # The scores come before the softmax: a `v @ attn.transpose(-2, -1)` after it (a transposed layout,
+    # `q.transpose(-2, -1) @ k`) only looks like them.
+    softmax_at = [i for i, stmt in enumerate(body) if any(_softmax_input(n, fn) is not None for n in ast.walk(stmt))]
+    start = next(
+        (i for i, stmt in enumerate(body) if softmax_at and i <= softmax_at[-1] and _contains_scores(stmt, fn)), None
+    )
     if start is None:
         raise Declined("the scores are not `q @ k.transpose(-2, -1)` (einsum, bmm or a 3-D layout)")
     env: dict[str, ast.expr] = {}
@@ -616,7 +635,14 @@ def fuse(fn: Function) -> Fusion | None:
         found = _output(stmt, env, fn)
         if found is not None:
             break
-        _fold_assignment(stmt, env, fn)
+        try:
+            _fold_assignment(stmt, env, fn)
+        except Declined:
+            if index == start and isinstance(stmt, ast.If):
+                raise Declined(
+                    f"the attention is computed inside `if {source(stmt.test)}:`, which the branch cannot fold"
+                ) from None
+            raise
     else:
         raise Declined("its output is not a statement of the function's body (it is computed under control flow)")
     matmul, attention = found

@@ -386,6 +386,20 @@ def source(node: ast.expr) -> str:
     return ast.unparse(node)
 
 
+#: A quoted expression in a finding longer than this shows its start and end: the line number says where
+#: the rest is, and a 300-character expression repeated over a report hides the reason around it.
+QUOTE_LIMIT = 72
+
+
+def brief(message: str) -> str:
+    """`message` with each backquoted span longer than QUOTE_LIMIT cut to its start and end."""
+    parts = message.split("`")
+    for at in range(1, len(parts) - 1, 2):  # the odd parts are inside backquotes (an unpaired last one is not)
+        if len(parts[at]) > QUOTE_LIMIT:
+            parts[at] = f"{parts[at][: QUOTE_LIMIT - 22]} ... {parts[at][-16:]}"
+    return "`".join(parts)
+
+
 def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
     """Replace calls of module-level functions (`rotate_half(q)`) by their folded bodies where possible,
     so an idiom is recognised by what a helper computes, whatever the helper is called."""
