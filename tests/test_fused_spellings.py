@@ -581,9 +581,9 @@ def test_a_file_with_its_own_npu_attention_path_gets_no_second_one():
     migrated, findings = migrate_text(source, path="attention_dispatch.py", select=["NPU704"])
     assert migrated == source
     assert [f.message for f in findings if f.rule_id == "NPU704"] == [
-        "scaled_dot_product_attention not wrapped: this file already calls torch_npu's npu_fusion_attention "
-        "(its own NPU path); select that path on an NPU"
-    ]
+        "scaled_dot_product_attention not wrapped, here or at the file's other calls: this file already calls "
+        "torch_npu's npu_fusion_attention (its own NPU path); select that path on an NPU"
+    ], "one finding for the file's two calls: diffusers' attention_processor.py has 32"
 
 
 def test_split_halves_with_number_tables_runs_the_original():

@@ -216,8 +216,9 @@ def match_call(name: str | None, api, names=None, call=None, guards=()) -> Outco
         # diffusers' attention dispatcher: its own NPU backend calls the kernel; a second path would compete.
         return Outcome(
             ATTENTION,
-            "scaled_dot_product_attention not wrapped: this file already calls torch_npu's npu_fusion_attention "
-            "(its own NPU path); select that path on an NPU",
+            "scaled_dot_product_attention not wrapped, here or at the file's other calls: this file already calls "
+            "torch_npu's npu_fusion_attention (its own NPU path); select that path on an NPU",
+            per_file=True,
         )
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
         return Outcome(

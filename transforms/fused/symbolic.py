@@ -36,6 +36,8 @@ class Outcome:
     #: The top-level body statement the branch goes in front of, when not the first: the statements before
     #: it (which the branch reads, as `repeat_kv` before hand-written attention) run on both paths.
     before: ast.stmt | None = None
+    #: A declined finding whose reason is the file's, not the site's: reported at its first site only.
+    per_file: bool = False
 
 
 def nodes_of(tree: ast.AST) -> list[ast.AST]:
