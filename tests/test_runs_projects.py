@@ -1,7 +1,8 @@
 """Issue #13: fixture projects of our own, migrated by `npu-migrate apply --output` and run on the simulated
 NPU host (`npu-migrate verify --smoke`): import, build, forward, backward and an optimizer step.
 
-* `runs_guards` (patterns 1, 2, 4): flags and branches gated on `torch.cuda.is_available()`, capability gates
+* `runs_guards` (patterns 1, 2, 4): flags and branches gated on `torch.cuda.is_available()` (one reaching
+  xformers through the module's own functions), capability gates
   (indexing, tuple comparison, unpacking, `major * 10 + minor`), device properties, a framework
   accelerator string under a guard, `x.is_cuda` in front of flash_attn's rms_norm, an fp8 path on
   `torch._scaled_mm` behind `device.type != "cuda"`. Migrated by the tool before issue #13 it crashed at
@@ -94,6 +95,15 @@ def test_guards_project_keeps_the_guards_it_cannot_make_safe(guards):
     assert 'if x.device.type != "cuda":' in kernels
     assert "line 11 uses `flash_rms_norm` from flash_attn.ops" in output
     assert "line 21 calls `torch._scaled_mm`, a CUDA-only torch op" in output
+    # xformers reached through the module's own functions: that guard stays; one whose callee tests for
+    # xformers itself is flipped.
+    mixing = (migrated / "gates" / "mixing.py").read_text()
+    assert "        if torch.cuda.is_available():\n            return self._fast(x)" in mixing
+    assert "    if torch.npu.is_available():\n        x = _attend_or_identity(x)" in mixing
+    assert (
+        "mixing.py:28:12: NPU201 `torch.cuda.is_available()` left as is: the code it guards at line 29 calls "
+        "`_fast` (line 24), which calls `_memory_efficient` (line 12), which uses `xops` from xformers"
+    ) in output
 
 
 def test_native_project_keeps_its_cuda_branches(native):

@@ -136,6 +136,7 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     unsafe += tree.unsafe
     if not unsafe and _PRESENCE not in ctx.text:  # nor a fast path only tested for presence
         return False
+    unsafe += _calls_reaching(tree, ctx, unsafe, line_of)
     for guard in guards:
         blocking = _blocking(tree, guard.node, ctx, unsafe)
         what = _guard_code(tree, guard.node, ctx)
@@ -212,6 +213,84 @@ def note_module_flags(ctx) -> None:
                 )
                 if note not in report.message:
                     report.message += note
+
+
+#: How many calls deep unsafe code is followed through the file's own functions (`fast` -> `attend` -> xops).
+_CALL_DEPTH = 3
+
+
+def _calls_reaching(tree: _Tree, ctx, unsafe: list[Unsafe], line_of) -> list[Unsafe]:
+    """Calls of the file's own functions whose bodies hold unsafe code: a guard that calls `attend(x)`, which
+    calls `xops.memory_efficient_attention`, sends an NPU host there as surely as the call written inline.
+    Module-level functions by name, methods as `self.name(...)` within their class. A use of a CUDA-only
+    name under an `if` that tests that name (`if xops is not None:`) is the function's own fallback: not
+    followed."""
+    functions: dict[str, list[cst.FunctionDef]] = {}
+    for statement in ctx.module.body:
+        if isinstance(statement, cst.FunctionDef):
+            functions.setdefault(statement.name.value, []).append(statement)
+        elif isinstance(statement, cst.ClassDef):
+            for member in statement.body.body:
+                if isinstance(member, cst.FunctionDef):
+                    functions.setdefault(f"self.{member.name.value}", []).append(member)
+    if not functions:
+        return []
+    owner = {id(f): name for name, defs in functions.items() for f in defs}
+    reached: list[Unsafe] = []
+    flagged: set[str] = set()
+    frontier = [u for u in unsafe if not _tested_in_place(tree, u.node)]
+    for _ in range(_CALL_DEPTH):
+        found = []
+        for u in frontier:
+            function = _enclosing_function(tree, u.node)
+            name = owner.get(id(function)) if function is not None else None
+            if name is None or name in flagged:
+                continue
+            flagged.add(name)
+            for use in tree.names.get(name, ()):
+                call = tree.parent(use)
+                if not (isinstance(call, cst.Call) and call.func is use) or _enclosing_function(tree, use) is function:
+                    continue
+                if name.startswith("self.") and _enclosing_class(tree, use) is not _enclosing_class(tree, function):
+                    continue
+                shown = name.removeprefix("self.")
+                found.append(Unsafe(use, f"calls `{shown}` (line {line_of(function)}), which {u.why}"))
+        reached += found
+        frontier = found
+    return reached
+
+
+def _enclosing_function(tree: _Tree, node: cst.CSTNode) -> cst.FunctionDef | None:
+    node = tree.parent(node)
+    while node is not None and not isinstance(node, cst.FunctionDef):
+        node = tree.parent(node)
+    return node
+
+
+def _enclosing_class(tree: _Tree, node: cst.CSTNode) -> cst.ClassDef | None:
+    node = tree.parent(node)
+    while node is not None and not isinstance(node, cst.ClassDef):
+        node = tree.parent(node)
+    return node
+
+
+def _tested_in_place(tree: _Tree, node: cst.CSTNode) -> bool:
+    """A use of a name under an `if` / `while` / conditional expression whose test reads the name."""
+    if not isinstance(node, cst.Name):
+        return False
+    child, parent = node, tree.parent(node)
+    while parent is not None and not isinstance(parent, cst.FunctionDef):
+        if isinstance(parent, (cst.If, cst.While, cst.IfExp)) and child is not parent.test:
+            if any(isinstance(n, cst.Name) and n.value == node.value for n in _walk(parent.test)):
+                return True
+        child, parent = parent, tree.parent(parent)
+    return False
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    yield node
+    for child in node.children:
+        yield from _walk(child)
 
 
 def _blocking(tree: _Tree, guard: cst.CSTNode, ctx, unsafe: list[Unsafe]) -> Unsafe | None:
