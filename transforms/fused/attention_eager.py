@@ -725,7 +725,8 @@ def _weights_not_needed(fn: Function, attention: Attention) -> None:
     # what it returns, and a None there would fail on the NPU only.
     raise Declined(
         "it returns the attention probabilities, which npu_fusion_attention does not compute, and no "
-        f"parameter ({' / '.join(f'`{p}`' for p in WEIGHT_FLAGS)}) says when they are not wanted"
+        f"parameter ({' / '.join(f'`{p}`' for p in WEIGHT_FLAGS)}) says when they are not wanted; where they "
+        'are not, SDPA is fused (transformers: `attn_implementation="sdpa"`, the default)'
     )
 
 
