@@ -40,9 +40,9 @@ def test_config_target_and_torch_version_reachapply(tmp_path):
     result = CliRunner().invoke(app, ["apply", "--diff", str(tmp_path / "step.py")])
     assert result.exit_code == 0, result.output
     assert "+torch.accelerator.synchronize()" in result.stdout
-    # get_memory_info is 2.10: with torch 2.8 chosen it is reported, not written.
+    # get_memory_info is 2.10: with torch 2.8 chosen the accelerator's module answers instead.
     assert "torch.accelerator.get_memory_info" not in result.stdout
-    assert "NPU203" in result.stderr and "from 2.10.0" in result.stderr
+    assert "+free = ACCELERATOR_MODULE.mem_get_info()" in result.stdout
 
 
 def test_command_line_target_wins_over_the_configuration(tmp_path):
@@ -114,13 +114,68 @@ def test_device_types_need_a_torch_that_can_name_the_accelerator_without_one():
     assert 'device=getattr(torch.accelerator.current_accelerator(), "type", "cuda")' in new
 
 
-def test_calls_the_accelerator_cannot_take_are_reported():
+def test_calls_the_accelerator_cannot_take_go_to_the_accelerators_module():
     # The generic functions take their device positionally only; memory statistics raise without accelerator
-    # where torch.cuda's return 0.
+    # where torch.cuda's return 0: both go to torch.cuda's own functions (torch.npu's on an Ascend host).
     text = "import torch\n\ntorch.cuda.synchronize(device=0)\nused = torch.cuda.memory_allocated()\n"
-    migrated, findings = migrate_text(text, select=["NPU2"], target="portable")
+    migrated, findings = migrate_text(text, select=["NPU001", "NPU2"], target="portable")
+    assert "\nACCELERATOR_MODULE.synchronize(device=0)\nused = ACCELERATOR_MODULE.memory_allocated()\n" in migrated
+    assert [f.rule_id for f in findings if not f.fixed] == []
+    # Without NPU001 the file cannot be given the names: the module is written in place.
+    inline, _ = migrate_text(text, select=["NPU2"], target="portable")
+    assert (
+        'torch.get_device_module(getattr(torch.accelerator.current_accelerator(), "type", "cuda")).synchronize('
+        in inline
+    )
+
+
+@pytest.mark.parametrize(("version", "rewritten"), [("2.6.0", False), ("2.7.0", True)])
+def test_the_accelerators_module_follows_the_torch_version(version, rewritten):
+    # get_device_module is 2.4, but naming the accelerator without one needs 2.7 (2.6's current_accelerator()
+    # raises there): before that the call is reported with what to write.
+    text = "import torch\n\ntorch.cuda.manual_seed_all(0)\n"
+    migrated, findings = migrate_text(text, select=["NPU001", "NPU2"], target="portable", torch_version=version)
+    assert ("ACCELERATOR_MODULE.manual_seed_all(0)" in migrated) is rewritten
+    assert [f.rule_id for f in findings if not f.fixed] == ([] if rewritten else ["NPU203"])
+
+
+def test_the_accelerators_module_needs_the_npu_targets_rewrite():
+    # torch.npu has get_device_capability, but it answers None there (NPU204 in the npu target): not rewritten.
+    text = "import torch\n\nmajor = torch.cuda.get_device_capability()[0]\nname = torch.cuda.get_arch_list()\n"
+    migrated, findings = migrate_text(text, select=["NPU001", "NPU2"], target="portable")
     assert migrated == text
-    assert [f.rule_id for f in findings] == ["NPU201", "NPU203"]
+    assert {f.rule_id for f in findings} == {"NPU203"}
+
+
+def test_the_accelerators_module_is_named_beside_an_existing_accelerator():
+    first, _ = migrate_text("import torch\n\nx = torch.ones(2).cuda()\n", target="portable")
+    assert "ACCELERATOR_MODULE" not in first
+    second, _ = migrate_text(first + "torch.cuda.manual_seed_all(0)\n", target="portable")
+    accelerator = 'ACCELERATOR = getattr(torch.accelerator.current_accelerator(), "type", "cuda")\n'
+    assert accelerator + "# Its torch module" in second
+    assert second.count("ACCELERATOR = ") == 1 and second.count("ACCELERATOR_MODULE = ") == 1
+    assert second.endswith("ACCELERATOR_MODULE.manual_seed_all(0)\n")
+    # A program's own ACCELERATOR_MODULE is not ours: the module is written in place.
+    own, _ = migrate_text("import torch\n\nACCELERATOR_MODULE = 1\ntorch.cuda.empty_cache()\n", target="portable")
+    assert own.endswith(
+        'ACCELERATOR_MODULE = 1\ntorch.get_device_module(getattr(torch.accelerator.current_accelerator(), "type", '
+        '"cuda")).empty_cache()\n'
+    )
+
+
+@pytest.mark.integration
+def test_the_accelerators_module_is_torch_cuda_on_a_host_without_accelerator():
+    import torch
+
+    assert torch.accelerator.current_accelerator() is None, "this check is about a host without accelerator"
+    source = (ROOT / "fixtures" / "rules" / "NPU001" / "accelerator_module.in.py").read_text()
+    migrated, _ = migrate_text(source, select=["NPU001", "NPU201"], target="portable")
+    assert "ACCELERATOR_MODULE.empty_cache()" in migrated
+    before, after = _exec(source), _exec(migrated)
+    assert after["ACCELERATOR_MODULE"] is torch.cuda
+    for namespace in (before, after):
+        namespace["seed_everything"](3)
+    assert before["describe"]() == after["describe"]() == "cpu"  # empty_cache: nothing to do, as torch.cuda's
 
 
 # -- never a flipped default ------------------------------------------------------------------------------
@@ -186,7 +241,8 @@ def test_the_project_is_migrated_to_generic_code(project):
     data = (migrated / "trainer" / "data.py").read_text()
     assert "yield x.to(ACCELERATOR, non_blocking=True), y.to(ACCELERATOR, non_blocking=True)" in data
     assert data.count("current_accelerator()") == 1
-    assert "NPU203" in output  # torch.cuda.manual_seed_all: no generic counterpart, reported
+    # torch.cuda.manual_seed_all: no generic counterpart, the accelerator's module has it.
+    assert "    ACCELERATOR_MODULE.manual_seed_all(args.seed)\n" in train and "NPU203" not in output
     again = apply(str(migrated), "--target", "portable", "--check")
     assert again.returncode == 0, again.stdout + again.stderr
 

@@ -20,11 +20,16 @@ from npu_migrate.checkers import Checker
 from npu_migrate.imports import add_module_import, dotted_name, insertion_index
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.common.accelerator import (
+    ACCELERATOR_NAME,
+    MODULE_NAME,
+    defined_at,
     defines_accelerator,
+    defines_accelerator_module,
     definition,
+    module_definition,
+    names_read,
     portable,
     top_level_torch,
-    uses_accelerator_name,
 )
 from npu_migrate.transforms.common.guarded_import import GUARDED_IMPORT, is_guarded_import
 
@@ -140,10 +145,10 @@ def _insert(updated: cst.Module) -> cst.Module:
     return module.with_changes(body=body)
 
 
-def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, name: bool) -> cst.Module:
+def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, names: frozenset[str]) -> cst.Module:
     """The portable target's additions after the imports: the guarded `import torch_npu` (right after the
-    first torch import) and `ACCELERATOR` (right after the torch_npu import, which must run first for the NPU
-    to be torch's accelerator)."""
+    first torch import), `ACCELERATOR` (right after the torch_npu import, which must run first for the NPU
+    to be torch's accelerator) and `ACCELERATOR_MODULE` right after it."""
     body = list(updated.body)
     if import_torch_npu:
         after = _first_torch_import(updated)
@@ -151,10 +156,13 @@ def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, name: bool
         guarded = cst.parse_statement(GUARDED_IMPORT)
         # A compound statement among the imports stands apart from them, as `ruff format` lays it out.
         body.insert(index, guarded.with_changes(leading_lines=[cst.EmptyLine()]) if index else guarded)
-    if name:
+    if ACCELERATOR_NAME in names:
         module = updated.with_changes(body=body)
         npu = next((i for i, stmt in enumerate(body) if _imports_torch_npu_at(module, stmt)), -1)
         body.insert(max(_end_of_imports(module), npu, top_level_torch(module)) + 1, definition())
+    if MODULE_NAME in names:
+        module = updated.with_changes(body=body)
+        body.insert(defined_at(module, ACCELERATOR_NAME) + 1, module_definition())
     return updated.with_changes(body=body)
 
 
@@ -213,18 +221,27 @@ class TorchNpuImportChecker(Checker):
 
     def _portable_prelude(self, needs_import: bool) -> None:
         module = self.ctx.module
-        name = not defines_accelerator(module) and any(
-            r.applied and r.fix is not None and r.node is not module and uses_accelerator_name(r.fix(r.node))
-            for r in self.ctx.reports
+        read: set[str] = set()
+        for r in self.ctx.reports:
+            if r.applied and r.fix is not None and r.node is not module:
+                read |= names_read(r.fix(r.node))
+        if MODULE_NAME in read:
+            read.add(ACCELERATOR_NAME)  # the module is the accelerator's: it is defined from ACCELERATOR
+        names = frozenset(
+            name
+            for name, defined in ((ACCELERATOR_NAME, defines_accelerator), (MODULE_NAME, defines_accelerator_module))
+            if name in read and not defined(module)
         )
-        if not (needs_import or name):
+        if not (needs_import or names):
             return
         said = []
         if needs_import:
             said.append("`import torch_npu` added, guarded: the file still imports where it is absent")
-        if name:
+        if ACCELERATOR_NAME in names:
             said.append("`ACCELERATOR` (the current accelerator's device type) defined after the imports")
-        fix = lambda updated: _portable_prelude(updated, import_torch_npu=needs_import, name=name)  # noqa: E731
+        if MODULE_NAME in names:
+            said.append("`ACCELERATOR_MODULE` (its torch module: torch.cuda, torch.npu) defined after it")
+        fix = lambda updated: _portable_prelude(updated, import_torch_npu=needs_import, names=names)  # noqa: E731
         self.report(IMPORT_TORCH_NPU, module, "; ".join(said), fix=fix)
 
     def _guard_plain_import(self) -> None:

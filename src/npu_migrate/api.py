@@ -26,6 +26,7 @@ class Kind(enum.Enum):
     MISSING = "missing"  # no counterpart in the chosen torch_npu version
     UNKNOWN = "unknown"  # not a name we know from torch.cuda either
     OWNED = "owned"  # another rule family handles it
+    DEVICE_MODULE = "device_module"  # the portable target: the same name on the accelerator's torch module
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,10 @@ DEFAULT_TARGET = "npu"
 #: torch 2.7; 2.6 raises instead, so the spelling needs 2.7.
 ACCELERATOR_TYPE = 'getattr(torch.accelerator.current_accelerator(), "type", "cuda")'
 ACCELERATOR_TYPE_SINCE = "2.7.0"
+#: What the portable target calls where torch.accelerator has no equivalent: `torch.get_device_module(<the
+#: accelerator's type>)` is torch.cuda where that type is "cuda" (a CUDA host, and a host without accelerator)
+#: and torch.npu on an Ascend host, so `<it>.X` is the original there and the npu target's `torch.npu.X` here.
+DEVICE_MODULE = "torch.get_device_module"
 
 
 def torch_versions() -> list[str]:
@@ -211,7 +216,36 @@ class PortableApi(NpuApi):
         return ACCELERATOR_TYPE if self.at_least(ACCELERATOR_TYPE_SINCE) else None
 
     def map_cuda(self, qualname: str) -> Mapping:
-        """How `torch.cuda.<...>` maps onto the device-generic API of this torch version."""
+        """How `torch.cuda.<...>` maps onto the device-generic API of this torch version: `torch.accelerator`
+        where it has the name and behaves the same, else the accelerator's torch module where that is
+        provably the original on CUDA and the npu target's rewrite on the NPU (`Kind.DEVICE_MODULE`, the
+        target being the names below `torch.cuda`), else a finding."""
+        mapping = self._map_generic(qualname)
+        if mapping.kind in (Kind.MISSING, Kind.CAVEAT):
+            tail = self.device_module_tail(qualname)
+            if tail is not None:
+                return Mapping(
+                    Kind.DEVICE_MODULE,
+                    tail,
+                    advice=f"`{DEVICE_MODULE}(ACCELERATOR).{tail}` is `{qualname}` on a CUDA host or one without "
+                    f"accelerator, and `torch.npu.{tail}` on an Ascend host",
+                )
+        return mapping
+
+    def device_module_tail(self, qualname: str) -> str | None:
+        """The names below `torch.cuda` (`manual_seed_all`) where `torch.get_device_module(ACCELERATOR).<them>`
+        may replace `qualname`: this torch version has `get_device_module`, and the npu target rewrites
+        `qualname` to `torch.npu.<the same names>` (which its torch_npu version has, no behaviour caveat)."""
+        if not (self.has(DEVICE_MODULE) and self.at_least(ACCELERATOR_TYPE_SINCE)):
+            return None
+        if qualname == "torch.cuda" or any(qualname == p or qualname.startswith(p + ".") for p in self._owned):
+            return None
+        npu = NpuApi.map_cuda(self, qualname)
+        if npu.kind is not Kind.SAME or npu.target != "torch.npu" + qualname[len("torch.cuda") :]:
+            return None
+        return qualname[len("torch.cuda.") :]
+
+    def _map_generic(self, qualname: str) -> Mapping:
         assert qualname == "torch.cuda" or qualname.startswith("torch.cuda.")
         if qualname == "torch.cuda":
             return Mapping(Kind.MISSING, advice="the module torch.cuda has no device-generic counterpart as a whole")

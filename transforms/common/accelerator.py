@@ -12,20 +12,33 @@ ACCELERATOR, ...)`, `ACCELERATOR if torch.accelerator.is_available() else "cpu"`
 hold the name (torch imported only inside functions, the name taken, NPU001 not selected) the expression is
 written in place instead; where the file does not import torch or the torch version cannot say it (2.7+:
 2.6's `current_accelerator()` raises on a host without accelerator), the rule reports instead of rewriting.
+
+What `torch.accelerator` lacks (`manual_seed_all`, `get_device_name`, `empty_cache` that does nothing without
+an accelerator) is reached through the accelerator's torch module, named once beside it:
+
+    ACCELERATOR_MODULE = torch.get_device_module(ACCELERATOR)
+
+torch.cuda wherever ACCELERATOR is "cuda" (so `ACCELERATOR_MODULE.X` is the original's `torch.cuda.X` on a CUDA
+host and on one without accelerator), torch.npu on an Ascend host (the npu target's `torch.npu.X`). Where the
+file cannot hold the names, `torch.get_device_module(<the type>)` is written in place.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.api import ACCELERATOR_TYPE, PortableApi
+from npu_migrate.api import ACCELERATOR_TYPE, DEVICE_MODULE, PortableApi
 from npu_migrate.context import FileContext
 from npu_migrate.imports import dotted_name
 from npu_migrate.transforms.common.qualnames import module_alias
 
 #: The module-level name of the accelerator's device type in a migrated file.
 ACCELERATOR_NAME = "ACCELERATOR"
+#: The module-level name of its torch module (torch.cuda, torch.npu), for what torch.accelerator lacks.
+MODULE_NAME = "ACCELERATOR_MODULE"
 _DEFINITION_COMMENT = '# The accelerator this host has ("cuda", "npu", ...); "cuda" where it has none, as before.'
+_MODULE_DEFINITION = f"{MODULE_NAME} = {DEVICE_MODULE}({ACCELERATOR_NAME})"
+_MODULE_COMMENT = "# Its torch module (torch.cuda, torch.npu, ...), for what torch.accelerator does not offer."
 
 
 def portable(ctx: FileContext) -> PortableApi | None:
@@ -43,6 +56,19 @@ def accelerator_type(ctx: FileContext, enabled: frozenset[str]) -> cst.BaseExpre
     if can_name(ctx, enabled):
         return cst.Name(ACCELERATOR_NAME)
     return cst.parse_expression(api.accelerator_type.replace("torch.", f"{torch}.", 1))
+
+
+def accelerator_module(ctx: FileContext, enabled: frozenset[str]) -> cst.BaseExpression | None:
+    """The current accelerator's torch module (torch.cuda where the type is "cuda", torch.npu on an Ascend
+    host). None where the file or the torch version cannot say it (the rule reports instead)."""
+    api = portable(ctx)
+    device = accelerator_type(ctx, enabled)
+    if api is None or device is None or not api.has(DEVICE_MODULE):
+        return None
+    if isinstance(device, cst.Name) and (MODULE_NAME not in ctx.text or defines_accelerator_module(ctx.module)):
+        return cst.Name(MODULE_NAME)
+    torch = module_alias(ctx, "torch")
+    return cst.Call(func=cst.parse_expression(f"{torch}.get_device_module"), args=[cst.Arg(device)])
 
 
 def accelerator_backend(ctx: FileContext, enabled: frozenset[str]) -> cst.BaseExpression | None:
@@ -84,24 +110,43 @@ def definition() -> cst.SimpleStatementLine:
     return line.with_changes(leading_lines=[blank, comment])
 
 
+def module_definition() -> cst.SimpleStatementLine:
+    line = cst.parse_statement(f"{_MODULE_DEFINITION}\n")
+    return line.with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(_MODULE_COMMENT))])
+
+
 def defines_accelerator(module: cst.Module) -> bool:
-    expected = f"{ACCELERATOR_NAME} = {ACCELERATOR_TYPE}"
-    return any(
-        isinstance(stmt, cst.SimpleStatementLine) and module.code_for_node(stmt).strip().endswith(expected)
-        for stmt in module.body
+    return defined_at(module, ACCELERATOR_NAME) is not None
+
+
+def defines_accelerator_module(module: cst.Module) -> bool:
+    return defined_at(module, MODULE_NAME) is not None
+
+
+def defined_at(module: cst.Module, name: str) -> int | None:
+    """The index of the module-level statement that defines `name` (ACCELERATOR_NAME or MODULE_NAME) as this
+    target writes it, if the module has one."""
+    expected = f"{ACCELERATOR_NAME} = {ACCELERATOR_TYPE}" if name == ACCELERATOR_NAME else _MODULE_DEFINITION
+    return next(
+        (
+            index
+            for index, stmt in enumerate(module.body)
+            if isinstance(stmt, cst.SimpleStatementLine) and module.code_for_node(stmt).strip().endswith(expected)
+        ),
+        None,
     )
 
 
-def uses_accelerator_name(node: cst.CSTNode | None) -> bool:
-    """Whether `node` (a fix's result) reads `ACCELERATOR`."""
+def names_read(node: cst.CSTNode | None) -> set[str]:
+    """Which of `ACCELERATOR` and `ACCELERATOR_MODULE` `node` (a fix's result) reads."""
     if node is None:
-        return False
-    found: list[bool] = []
+        return set()
+    found: set[str] = set()
 
     class _Reads(cst.CSTVisitor):
         def visit_Name(self, name: cst.Name) -> None:
-            if name.value == ACCELERATOR_NAME:
-                found.append(True)
+            if name.value in (ACCELERATOR_NAME, MODULE_NAME):
+                found.add(name.value)
 
     node.visit(_Reads())
-    return bool(found)
+    return found
