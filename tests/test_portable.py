@@ -178,6 +178,83 @@ def test_the_accelerators_module_is_torch_cuda_on_a_host_without_accelerator():
     assert before["describe"]() == after["describe"]() == "cpu"  # empty_cache: nothing to do, as torch.cuda's
 
 
+# -- devices with an index --------------------------------------------------------------------------------
+
+INDEXED = ROOT / "fixtures" / "rules" / "NPU001" / "indexed_devices.in.py"
+INDEXED_RULES = ["NPU001", "NPU101", "NPU102"]
+
+
+def test_an_index_is_kept_on_the_accelerators_type():
+    migrated, findings = migrate_text(INDEXED.read_text(), select=INDEXED_RULES, target="portable")
+    assert (
+        'torch.device(f"{ACCELERATOR}:{rank}")' in migrated and 'torch.device(f"{ACCELERATOR}:%d" % rank)' in migrated
+    )
+    # `.cuda(i)` takes an int or a torch.device: only an int literal or a name bound once to int(...) is rewritten.
+    assert 'batch.to(f"{ACCELERATOR}:{LOCAL_RANK}")' in migrated
+    assert 'batch.to(f"{ACCELERATOR}:0", non_blocking=True)' in migrated
+    assert "batch.cuda(device=rank)" in migrated and "batch.cuda(device)" in migrated
+    left = {f.message.split(" left as is")[0] for f in findings if not f.fixed}
+    assert left == {"`.cuda(rank)`", "`.cuda(device)`", "device string in `torch.device(...)`"}
+
+
+@pytest.mark.parametrize(
+    "binding",
+    [
+        "LOCAL_RANK = int(os.environ['LOCAL_RANK'])\nLOCAL_RANK += 1\n",  # bound twice
+        "LOCAL_RANK = os.environ['LOCAL_RANK']\n",  # not an int
+        "from config import *\nLOCAL_RANK = 0\n",  # a star import may bind it too
+        "int = str\nLOCAL_RANK = int(0)\n",  # `int` is the program's own
+        "LOCAL_RANK = 0\nfor LOCAL_RANK in devices:\n    pass\n",
+    ],
+)
+def test_a_cuda_index_not_proven_an_int_is_reported(binding):
+    text = f"import os\n\nimport torch\n\n{binding}x = torch.ones(2).cuda(LOCAL_RANK)\n"
+    migrated, findings = migrate_text(text, select=INDEXED_RULES, target="portable")
+    assert "cuda(LOCAL_RANK)" in migrated
+    assert [f.rule_id for f in findings if not f.fixed] == ["NPU101"]
+
+
+@pytest.mark.integration
+def test_indexed_devices_are_the_originals_on_a_host_without_accelerator():
+    import torch
+
+    source = INDEXED.read_text()
+    migrated, _ = migrate_text(source, select=INDEXED_RULES, target="portable")
+    before, after = _exec(source), _exec(migrated)
+    assert (
+        before["devices"](3)
+        == after["devices"](3)
+        == (torch.device("cuda:1"), torch.device("cuda:3"), torch.device("cuda:3"))
+    )
+    # Both fail without CUDA, as the original did (a CPU build raises RuntimeError for `.cuda(0)`, AssertionError
+    # for `.to("cuda:0")`: neither runs on).
+    for namespace in (before, after):
+        with pytest.raises((RuntimeError, AssertionError)):
+            namespace["local"](torch.ones(2))
+
+
+@pytest.mark.integration
+def test_indexed_devices_name_the_npu_on_an_ascend_host(tmp_path):
+    migrated, _ = migrate_text(INDEXED.read_text(), select=INDEXED_RULES, target="portable")
+    (tmp_path / "indexed.py").write_text(migrated)
+    probe = textwrap.dedent(
+        """
+        import json, sys
+        from npu_migrate.verify import npu_host
+        npu_host.install(device_count=4)
+        sys.path.insert(0, sys.argv[1])
+        import torch
+        import indexed
+        moved = indexed.local(torch.ones(2))
+        print("PROBE" + json.dumps([str(d) for d in indexed.devices(3)] + [str(moved.device)]))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    assert json.loads(lines[0][len("PROBE") :]) == ["npu:1", "npu:3", "npu:3", "npu:0"]
+
+
 # -- never a flipped default ------------------------------------------------------------------------------
 
 
