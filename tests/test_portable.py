@@ -23,7 +23,7 @@ import pytest
 from portable_project import PROJECT, apply, migrate, train
 from typer.testing import CliRunner
 
-from npu_migrate.api import PortableApi, UnknownVersionError
+from npu_migrate.api import ACCELERATOR_TYPE, PortableApi, UnknownVersionError
 from npu_migrate.cli import app
 from npu_migrate.pipeline import migrate_text
 
@@ -86,7 +86,7 @@ def test_stdin_apply_takes_the_target(monkeypatch):
         input="import torch\n\nx = torch.ones(2).cuda()\n",
     )
     assert result.exit_code == 0, result.output
-    assert 'ACCELERATOR = getattr(torch.accelerator.current_accelerator(), "type", "cuda")' in result.stdout
+    assert ACCELERATOR_TYPE in result.stdout.replace("\n    ", " ").replace("(\n", "").replace("\n)", "")
     assert "x = torch.ones(2).to(ACCELERATOR)" in result.stdout
 
 
@@ -111,7 +111,7 @@ def test_device_types_need_a_torch_that_can_name_the_accelerator_without_one():
     old, findings = migrate_text(text, select=["NPU102"], target="portable", torch_version="2.6.0")
     assert old == text and findings and not findings[0].fixed
     new, _ = migrate_text(text, select=["NPU102"], target="portable", torch_version="2.7.0")
-    assert 'device=getattr(torch.accelerator.current_accelerator(), "type", "cuda")' in new
+    assert f"device={ACCELERATOR_TYPE}" in new
 
 
 def test_calls_the_accelerator_cannot_take_go_to_the_accelerators_module():
@@ -123,10 +123,7 @@ def test_calls_the_accelerator_cannot_take_go_to_the_accelerators_module():
     assert [f.rule_id for f in findings if not f.fixed] == []
     # Without NPU001 the file cannot be given the names: the module is written in place.
     inline, _ = migrate_text(text, select=["NPU2"], target="portable")
-    assert (
-        'torch.get_device_module(getattr(torch.accelerator.current_accelerator(), "type", "cuda")).synchronize('
-        in inline
-    )
+    assert f"torch.get_device_module({ACCELERATOR_TYPE}).synchronize(" in inline
 
 
 @pytest.mark.parametrize(("version", "rewritten"), [("2.6.0", False), ("2.7.0", True)])
@@ -151,16 +148,12 @@ def test_the_accelerators_module_is_named_beside_an_existing_accelerator():
     first, _ = migrate_text("import torch\n\nx = torch.ones(2).cuda()\n", target="portable")
     assert "ACCELERATOR_MODULE" not in first
     second, _ = migrate_text(first + "torch.cuda.manual_seed_all(0)\n", target="portable")
-    accelerator = 'ACCELERATOR = getattr(torch.accelerator.current_accelerator(), "type", "cuda")\n'
-    assert accelerator + "# Its torch module" in second
+    assert '    else "cuda"\n)\n# torch.npu or torch.cuda: for what torch.accelerator does not offer.\n' in second
     assert second.count("ACCELERATOR = ") == 1 and second.count("ACCELERATOR_MODULE = ") == 1
     assert second.endswith("ACCELERATOR_MODULE.manual_seed_all(0)\n")
     # A program's own ACCELERATOR_MODULE is not ours: the module is written in place.
     own, _ = migrate_text("import torch\n\nACCELERATOR_MODULE = 1\ntorch.cuda.empty_cache()\n", target="portable")
-    assert own.endswith(
-        'ACCELERATOR_MODULE = 1\ntorch.get_device_module(getattr(torch.accelerator.current_accelerator(), "type", '
-        '"cuda")).empty_cache()\n'
-    )
+    assert own.endswith(f"ACCELERATOR_MODULE = 1\ntorch.get_device_module({ACCELERATOR_TYPE}).empty_cache()\n")
 
 
 @pytest.mark.integration
@@ -310,7 +303,8 @@ def project(tmp_path_factory):
 def test_the_project_is_migrated_to_generic_code(project):
     original, migrated, output = project
     train = (migrated / "train.py").read_text()
-    assert "torch.cuda.is_available()" not in train and "torch.accelerator.is_available()" in train
+    # The tests that choose the device ask CUDA or the NPU, as the original asked CUDA (not MPS or XPU).
+    assert "torch.cuda.is_available()" not in train and "ACCELERATOR_MODULE.is_available()" in train
     assert "torch.amp.GradScaler(" in train and "torch.cuda.amp" not in train
     assert "import torch_npu\nexcept ImportError:" in train  # guarded: the tree imports without torch_npu
     assert "_is_npu(hidden_states)" in (migrated / "trainer" / "model.py").read_text()  # the fused branch
@@ -344,6 +338,45 @@ def test_the_migrated_project_picks_the_npu_on_an_ascend_host(project):
     assert result["device"] == result["eval_device"] == "npu"
     assert result["devices"] == 1
     assert "npu_rms_norm" in report.to_text()  # the fused branch runs there, as in the npu target
+
+
+#: A host whose accelerator is not CUDA's nor the NPU's (Apple MPS), as torch.accelerator reports it there.
+MPS_HOST = """
+import torch
+torch.accelerator.current_accelerator = lambda check_available=False: torch.device("mps")
+torch.accelerator.is_available = lambda: True
+torch.accelerator.device_count = lambda: 1
+print("HOST", torch.accelerator.current_accelerator().type, torch.accelerator.is_available(), torch.cuda.is_available())
+"""
+
+
+@pytest.mark.integration
+def test_the_migrated_project_falls_back_to_the_cpu_on_an_mps_host(project):
+    # The original asks torch.cuda, finds no GPU and trains on the CPU; the migrated code must too, not on "mps".
+    original, migrated, _ = project
+    before, after = train(original, "--amp", host=MPS_HOST), train(migrated, "--amp", host=MPS_HOST)
+    assert after["device"] == "cpu" and after["eval_device"] == "cuda" and after["backend"] == "gloo"
+    assert after == before
+
+
+def test_the_simulated_mps_host_reports_mps(tmp_path):
+    # The check above means something only if torch.accelerator answers "mps" there.
+    proc = subprocess.run([sys.executable, "-c", MPS_HOST], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "HOST mps True False" in proc.stdout
+
+
+def test_an_accelerator_written_by_an_earlier_version_is_updated():
+    legacy = (
+        "import torch\n\n"
+        'ACCELERATOR = getattr(torch.accelerator.current_accelerator(), "type", "cuda")\n\n'
+        "x = torch.ones(2).to(ACCELERATOR)\ny = torch.ones(2).cuda()\n"
+    )
+    migrated, _ = migrate_text(legacy, target="portable")
+    assert "ACCELERATOR = getattr(" not in migrated and migrated.count("ACCELERATOR = ") == 1
+    assert 'else "cuda"\n)\n' in migrated and migrated.endswith("y = torch.ones(2).to(ACCELERATOR)\n")
+    again, _ = migrate_text(migrated, target="portable")
+    assert again == migrated
 
 
 # -- across targets ---------------------------------------------------------------------------------------

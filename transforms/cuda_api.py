@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.api import Kind
+from npu_migrate.api import ACCELERATOR_TYPE, Kind
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
@@ -493,7 +493,7 @@ class CudaApiChecker(Checker):
             NO_EQUIVALENT,
             node,
             f"`{qualname}` left as is ({why}): `torch.get_device_module(ACCELERATOR).{tail}`, with "
-            '`ACCELERATOR = getattr(torch.accelerator.current_accelerator(), "type", "cuda")`, is '
+            f"`ACCELERATOR = {ACCELERATOR_TYPE}`, is "
             f"`{qualname}` on a CUDA host or one without accelerator and `torch.npu.{tail}` on an Ascend host",
             crashes=True,
         )
@@ -521,6 +521,7 @@ class CudaApiChecker(Checker):
             f"`{qualname}` -> `{cst.Module(body=[]).code_for_node(module)}.{tail}`, the accelerator's module: "
             f"torch.accelerator has no `{tail}` that behaves the same",
             fix=fix,
+            guard=qualname in GUARDS,
             crashes=True,
         )
         return True

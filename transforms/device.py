@@ -12,10 +12,11 @@ from dataclasses import replace
 
 import libcst as cst
 
+from npu_migrate.api import ACCELERATOR_TYPE
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
-from npu_migrate.transforms.common.accelerator import accelerator_type, portable
+from npu_migrate.transforms.common.accelerator import accelerator_type, is_accelerator_type, portable
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
 from npu_migrate.transforms.common.devices import (
     accelerator_indexed,
@@ -274,8 +275,8 @@ def _target_name(node: cst.BaseExpression) -> str:
 
 
 _PORTABLE_DEVICE_ADVICE = (
-    'name the accelerator with `getattr(torch.accelerator.current_accelerator(), "type", "cuda")` (its type, '
-    '"cuda" where there is none) and add the index yourself (`f"{device_type}:{rank}"`); this file cannot hold '
+    f"name the accelerator with `{ACCELERATOR_TYPE}` and add the index yourself "
+    '(`f"{device_type}:{rank}"`); this file cannot hold '
     "the module-level `ACCELERATOR` (torch is not imported as `torch` at module level, the name is the "
     "program's own, or NPU001 is not selected), or the torch version cannot spell it (2.7+)"
 )
@@ -315,21 +316,23 @@ class DeviceChecker(Checker):
 
     # -- device strings ------------------------------------------------------------------------------
 
-    def _device_value(self, node: cst.BaseExpression | None, where: str, *, containers: bool = False) -> None:
+    def _device_value(
+        self, node: cst.BaseExpression | None, where: str, *, containers: bool = False, choice: bool = False
+    ) -> None:
         """Rewrite `node` if it is a device literal or a conditional choosing between them.
 
         Only where every element is a device (`map_location={"cuda:1": "cuda:0"}`, argparse `choices`)
         are lists and dicts entered: elsewhere a collection of names (`SUPPORTED_DEVICES = ["cuda",
         "npu"]`, `{"cuda": "CUDAGraph"}`) is data about devices, and rewriting it would change it.
         """
-        if node is None:
+        if node is None or is_accelerator_type(node):
             return
         if isinstance(node, cst.Name):  # decided in `finish`, from the value the name is assigned
             self._device_names.append((node.value, where))
             return
         if isinstance(node, cst.IfExp):
-            self._device_value(node.body, where)
-            self._device_value(node.orelse, where)
+            self._device_value(node.body, where, choice=True)
+            self._device_value(node.orelse, where, choice=True)
             return
         if containers and isinstance(node, (cst.List, cst.Tuple, cst.Set)):
             for element in node.elements:
@@ -358,6 +361,8 @@ class DeviceChecker(Checker):
             spelled = accelerator
         else:  # "cuda:1", f"cuda:{rank}": an f-string around the name (the expression in place has quotes)
             spelled = accelerator_indexed(literal, accelerator) if isinstance(accelerator, cst.Name) else None
+        if isinstance(spelled, cst.IfExp) and choice:  # the accelerator's type in place, as one side of a choice
+            spelled = spelled.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         if spelled is None:
             why = _PORTABLE_TEMPLATE_ADVICE if isinstance(accelerator, cst.Name) else _PORTABLE_DEVICE_ADVICE
             self.report(
@@ -484,8 +489,8 @@ class DeviceChecker(Checker):
         # `"cuda" if torch.cuda.is_available() else "cpu"`: a device choice wherever it is assigned.
         other = [string_value(node.body), string_value(node.orelse)]
         if "cuda" in self.ctx.code(node.test) or any(v in OTHER_DEVICES for v in other if v):
-            self._device_value(node.body, "a device choice")
-            self._device_value(node.orelse, "a device choice")
+            self._device_value(node.body, "a device choice", choice=True)
+            self._device_value(node.orelse, "a device choice", choice=True)
 
     # -- .cuda() --------------------------------------------------------------------------------------
 
@@ -543,8 +548,8 @@ class DeviceChecker(Checker):
             self.report(
                 CUDA_METHOD,
                 node,
-                "`.cuda(...)` left as is: move it to the current accelerator, `torch.device(getattr("
-                'torch.accelerator.current_accelerator(), "type", "cuda"), index)` for a given device index'
+                "`.cuda(...)` left as is: move it to the current accelerator, `.to(torch.device(ACCELERATOR, index))` "
+                f"for a given device index, `ACCELERATOR` being `{ACCELERATOR_TYPE}`"
                 + ("" if device is not None else "; this file does not import torch, or the torch version lacks it"),
                 severity=Severity.WARNING,
                 crashes=True,

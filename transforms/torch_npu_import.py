@@ -18,6 +18,7 @@ import libcst as cst
 
 from npu_migrate.checkers import Checker
 from npu_migrate.imports import add_module_import, dotted_name, insertion_index
+from npu_migrate.layout import line_width
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.common.accelerator import (
     ACCELERATOR_NAME,
@@ -26,6 +27,7 @@ from npu_migrate.transforms.common.accelerator import (
     defines_accelerator,
     defines_accelerator_module,
     definition,
+    legacy_definition_at,
     module_definition,
     names_read,
     portable,
@@ -44,7 +46,11 @@ IMPORT_TORCH_NPU = Rule(
     to the NPU: `batch.npu()`), and it does not import torch_npu already. The fused-operator branches do not count: they import torch_npu guarded, or use
     this import when the file has it. `--select` of rules that need torch_npu selects this rule too
     unless it is ignored. With `--target portable` the import is guarded (`try: import torch_npu` /
-    `except ImportError: pass`), so the file still imports on a CUDA or CPU host without torch_npu.
+    `except ImportError: pass`), so the file still imports on a CUDA or CPU host without torch_npu, and the
+    names the other rules' code reads are defined after the imports: `ACCELERATOR` ("npu" on an Ascend host,
+    "cuda" on every other, an Apple MPS or Intel XPU one included, as the original said) and
+    `ACCELERATOR_MODULE` (`torch.get_device_module(ACCELERATOR)`). An `ACCELERATOR` written by an earlier
+    npu-migrate (the accelerator's own type, "mps" on an Apple host) is replaced in a file migrated again.
     """,
     why="""
     `torch.npu`, the "npu" device and the hccl backend exist only once torch_npu is imported; without
@@ -159,7 +165,9 @@ def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, names: fro
     if ACCELERATOR_NAME in names:
         module = updated.with_changes(body=body)
         npu = next((i for i, stmt in enumerate(body) if _imports_torch_npu_at(module, stmt)), -1)
-        body.insert(max(_end_of_imports(module), npu, top_level_torch(module)) + 1, definition())
+        body.insert(
+            max(_end_of_imports(module), npu, top_level_torch(module)) + 1, definition(line_width(updated.code))
+        )
     if MODULE_NAME in names:
         module = updated.with_changes(body=body)
         body.insert(defined_at(module, ACCELERATOR_NAME) + 1, module_definition())
@@ -221,6 +229,16 @@ class TorchNpuImportChecker(Checker):
 
     def _portable_prelude(self, needs_import: bool) -> None:
         module = self.ctx.module
+        legacy = legacy_definition_at(module)
+        if legacy is not None and any(r.applied for r in self.ctx.reports):
+            width = line_width(self.ctx.text)
+            self.report(
+                IMPORT_TORCH_NPU,
+                module.body[legacy],
+                '`ACCELERATOR` as an earlier npu-migrate wrote it (the accelerator\'s own type, "mps" on an Apple '
+                'host, where the original fell back to the CPU) now says "cuda" on every host but an Ascend one',
+                fix=lambda updated: definition(width),
+            )
         read: set[str] = set()
         for r in self.ctx.reports:
             if r.applied and r.fix is not None and r.node is not module:

@@ -168,16 +168,24 @@ class NpuApi:
 TARGETS = ("npu", "portable")
 DEFAULT_TARGET = "npu"
 
-#: How the portable target spells "the accelerator's device type" where the original said "cuda": the
-#: current accelerator's type, and "cuda" where the host has none, so that a host without accelerator
-#: gets the original's value (never a flipped default). `current_accelerator()` returns None there from
-#: torch 2.7; 2.6 raises instead, so the spelling needs 2.7.
-ACCELERATOR_TYPE = 'getattr(torch.accelerator.current_accelerator(), "type", "cuda")'
+#: How the portable target spells "the accelerator's device type" where the original said "cuda": "npu" on
+#: an Ascend host, and "cuda" on every other one: a CUDA host, a host without accelerator, and one whose
+#: accelerator is another (Apple MPS, Intel XPU), where the original's torch.cuda calls found no GPU and its
+#: CPU fallback ran: the migrated code gets the original's value there (never a flipped default, never another
+#: device). `current_accelerator()` returns None without an accelerator from torch 2.7; 2.6 raises instead, so
+#: the spelling needs 2.7.
+ACCELERATOR_TYPE = '"npu" if getattr(torch.accelerator.current_accelerator(), "type", None) == "npu" else "cuda"'
 ACCELERATOR_TYPE_SINCE = "2.7.0"
+#: The spelling npu-migrate 0.x wrote before (the accelerator's own type: "mps" on an Apple host): a file that
+#: defines `ACCELERATOR` so is given the current spelling.
+LEGACY_ACCELERATOR_TYPES = ('getattr(torch.accelerator.current_accelerator(), "type", "cuda")',)
 #: What the portable target calls where torch.accelerator has no equivalent: `torch.get_device_module(<the
-#: accelerator's type>)` is torch.cuda where that type is "cuda" (a CUDA host, and a host without accelerator)
-#: and torch.npu on an Ascend host, so `<it>.X` is the original there and the npu target's `torch.npu.X` here.
+#: accelerator's type>)` is torch.cuda where that type is "cuda" (every host but an Ascend one) and torch.npu
+#: on an Ascend host, so `<it>.X` is the original there and the npu target's `torch.npu.X` here.
 DEVICE_MODULE = "torch.get_device_module"
+#: Tests that decide the device: torch.accelerator's answer for any accelerator (True on an MPS host), the
+#: accelerator's module's for CUDA or the NPU only, as the original's for CUDA.
+ON_THE_ACCELERATORS_MODULE = frozenset({"torch.cuda.is_available", "torch.cuda.device_count"})
 
 
 def torch_versions() -> list[str]:
@@ -221,6 +229,15 @@ class PortableApi(NpuApi):
         provably the original on CUDA and the npu target's rewrite on the NPU (`Kind.DEVICE_MODULE`, the
         target being the names below `torch.cuda`), else a finding."""
         mapping = self._map_generic(qualname)
+        if qualname in ON_THE_ACCELERATORS_MODULE:
+            tail = self.device_module_tail(qualname)
+            if tail is None:
+                return Mapping(
+                    Kind.MISSING,
+                    advice=f"it decides the device, and torch {self.torch_version} cannot name the accelerator "
+                    "without one (2.7+): choose a newer --torch-version if your installations have it",
+                )
+            return Mapping(Kind.DEVICE_MODULE, tail)
         if mapping.kind in (Kind.MISSING, Kind.CAVEAT):
             tail = self.device_module_tail(qualname)
             if tail is not None:
