@@ -156,6 +156,19 @@ def test_the_accelerators_module_is_named_beside_an_existing_accelerator():
     assert own.endswith(f"ACCELERATOR_MODULE = 1\ntorch.get_device_module({ACCELERATOR_TYPE}).empty_cache()\n")
 
 
+def test_device_properties_the_npu_has_are_read_from_the_accelerators_module():
+    text = "import torch\n\nprops = torch.cuda.get_device_properties(0)\ngib = props.total_memory / 2**30\n"
+    text += (
+        "total = torch.cuda.get_device_properties(0).total_memory\nmajor = torch.cuda.get_device_properties(0).major\n"
+    )
+    migrated, findings = migrate_text(text, select=["NPU001", "NPU2"], target="portable")
+    assert "total = ACCELERATOR_MODULE.get_device_properties(0).total_memory\n" in migrated
+    # major / minor are CUDA's only, and a properties object kept in a name may be asked for them: reported.
+    assert "props = torch.cuda.get_device_properties(0)\n" in migrated
+    assert "major = torch.cuda.get_device_properties(0).major\n" in migrated
+    assert sorted((f.line, f.rule_id) for f in findings if not f.fixed) == [(3, "NPU203"), (6, "NPU203")]
+
+
 @pytest.mark.integration
 def test_the_accelerators_module_is_torch_cuda_on_a_host_without_accelerator():
     import torch

@@ -33,7 +33,8 @@ SAME_NAME = Rule(
     that uses them is untouched. With `--target portable`: `torch.accelerator.X` where the chosen torch
     version (`--torch-version`) has it and it behaves as torch.cuda's; otherwise, where this rule would write
     `torch.npu.X`, `ACCELERATOR_MODULE.X` (`torch.get_device_module(ACCELERATOR)`, defined once after the
-    imports): torch.cuda itself on a CUDA host and on one without accelerator, torch.npu on an Ascend host.
+    imports): torch.cuda itself on a CUDA host and on one without accelerator, torch.npu on an Ascend host;
+    `get_device_properties(...).total_memory` / `.name` are read from it too.
     """,
     why="""
     `torch.cuda` talks to the CUDA runtime, which an NPU host does not have; torch_npu registers
@@ -284,6 +285,28 @@ class CudaApiChecker(Checker):
                 crashes=True,
             )
 
+    def _same_properties(self, func: cst.BaseExpression, attribute: str) -> None:
+        """`torch.cuda.get_device_properties(...).total_memory` (or `.name`): torch.npu's has it. The portable
+        target asks the accelerator's module, which is torch.cuda itself wherever the accelerator is "cuda"."""
+        if portable(self.ctx) is None:
+            module: cst.BaseExpression | None = None
+            fix = lambda updated: with_tail(updated, ["npu", "get_device_properties"])  # noqa: E731
+            target = "torch.npu"
+        else:
+            module = accelerator_module(self.ctx, self.enabled)
+            if module is None:
+                return  # reported as a use of torch.cuda.get_device_properties (NPU204)
+            fix = lambda updated: cst.Attribute(value=module, attr=cst.Name("get_device_properties"))  # noqa: E731
+            target = cst.Module(body=[]).code_for_node(module)
+        self._claim_chain(func)
+        self.report(
+            SAME_NAME,
+            func,
+            f"`torch.cuda.get_device_properties(...).{attribute}` -> `{target}`, which has it",
+            fix=fix,
+            crashes=True,
+        )
+
     def _through_torch(self, func: cst.BaseExpression) -> tuple[str | None, Binding | None]:
         """The qualified name of a chain reached through `torch` itself (not an import from torch.cuda)."""
         qualname, binding = self.ctx.resolve(func)
@@ -294,21 +317,12 @@ class CudaApiChecker(Checker):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if (
             node.attr.value in SAME_PROPERTIES
-            and portable(self.ctx) is None  # the portable target has no generic device properties
             and isinstance(node.value, cst.Call)
             and SAME_NAME.id in self.enabled
             and self._through_torch(node.value.func)[0] == "torch.cuda.get_device_properties"
         ):
             # `.total_memory` and `.name` exist on NPU; only major / minor / multi_processor_count do not.
-            func = node.value.func
-            self._claim_chain(func)
-            self.report(
-                SAME_NAME,
-                func,
-                f"`torch.cuda.get_device_properties(...).{node.attr.value}` -> `torch.npu`, which has it",
-                fix=lambda updated: with_tail(updated, ["npu", "get_device_properties"]),
-                crashes=True,
-            )
+            self._same_properties(node.value.func, node.attr.value)
         self.ctx.claim(node.attr)  # `x.cuda`: the attribute name is not a use of an imported `cuda`
         if self.ctx.claimed(node):
             return
