@@ -8,20 +8,22 @@ accelerator once, after its imports (rule NPU001 writes it with the guarded `imp
 "npu" on an Ascend host, and "cuda" on every other host (an NVIDIA one, one without accelerator, one with
 Apple MPS or Intel XPU), which is what the original said there: a default is never flipped, code that failed
 there without a GPU still fails the same way, and the CPU fallback the original took on an MPS host is still
-taken (the tests that decide it ask `ACCELERATOR_MODULE`, which is torch.cuda there, not torch.accelerator). Rewrites then read `.to(ACCELERATOR)`, `torch.autocast(
-ACCELERATOR, ...)`, `ACCELERATOR if torch.accelerator.is_available() else "cpu"`. Where the file cannot
-hold the name (torch imported only inside functions, the name taken, NPU001 not selected) the expression is
-written in place instead; where the file does not import torch or the torch version cannot say it (2.7+:
-2.6's `current_accelerator()` raises on a host without accelerator), the rule reports instead of rewriting.
+taken (the tests that decide it ask `ACCELERATOR_MODULE`, torch.cuda there, not torch.accelerator, which
+would answer for MPS). Rewrites then read `.to(ACCELERATOR)`, `torch.autocast(ACCELERATOR, ...)`,
+`ACCELERATOR if ACCELERATOR_MODULE.is_available() else "cpu"`. Where the file cannot hold the name (torch
+imported only inside functions, the name taken, NPU001 not selected) the expression is written in place
+instead, in parentheses where it is one side of a device choice; where the file does not import torch or the
+torch version cannot say it (2.7+: 2.6's `current_accelerator()` raises on a host without accelerator), the
+rule reports instead of rewriting.
 
 What `torch.accelerator` lacks (`manual_seed_all`, `get_device_name`, `empty_cache` that does nothing without
 an accelerator) is reached through the accelerator's torch module, named once beside it:
 
     ACCELERATOR_MODULE = torch.get_device_module(ACCELERATOR)
 
-torch.cuda wherever ACCELERATOR is "cuda" (so `ACCELERATOR_MODULE.X` is the original's `torch.cuda.X` on a CUDA
-host and on one without accelerator), torch.npu on an Ascend host (the npu target's `torch.npu.X`). Where the
-file cannot hold the names, `torch.get_device_module(<the type>)` is written in place.
+torch.cuda wherever ACCELERATOR is "cuda" (so `ACCELERATOR_MODULE.X` is the original's `torch.cuda.X` on every
+host but an Ascend one), torch.npu on an Ascend host (the npu target's `torch.npu.X`). Where the file cannot
+hold the names, `torch.get_device_module(<the type>)` is written in place.
 """
 
 from __future__ import annotations
