@@ -508,7 +508,7 @@ class CudaApiChecker(Checker):
             node,
             f"`{qualname}` left as is ({why}): `torch.get_device_module(ACCELERATOR).{tail}`, with "
             f"`ACCELERATOR = {ACCELERATOR_TYPE}`, is "
-            f"`{qualname}` on a CUDA host or one without accelerator and `torch.npu.{tail}` on an Ascend host",
+            f"`{qualname}` on every host but an Ascend one, and `torch.npu.{tail}` there",
             crashes=True,
         )
         if through_import:

@@ -237,17 +237,21 @@ class PortableApi(NpuApi):
                     advice=f"it decides the device, and torch {self.torch_version} cannot name the accelerator "
                     "without one (2.7+): choose a newer --torch-version if your installations have it",
                 )
-            return Mapping(Kind.DEVICE_MODULE, tail)
+            return self._on_the_module(qualname, tail)
         if mapping.kind in (Kind.MISSING, Kind.CAVEAT):
             tail = self.device_module_tail(qualname)
             if tail is not None:
-                return Mapping(
-                    Kind.DEVICE_MODULE,
-                    tail,
-                    advice=f"`{DEVICE_MODULE}(ACCELERATOR).{tail}` is `{qualname}` on a CUDA host or one without "
-                    f"accelerator, and `torch.npu.{tail}` on an Ascend host",
-                )
+                return self._on_the_module(qualname, tail)
         return mapping
+
+    @staticmethod
+    def _on_the_module(qualname: str, tail: str) -> Mapping:
+        return Mapping(
+            Kind.DEVICE_MODULE,
+            tail,
+            advice=f"use `{DEVICE_MODULE}(ACCELERATOR).{tail}`: `{qualname}` on every host but an Ascend one, "
+            f"`torch.npu.{tail}` there",
+        )
 
     def device_module_tail(self, qualname: str) -> str | None:
         """The names below `torch.cuda` (`manual_seed_all`) where `torch.get_device_module(ACCELERATOR).<them>`
