@@ -30,15 +30,19 @@ def migrate(base: Path, *options: str) -> tuple[Path, Path, str]:
     return original, migrated, proc.stdout
 
 
-def train(folder: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+def train(folder: Path, *args: str, env: dict[str, str] | None = None, host: str = "") -> dict:
     """The RESULT line of `train.py ARGS` run in `folder`, with the environment torchrun gives a world of one
-    (so the process group is made, with the backend the code picks)."""
+    (so the process group is made, with the backend the code picks). `host`: Python code run first, in the same
+    interpreter (a simulated host)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     world = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    entry = (
+        ["train.py"] if not host else ["-c", f"{host}\nimport runpy\nrunpy.run_path('train.py', run_name='__main__')"]
+    )
     proc = subprocess.run(
-        [sys.executable, "train.py", *args],
+        [sys.executable, *entry, *args],
         cwd=folder,
         capture_output=True,
         text=True,

@@ -322,7 +322,7 @@ class Use:
 
 _NO_PORTABLE_DEVICE = (
     "this file does not import torch, or the chosen --torch-version cannot name the accelerator (2.7+); pass "
-    '`getattr(torch.accelerator.current_accelerator(), "type", "cuda")` as the device type'
+    f"`{ACCELERATOR_TYPE}` as the device type"
 )
 
 

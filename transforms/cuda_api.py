@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.api import Kind
+from npu_migrate.api import ACCELERATOR_TYPE, Kind
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.imports import Binding
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
-from npu_migrate.transforms.common.accelerator import portable
+from npu_migrate.transforms.common.accelerator import accelerator_module, portable
 from npu_migrate.transforms.common.qualnames import is_under, with_tail
 
 SAME_NAME = Rule(
@@ -30,7 +30,11 @@ SAME_NAME = Rule(
     registers under the same name: device management, streams, events, memory statistics, RNG, graphs,
     the legacy `torch.cuda.FloatTensor` types. Which names exist depends on the torch_npu version
     (`--torch-npu-version`). Imports are rewritten in place and keep their local names, so the code
-    that uses them is untouched.
+    that uses them is untouched. With `--target portable`: `torch.accelerator.X` where the chosen torch
+    version (`--torch-version`) has it and it behaves as torch.cuda's; otherwise, where this rule would write
+    `torch.npu.X`, `ACCELERATOR_MODULE.X` (`torch.get_device_module(ACCELERATOR)`, defined once after the
+    imports): torch.cuda itself on a CUDA host and on one without accelerator, torch.npu on an Ascend host;
+    `get_device_properties(...).total_memory` / `.name` are read from it too.
     """,
     why="""
     `torch.cuda` talks to the CUDA runtime, which an NPU host does not have; torch_npu registers
@@ -105,7 +109,9 @@ NO_EQUIVALENT = Rule(
     what="""
     Reports `torch.cuda` APIs that have no NPU counterpart in the chosen torch_npu version:
     `torch.cuda.nccl`, `jiterator`, `nvtx.range`, `get_arch_list`, the CUDA profiler API, and names added
-    in later torch_npu versions than the one targeted. The finding says what to use instead.
+    in later torch_npu versions than the one targeted. The finding says what to use instead. With
+    `--target portable` also the names NPU201 cannot write there: a use through an import of torch.cuda
+    (`from torch.cuda import manual_seed`), or a torch older than 2.7.
     """,
     why="""
     There is nothing to rename them to: the call fails on an NPU host until a human replaces it.
@@ -279,6 +285,28 @@ class CudaApiChecker(Checker):
                 crashes=True,
             )
 
+    def _same_properties(self, func: cst.BaseExpression, attribute: str) -> None:
+        """`torch.cuda.get_device_properties(...).total_memory` (or `.name`): torch.npu's has it. The portable
+        target asks the accelerator's module, which is torch.cuda itself wherever the accelerator is "cuda"."""
+        if portable(self.ctx) is None:
+            module: cst.BaseExpression | None = None
+            fix = lambda updated: with_tail(updated, ["npu", "get_device_properties"])  # noqa: E731
+            target = "torch.npu"
+        else:
+            module = accelerator_module(self.ctx, self.enabled)
+            if module is None:
+                return  # reported as a use of torch.cuda.get_device_properties (NPU204)
+            fix = lambda updated: cst.Attribute(value=module, attr=cst.Name("get_device_properties"))  # noqa: E731
+            target = cst.Module(body=[]).code_for_node(module)
+        self._claim_chain(func)
+        self.report(
+            SAME_NAME,
+            func,
+            f"`torch.cuda.get_device_properties(...).{attribute}` -> `{target}`, which has it",
+            fix=fix,
+            crashes=True,
+        )
+
     def _through_torch(self, func: cst.BaseExpression) -> tuple[str | None, Binding | None]:
         """The qualified name of a chain reached through `torch` itself (not an import from torch.cuda)."""
         qualname, binding = self.ctx.resolve(func)
@@ -289,21 +317,12 @@ class CudaApiChecker(Checker):
     def visit_Attribute(self, node: cst.Attribute) -> None:
         if (
             node.attr.value in SAME_PROPERTIES
-            and portable(self.ctx) is None  # the portable target has no generic device properties
             and isinstance(node.value, cst.Call)
             and SAME_NAME.id in self.enabled
             and self._through_torch(node.value.func)[0] == "torch.cuda.get_device_properties"
         ):
             # `.total_memory` and `.name` exist on NPU; only major / minor / multi_processor_count do not.
-            func = node.value.func
-            self._claim_chain(func)
-            self.report(
-                SAME_NAME,
-                func,
-                f"`torch.cuda.get_device_properties(...).{node.attr.value}` -> `torch.npu`, which has it",
-                fix=lambda updated: with_tail(updated, ["npu", "get_device_properties"]),
-                crashes=True,
-            )
+            self._same_properties(node.value.func, node.attr.value)
         self.ctx.claim(node.attr)  # `x.cuda`: the attribute name is not a use of an imported `cuda`
         if self.ctx.claimed(node):
             return
@@ -406,6 +425,9 @@ class CudaApiChecker(Checker):
             ):
                 self.ctx.veto(binding, f"`{qualname}` is migrated by another rule family")
             return
+        if mapping.kind is Kind.DEVICE_MODULE:
+            self._device_module(node, qualname, binding)
+            return
         if mapping.kind in _KIND_RULE:
             rule = _KIND_RULE[mapping.kind]
             self.report(rule, node, f"`{qualname}`: {mapping.advice}", crashes=True)
@@ -415,6 +437,8 @@ class CudaApiChecker(Checker):
         rule = RENAMED if mapping.kind is Kind.RENAMED else SAME_NAME
         target = mapping.target
         if portable(self.ctx) is not None and id(node) in self._keyword_calls:
+            if self._to_device_module(node, qualname, binding):  # torch.cuda's own signature on CUDA
+                return
             self.report(
                 rule,
                 node,
@@ -465,6 +489,57 @@ class CudaApiChecker(Checker):
                 crashes=True,
             )
 
+    def _device_module(self, node: cst.BaseExpression, qualname: str, binding: Binding | None) -> None:
+        """`torch.cuda.X` -> `ACCELERATOR_MODULE.X` (the portable target, where torch.accelerator has no X that
+        behaves the same), or a finding that says what to write where the file cannot have it."""
+        if self._to_device_module(node, qualname, binding):
+            return
+        tail = self.api.device_module_tail(qualname)
+        through_import = binding is not None and is_under(binding.qualname, "torch.cuda")
+        why = (
+            "it is reached through an import of torch.cuda"
+            if through_import
+            else f"rule {SAME_NAME.id} is not selected"
+            if SAME_NAME.id not in self.enabled
+            else "this file does not import torch"
+        )
+        self.report(
+            NO_EQUIVALENT,
+            node,
+            f"`{qualname}` left as is ({why}): `torch.get_device_module(ACCELERATOR).{tail}`, with "
+            f"`ACCELERATOR = {ACCELERATOR_TYPE}`, is "
+            f"`{qualname}` on every host but an Ascend one, and `torch.npu.{tail}` there",
+            crashes=True,
+        )
+        if through_import:
+            self.ctx.veto(binding, f"`{qualname}` is reached through the accelerator's module")
+
+    def _to_device_module(self, node: cst.BaseExpression, qualname: str, binding: Binding | None) -> bool:
+        """Rewrite `torch.cuda.X` to the accelerator's module (torch.cuda.X itself where the accelerator's type
+        is "cuda", the npu target's torch.npu.X on an Ascend host), if this file can say it: whether it did."""
+        tail = self.api.device_module_tail(qualname)
+        module = accelerator_module(self.ctx, self.enabled)
+        through_import = binding is not None and is_under(binding.qualname, "torch.cuda")
+        if tail is None or module is None or through_import or SAME_NAME.id not in self.enabled:
+            return False
+
+        def fix(updated: cst.BaseExpression) -> cst.BaseExpression:
+            expr = module
+            for name in tail.split("."):
+                expr = cst.Attribute(value=expr, attr=cst.Name(name))
+            return expr
+
+        self.report(
+            SAME_NAME,
+            node,
+            f"`{qualname}` -> `{cst.Module(body=[]).code_for_node(module)}.{tail}`, the accelerator's module: "
+            f"torch.accelerator has no `{tail}` that behaves the same",
+            fix=fix,
+            guard=qualname in GUARDS,
+            crashes=True,
+        )
+        return True
+
     def finish(self) -> None:
         # Imports from torch.cuda that nothing else touched still move to torch.npu.
         for binding in self.ctx.imports.bindings.values():
@@ -475,9 +550,10 @@ class CudaApiChecker(Checker):
                 rule = RENAMED if mapping.kind is Kind.RENAMED else SAME_NAME
                 if rule.id in self.enabled:
                     self.ctx.rebind(rule, binding, mapping.target, guard=binding.qualname in GUARDS)
-            elif mapping.kind in _KIND_RULE:
+            elif mapping.kind in _KIND_RULE or mapping.kind is Kind.DEVICE_MODULE:
                 self.ctx.veto(binding, f"`{binding.qualname}` has no direct NPU counterpart")
-                self.report(_KIND_RULE[mapping.kind], binding.line, f"`{binding.qualname}`: {mapping.advice}")
+                rule = _KIND_RULE.get(mapping.kind, NO_EQUIVALENT)
+                self.report(rule, binding.line, f"`{binding.qualname}`: {mapping.advice}")
 
 
 def _capability_or_ampere(call: cst.Call) -> cst.BaseExpression:

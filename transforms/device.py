@@ -12,12 +12,19 @@ from dataclasses import replace
 
 import libcst as cst
 
+from npu_migrate.api import ACCELERATOR_TYPE
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
-from npu_migrate.transforms.common.accelerator import accelerator_type, portable
+from npu_migrate.transforms.common.accelerator import accelerator_type, is_accelerator_type, portable
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
-from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal
+from npu_migrate.transforms.common.devices import (
+    accelerator_indexed,
+    device_literal,
+    has_device_literal,
+    indexed_device,
+    rewrite_device_literal,
+)
 from npu_migrate.transforms.common.strings import string_value
 
 CUDA_METHOD = Rule(
@@ -32,7 +39,10 @@ CUDA_METHOD = Rule(
     the call by hand. Nor in files that use a quantisation library whose parameters convert themselves
     in place on `.cuda()` (bitsandbytes, hqq, auto_gptq, awq) when the result is thrown away
     (`weight.cuda()` as a statement, on something not named like a model): `.npu()` would return a new
-    tensor and leave the parameter unquantised, so the call is reported.
+    tensor and leave the parameter unquantised, so the call is reported. With `--target portable`: `.cuda()`
+    becomes `.to(ACCELERATOR)`, and `.cuda(i)` becomes `.to(f"{ACCELERATOR}:{i}")` where `i` is an int
+    literal or a name the file binds once, to `int(...)` or an int; any other argument is reported, since
+    `.cuda()` also takes a torch.device.
     """,
     why="""
     `.cuda()` moves tensors and modules to a GPU; on an NPU host there is none, and the call fails.
@@ -73,7 +83,9 @@ DEVICE_STRING = Rule(
     autocast or a device position (`torch.autocast(device_type=device_type)`, `.to(device_type)`), and
     reported otherwise. f-strings
     (`f"cuda:{rank}"`), `"cuda:{}".format(i)` and `"cuda:%d" % i` are handled too. Strings that only
-    mention CUDA are left alone.
+    mention CUDA are left alone. With `--target portable`: "cuda" becomes `ACCELERATOR`, and a device with
+    an index keeps it on the accelerator's type (`f"{ACCELERATOR}:0"`, `f"{ACCELERATOR}:{rank}"`,
+    `f"{ACCELERATOR}:%d" % i`) where the file holds the name `ACCELERATOR`; a `.format` template is reported.
     """,
     why="""
     An NPU host has no "cuda" device: `torch.device("cuda")` and `.to("cuda:0")` fail there.
@@ -263,10 +275,12 @@ def _target_name(node: cst.BaseExpression) -> str:
 
 
 _PORTABLE_DEVICE_ADVICE = (
-    'name the accelerator with `getattr(torch.accelerator.current_accelerator(), "type", "cuda")` (its type, '
-    '"cuda" where there is none) and add the index yourself (`f"{device_type}:{rank}"`); this file does not '
-    "import torch, or the torch version cannot spell it (2.7+)"
+    f"name the accelerator with `{ACCELERATOR_TYPE}` and add the index yourself "
+    '(`f"{device_type}:{rank}"`); this file cannot hold '
+    "the module-level `ACCELERATOR` (torch is not imported as `torch` at module level, the name is the "
+    "program's own, or NPU001 is not selected), or the torch version cannot spell it (2.7+)"
 )
+_PORTABLE_TEMPLATE_ADVICE = 'a `.format` template: write `f"{ACCELERATOR}:{index}"`'
 
 
 class DeviceChecker(Checker):
@@ -297,24 +311,28 @@ class DeviceChecker(Checker):
         self._wrapper_calls: list[tuple[str, cst.Arg]] = []
         self._prefix_tests: list[tuple[cst.BaseExpression, cst.SimpleString]] = []  # `x.startswith("cuda:")`
         self._loads: _Loads | None = None  # the reads of each name, counted once, when a value travels
+        self._indexed_moves: list[tuple[cst.Call, str]] = []  # `.cuda(rank)` in the portable target
+        self._bindings: _Bindings | None = None
 
     # -- device strings ------------------------------------------------------------------------------
 
-    def _device_value(self, node: cst.BaseExpression | None, where: str, *, containers: bool = False) -> None:
+    def _device_value(
+        self, node: cst.BaseExpression | None, where: str, *, containers: bool = False, choice: bool = False
+    ) -> None:
         """Rewrite `node` if it is a device literal or a conditional choosing between them.
 
         Only where every element is a device (`map_location={"cuda:1": "cuda:0"}`, argparse `choices`)
         are lists and dicts entered: elsewhere a collection of names (`SUPPORTED_DEVICES = ["cuda",
         "npu"]`, `{"cuda": "CUDAGraph"}`) is data about devices, and rewriting it would change it.
         """
-        if node is None:
+        if node is None or is_accelerator_type(node):
             return
         if isinstance(node, cst.Name):  # decided in `finish`, from the value the name is assigned
             self._device_names.append((node.value, where))
             return
         if isinstance(node, cst.IfExp):
-            self._device_value(node.body, where)
-            self._device_value(node.orelse, where)
+            self._device_value(node.body, where, choice=True)
+            self._device_value(node.orelse, where, choice=True)
             return
         if containers and isinstance(node, (cst.List, cst.Tuple, cst.Set)):
             for element in node.elements:
@@ -338,12 +356,19 @@ class DeviceChecker(Checker):
                 crashes=True,
             )
             return
-        spelled = accelerator_type(self.ctx, self.enabled) if string_value(literal) == "cuda" else None
+        accelerator = accelerator_type(self.ctx, self.enabled)
+        if string_value(literal) == "cuda":
+            spelled = accelerator
+        else:  # "cuda:1", f"cuda:{rank}": an f-string around the name (the expression in place has quotes)
+            spelled = accelerator_indexed(literal, accelerator) if isinstance(accelerator, cst.Name) else None
+        if isinstance(spelled, cst.IfExp) and choice:  # the accelerator's type in place, as one side of a choice
+            spelled = spelled.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         if spelled is None:
+            why = _PORTABLE_TEMPLATE_ADVICE if isinstance(accelerator, cst.Name) else _PORTABLE_DEVICE_ADVICE
             self.report(
                 DEVICE_STRING,
                 literal,
-                f"device string in {where} left as is: {_PORTABLE_DEVICE_ADVICE}",
+                f"device string in {where} left as is: {why}",
                 severity=Severity.WARNING,
                 crashes=True,
             )
@@ -464,8 +489,8 @@ class DeviceChecker(Checker):
         # `"cuda" if torch.cuda.is_available() else "cpu"`: a device choice wherever it is assigned.
         other = [string_value(node.body), string_value(node.orelse)]
         if "cuda" in self.ctx.code(node.test) or any(v in OTHER_DEVICES for v in other if v):
-            self._device_value(node.body, "a device choice")
-            self._device_value(node.orelse, "a device choice")
+            self._device_value(node.body, "a device choice", choice=True)
+            self._device_value(node.orelse, "a device choice", choice=True)
 
     # -- .cuda() --------------------------------------------------------------------------------------
 
@@ -507,24 +532,76 @@ class DeviceChecker(Checker):
         """`.cuda()` -> `.to(ACCELERATOR)` (the current accelerator's type), keeping `non_blocking=`; a device
         index (`.cuda(1)`, `.cuda(device=d)`) is reported: it names a CUDA device the accelerator's may not be."""
         device = accelerator_type(self.ctx, self.enabled)
-        plain = all(arg.keyword is not None and arg.keyword.value == "non_blocking" for arg in node.args)
-        if device is None or not plain:
+        indexes = [arg for arg in node.args if arg.keyword is None or arg.keyword.value != "non_blocking"]
+        if device is not None and not indexes:
+            self._move(node, device, "`.cuda()` now moves to the current accelerator")
+            return
+        first = indexes[0] if len(indexes) == 1 else None
+        positional = first is not None and first.keyword is None and not first.star
+        by_keyword = first is not None and first.keyword is not None and first.keyword.value == "device"
+        index = first.value if first is not None and (positional or by_keyword) else None
+        if isinstance(device, cst.Name) and isinstance(index, cst.Integer):
+            self._move(node, indexed_device(device, index), "`.cuda(i)` now moves to the current accelerator's i")
+        elif isinstance(device, cst.Name) and isinstance(index, cst.Name):
+            self._indexed_moves.append((node, index.value))  # an int or a torch.device: decided in `finish`
+        else:
             self.report(
                 CUDA_METHOD,
                 node,
-                "`.cuda(...)` left as is: move it to the current accelerator, `torch.device(getattr("
-                'torch.accelerator.current_accelerator(), "type", "cuda"), index)` for a given device index'
+                "`.cuda(...)` left as is: move it to the current accelerator, `.to(torch.device(ACCELERATOR, index))` "
+                f"for a given device index, `ACCELERATOR` being `{ACCELERATOR_TYPE}`"
                 + ("" if device is not None else "; this file does not import torch, or the torch version lacks it"),
                 severity=Severity.WARNING,
                 crashes=True,
             )
-            return
+
+    def _move(self, node: cst.Call, device: cst.BaseExpression, message: str) -> None:
+        """`x.cuda(..., non_blocking=b)` -> `x.to(device, non_blocking=b)`."""
 
         def fix(updated: cst.Call) -> cst.Call:
             to = updated.func.with_changes(attr=cst.Name("to"))
-            return updated.with_changes(func=to, args=[cst.Arg(device), *updated.args])
+            kept = [arg for arg in updated.args if arg.keyword is not None and arg.keyword.value == "non_blocking"]
+            return updated.with_changes(func=to, args=[cst.Arg(device), *kept])
 
-        self.report(CUDA_METHOD, node, "`.cuda()` now moves to the current accelerator", fix=fix, crashes=True)
+        self.report(CUDA_METHOD, node, message, fix=fix, crashes=True)
+
+    def _indexed_move(self, node: cst.Call, index: str) -> None:
+        """`.cuda(rank)`: an int index or a torch.device (`.cuda()` takes both); rewritten where the file gives
+        `rank` one value, an int, and binds it nowhere else."""
+        if self._bindings is None:
+            self._bindings = _Bindings()
+            self.ctx.module.visit(self._bindings)
+        value = self._single_value(index)
+        proven = (
+            not self._bindings.star
+            and self._bindings.count[index] == 1
+            and (
+                isinstance(value, cst.Integer)
+                or (
+                    isinstance(value, cst.Call)
+                    and isinstance(value.func, cst.Name)
+                    and value.func.value == "int"
+                    and not self._bindings.count["int"]
+                )
+            )
+        )
+        device = accelerator_type(self.ctx, self.enabled)
+        if proven and isinstance(device, cst.Name):
+            self._move(
+                node,
+                indexed_device(device, cst.Name(index)),
+                f"`.cuda({index})` now moves to the current accelerator's device `{index}` (an int here)",
+            )
+            return
+        self.report(
+            CUDA_METHOD,
+            node,
+            f"`.cuda({index})` left as is: `{index}` is not proven an int here, and `.cuda()` also takes a "
+            f'torch.device; for a device index write `.to(f"{{ACCELERATOR}}:{{{index}}}")`, for a torch.device '
+            f"`.to({index})`",
+            severity=Severity.WARNING,
+            crashes=True,
+        )
 
     def _in_place_cuda_package(self) -> str | None:
         modules = self.ctx.imports.modules
@@ -537,6 +614,8 @@ class DeviceChecker(Checker):
             self._is_cuda_reads.append(node)
 
     def finish(self) -> None:
+        for node, index in self._indexed_moves:
+            self._indexed_move(node, index)
         for node in self._is_cuda_reads:
             if self._is_cuda_is_own_attribute:
                 self.report(
@@ -779,6 +858,88 @@ class _Loads(cst.CSTVisitor):
     def visit_Name(self, node: cst.Name) -> None:
         if id(node) not in self._not_reads:
             self.count[node.value] += 1
+
+
+class _Bindings(cst.CSTVisitor):
+    """How often each plain name is bound in a module, anywhere and in any way (assigned, a loop or `with`
+    target, a parameter, imported, declared global...): a name bound once has the one value it is given."""
+
+    def __init__(self) -> None:
+        self.count: Counter[str] = Counter()
+        self.star = False  # `from m import *` binds names no one can count
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        self.star |= isinstance(node.names, cst.ImportStar)
+
+    def _bind(self, target: cst.CSTNode | None) -> None:
+        if isinstance(target, cst.Name):
+            self.count[target.value] += 1
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value)
+        elif isinstance(target, cst.AsName):
+            self._bind(target.name)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._bind(node.target)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        self._bind(node.asname)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._bind(node.name)
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        self._bind(node.name)
+
+    def visit_Del(self, node: cst.Del) -> None:
+        self._bind(node.target)
+
+    def visit_Global(self, node: cst.Global) -> None:
+        for item in node.names:
+            self._bind(item.name)
+
+    def visit_Nonlocal(self, node: cst.Nonlocal) -> None:
+        for item in node.names:
+            self._bind(item.name)
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        if node.asname is not None:
+            self._bind(node.asname)
+        else:
+            name = node.name
+            while isinstance(name, cst.Attribute):
+                name = name.value
+            self._bind(name)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._bind(node.name)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._bind(node.name)
+
+    def visit_MatchAs(self, node: cst.MatchAs) -> None:
+        self._bind(node.name)
+
+    def visit_MatchStar(self, node: cst.MatchStar) -> None:
+        self._bind(node.name)
 
 
 def _device_literals(node: cst.BaseExpression) -> list[cst.CSTNode]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.api import load_table
+from npu_migrate.api import ACCELERATOR_TYPE, load_table
 from npu_migrate.astindex import name_sets, words_may_name
 from npu_migrate.checkers import Checker
 from npu_migrate.findings import Severity
@@ -497,8 +497,8 @@ class DistributedChecker(Checker):
                     self.report(
                         DEVICE_MESH,
                         literal,
-                        'device mesh left on "cuda": pass `getattr(torch.accelerator.current_accelerator(), "type", '
-                        '"cuda")` (this file does not import torch, or the torch version cannot spell it)',
+                        f'device mesh left on "cuda": pass `{ACCELERATOR_TYPE}` (this file does not import torch, '
+                        "or the torch version cannot spell it)",
                         severity=Severity.WARNING,
                     )
                 else:

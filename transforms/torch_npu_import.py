@@ -18,13 +18,20 @@ import libcst as cst
 
 from npu_migrate.checkers import Checker
 from npu_migrate.imports import add_module_import, dotted_name, insertion_index
+from npu_migrate.layout import line_width
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.common.accelerator import (
+    ACCELERATOR_NAME,
+    MODULE_NAME,
+    defined_at,
     defines_accelerator,
+    defines_accelerator_module,
     definition,
+    legacy_definition_at,
+    module_definition,
+    names_read,
     portable,
     top_level_torch,
-    uses_accelerator_name,
 )
 from npu_migrate.transforms.common.guarded_import import GUARDED_IMPORT, is_guarded_import
 
@@ -39,7 +46,11 @@ IMPORT_TORCH_NPU = Rule(
     to the NPU: `batch.npu()`), and it does not import torch_npu already. The fused-operator branches do not count: they import torch_npu guarded, or use
     this import when the file has it. `--select` of rules that need torch_npu selects this rule too
     unless it is ignored. With `--target portable` the import is guarded (`try: import torch_npu` /
-    `except ImportError: pass`), so the file still imports on a CUDA or CPU host without torch_npu.
+    `except ImportError: pass`), so the file still imports on a CUDA or CPU host without torch_npu, and the
+    names the other rules' code reads are defined after the imports: `ACCELERATOR` ("npu" on an Ascend host,
+    "cuda" on every other, an Apple MPS or Intel XPU one included, as the original said) and
+    `ACCELERATOR_MODULE` (`torch.get_device_module(ACCELERATOR)`). An `ACCELERATOR` written by an earlier
+    npu-migrate (the accelerator's own type, "mps" on an Apple host) is replaced in a file migrated again.
     """,
     why="""
     `torch.npu`, the "npu" device and the hccl backend exist only once torch_npu is imported; without
@@ -140,10 +151,10 @@ def _insert(updated: cst.Module) -> cst.Module:
     return module.with_changes(body=body)
 
 
-def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, name: bool) -> cst.Module:
+def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, names: frozenset[str]) -> cst.Module:
     """The portable target's additions after the imports: the guarded `import torch_npu` (right after the
-    first torch import) and `ACCELERATOR` (right after the torch_npu import, which must run first for the NPU
-    to be torch's accelerator)."""
+    first torch import), `ACCELERATOR` (right after the torch_npu import, which must run first for the NPU
+    to be torch's accelerator) and `ACCELERATOR_MODULE` right after it."""
     body = list(updated.body)
     if import_torch_npu:
         after = _first_torch_import(updated)
@@ -151,10 +162,15 @@ def _portable_prelude(updated: cst.Module, *, import_torch_npu: bool, name: bool
         guarded = cst.parse_statement(GUARDED_IMPORT)
         # A compound statement among the imports stands apart from them, as `ruff format` lays it out.
         body.insert(index, guarded.with_changes(leading_lines=[cst.EmptyLine()]) if index else guarded)
-    if name:
+    if ACCELERATOR_NAME in names:
         module = updated.with_changes(body=body)
         npu = next((i for i, stmt in enumerate(body) if _imports_torch_npu_at(module, stmt)), -1)
-        body.insert(max(_end_of_imports(module), npu, top_level_torch(module)) + 1, definition())
+        body.insert(
+            max(_end_of_imports(module), npu, top_level_torch(module)) + 1, definition(line_width(updated.code))
+        )
+    if MODULE_NAME in names:
+        module = updated.with_changes(body=body)
+        body.insert(defined_at(module, ACCELERATOR_NAME) + 1, module_definition())
     return updated.with_changes(body=body)
 
 
@@ -213,18 +229,37 @@ class TorchNpuImportChecker(Checker):
 
     def _portable_prelude(self, needs_import: bool) -> None:
         module = self.ctx.module
-        name = not defines_accelerator(module) and any(
-            r.applied and r.fix is not None and r.node is not module and uses_accelerator_name(r.fix(r.node))
-            for r in self.ctx.reports
+        legacy = legacy_definition_at(module)
+        if legacy is not None and any(r.applied for r in self.ctx.reports):
+            width = line_width(self.ctx.text)
+            self.report(
+                IMPORT_TORCH_NPU,
+                module.body[legacy],
+                '`ACCELERATOR` as an earlier npu-migrate wrote it (the accelerator\'s own type, "mps" on an Apple '
+                'host, where the original fell back to the CPU) now says "cuda" on every host but an Ascend one',
+                fix=lambda updated: definition(width),
+            )
+        read: set[str] = set()
+        for r in self.ctx.reports:
+            if r.applied and r.fix is not None and r.node is not module:
+                read |= names_read(r.fix(r.node))
+        if MODULE_NAME in read:
+            read.add(ACCELERATOR_NAME)  # the module is the accelerator's: it is defined from ACCELERATOR
+        names = frozenset(
+            name
+            for name, defined in ((ACCELERATOR_NAME, defines_accelerator), (MODULE_NAME, defines_accelerator_module))
+            if name in read and not defined(module)
         )
-        if not (needs_import or name):
+        if not (needs_import or names):
             return
         said = []
         if needs_import:
             said.append("`import torch_npu` added, guarded: the file still imports where it is absent")
-        if name:
+        if ACCELERATOR_NAME in names:
             said.append("`ACCELERATOR` (the current accelerator's device type) defined after the imports")
-        fix = lambda updated: _portable_prelude(updated, import_torch_npu=needs_import, name=name)  # noqa: E731
+        if MODULE_NAME in names:
+            said.append("`ACCELERATOR_MODULE` (its torch module: torch.cuda, torch.npu) defined after it")
+        fix = lambda updated: _portable_prelude(updated, import_torch_npu=needs_import, names=names)  # noqa: E731
         self.report(IMPORT_TORCH_NPU, module, "; ".join(said), fix=fix)
 
     def _guard_plain_import(self) -> None:

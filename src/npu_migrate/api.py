@@ -26,6 +26,7 @@ class Kind(enum.Enum):
     MISSING = "missing"  # no counterpart in the chosen torch_npu version
     UNKNOWN = "unknown"  # not a name we know from torch.cuda either
     OWNED = "owned"  # another rule family handles it
+    DEVICE_MODULE = "device_module"  # the portable target: the same name on the accelerator's torch module
 
 
 @dataclass(frozen=True)
@@ -167,12 +168,24 @@ class NpuApi:
 TARGETS = ("npu", "portable")
 DEFAULT_TARGET = "npu"
 
-#: How the portable target spells "the accelerator's device type" where the original said "cuda": the
-#: current accelerator's type, and "cuda" where the host has none, so that a host without accelerator
-#: gets the original's value (never a flipped default). `current_accelerator()` returns None there from
-#: torch 2.7; 2.6 raises instead, so the spelling needs 2.7.
-ACCELERATOR_TYPE = 'getattr(torch.accelerator.current_accelerator(), "type", "cuda")'
+#: How the portable target spells "the accelerator's device type" where the original said "cuda": "npu" on
+#: an Ascend host, and "cuda" on every other one: a CUDA host, a host without accelerator, and one whose
+#: accelerator is another (Apple MPS, Intel XPU), where the original's torch.cuda calls found no GPU and its
+#: CPU fallback ran: the migrated code gets the original's value there (never a flipped default, never another
+#: device). `current_accelerator()` returns None without an accelerator from torch 2.7; 2.6 raises instead, so
+#: the spelling needs 2.7.
+ACCELERATOR_TYPE = '"npu" if getattr(torch.accelerator.current_accelerator(), "type", None) == "npu" else "cuda"'
 ACCELERATOR_TYPE_SINCE = "2.7.0"
+#: The spelling npu-migrate 0.x wrote before (the accelerator's own type: "mps" on an Apple host): a file that
+#: defines `ACCELERATOR` so is given the current spelling.
+LEGACY_ACCELERATOR_TYPES = ('getattr(torch.accelerator.current_accelerator(), "type", "cuda")',)
+#: What the portable target calls where torch.accelerator has no equivalent: `torch.get_device_module(<the
+#: accelerator's type>)` is torch.cuda where that type is "cuda" (every host but an Ascend one) and torch.npu
+#: on an Ascend host, so `<it>.X` is the original there and the npu target's `torch.npu.X` here.
+DEVICE_MODULE = "torch.get_device_module"
+#: Tests that decide the device: torch.accelerator's answer for any accelerator (True on an MPS host), the
+#: accelerator's module's for CUDA or the NPU only, as the original's for CUDA.
+ON_THE_ACCELERATORS_MODULE = frozenset({"torch.cuda.is_available", "torch.cuda.device_count"})
 
 
 def torch_versions() -> list[str]:
@@ -211,7 +224,49 @@ class PortableApi(NpuApi):
         return ACCELERATOR_TYPE if self.at_least(ACCELERATOR_TYPE_SINCE) else None
 
     def map_cuda(self, qualname: str) -> Mapping:
-        """How `torch.cuda.<...>` maps onto the device-generic API of this torch version."""
+        """How `torch.cuda.<...>` maps onto the device-generic API of this torch version: `torch.accelerator`
+        where it has the name and behaves the same, else the accelerator's torch module where that is
+        provably the original on CUDA and the npu target's rewrite on the NPU (`Kind.DEVICE_MODULE`, the
+        target being the names below `torch.cuda`), else a finding."""
+        mapping = self._map_generic(qualname)
+        if qualname in ON_THE_ACCELERATORS_MODULE:
+            tail = self.device_module_tail(qualname)
+            if tail is None:
+                return Mapping(
+                    Kind.MISSING,
+                    advice=f"it decides the device, and torch {self.torch_version} cannot name the accelerator "
+                    "without one (2.7+): choose a newer --torch-version if your installations have it",
+                )
+            return self._on_the_module(qualname, tail)
+        if mapping.kind in (Kind.MISSING, Kind.CAVEAT):
+            tail = self.device_module_tail(qualname)
+            if tail is not None:
+                return self._on_the_module(qualname, tail)
+        return mapping
+
+    @staticmethod
+    def _on_the_module(qualname: str, tail: str) -> Mapping:
+        return Mapping(
+            Kind.DEVICE_MODULE,
+            tail,
+            advice=f"use `{DEVICE_MODULE}(ACCELERATOR).{tail}`: `{qualname}` on every host but an Ascend one, "
+            f"`torch.npu.{tail}` there",
+        )
+
+    def device_module_tail(self, qualname: str) -> str | None:
+        """The names below `torch.cuda` (`manual_seed_all`) where `torch.get_device_module(ACCELERATOR).<them>`
+        may replace `qualname`: this torch version has `get_device_module`, and the npu target rewrites
+        `qualname` to `torch.npu.<the same names>` (which its torch_npu version has, no behaviour caveat)."""
+        if not (self.has(DEVICE_MODULE) and self.at_least(ACCELERATOR_TYPE_SINCE)):
+            return None
+        if qualname == "torch.cuda" or any(qualname == p or qualname.startswith(p + ".") for p in self._owned):
+            return None
+        npu = NpuApi.map_cuda(self, qualname)
+        if npu.kind is not Kind.SAME or npu.target != "torch.npu" + qualname[len("torch.cuda") :]:
+            return None
+        return qualname[len("torch.cuda.") :]
+
+    def _map_generic(self, qualname: str) -> Mapping:
         assert qualname == "torch.cuda" or qualname.startswith("torch.cuda.")
         if qualname == "torch.cuda":
             return Mapping(Kind.MISSING, advice="the module torch.cuda has no device-generic counterpart as a whole")

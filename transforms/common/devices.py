@@ -63,3 +63,27 @@ def _swap_quoted(node: cst.SimpleString) -> cst.SimpleString:
     prefix_len = len(node.prefix) + len(node.quote)
     body = node.value[prefix_len:]
     return node.with_changes(value=node.value[:prefix_len] + body.replace("cuda", "npu", 1))
+
+
+def accelerator_indexed(node: cst.CSTNode, accelerator: cst.Name) -> cst.FormattedString | None:
+    """The portable spelling of a CUDA device literal with an index (`device_literal`'s node), the accelerator's
+    type named by `accelerator`: "cuda:1" -> f"{ACCELERATOR}:1", f"cuda:{i}" -> f"{ACCELERATOR}:{i}", and the
+    template of "cuda:%d" % i -> f"{ACCELERATOR}:%d". None for a `.format` template, whose braces an f-string
+    would read."""
+    named = cst.FormattedStringExpression(expression=accelerator)
+    if isinstance(node, cst.FormattedString):
+        first = node.parts[0]
+        return node.with_changes(parts=[named, first.with_changes(value=":"), *node.parts[1:]])
+    value = string_value(node) if isinstance(node, cst.SimpleString) else None
+    if value is None or not value.startswith("cuda:") or "{" in value:
+        return None
+    text = cst.FormattedStringText(value[len("cuda") :])
+    return cst.FormattedString(parts=[named, text], start=f"f{node.quote}", end=node.quote)
+
+
+def indexed_device(accelerator: cst.Name, index: cst.BaseExpression) -> cst.FormattedString:
+    """f"{ACCELERATOR}:{index}" (f"{ACCELERATOR}:0" for a literal index)."""
+    named = cst.FormattedStringExpression(expression=accelerator)
+    if isinstance(index, cst.Integer):
+        return cst.FormattedString(parts=[named, cst.FormattedStringText(f":{index.value}")])
+    return cst.FormattedString(parts=[named, cst.FormattedStringText(":"), cst.FormattedStringExpression(index)])
