@@ -97,10 +97,11 @@ FLASH_ATTN = Rule(
     `import flash_attn`, a function's own import) is reported, once per statement, with the advice of
     `npu-migrate analyze` for what it imports. Imports an NPU host does not run are left alone: in a
     `try` whose handler catches ImportError (or a base of it) without raising again, under
-    `contextlib.suppress(ImportError)`, under an `if` that tests flash-attn's presence
-    (`is_flash_attn_2_available()`, `importlib.util.find_spec("flash_attn")`, a flag a try-import or
-    such a test sets, `TYPE_CHECKING`), or after an `if` of that kind that returns or raises. A CUDA
-    test (`torch.cuda.is_available()`) does not count: a guard rule may migrate it.
+    `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does not take (a test of
+    flash-attn's presence: `is_flash_attn_2_available()`, `importlib.util.find_spec("flash_attn")`, a
+    flag a try-import or such a test sets, `TYPE_CHECKING`; the `else` of `is_torch_npu_available()`),
+    or after an `if` an NPU host takes that returns or raises. A CUDA test (`torch.cuda.is_available()`)
+    does not count: a guard rule may migrate it.
     """,
     why="""
     flash-attn is a CUDA-only package: code that calls it stops on an Ascend host, and a hand port to

@@ -16,10 +16,11 @@ and a CUDA host imports exactly what it did. Every other import of the package (
 flash_attn`, inside a function or not) that an NPU host can run is reported, once per statement, with what
 to do: the package table's advice for what it imports (`third_party.toml`). An import an NPU host never
 runs is left alone: in the body (or `else`) of a `try` whose handler catches ImportError without raising
-again, under `contextlib.suppress(ImportError)`, on the side of an `if` where a test of the package's
-presence passes (`is_flash_attn_2_available()`, `importlib.util.find_spec("flash_attn")`, a flag a
-try-import or such a test sets, a name a try-import binds, `TYPE_CHECKING`), or after an `if` that returns
-or raises where the package is absent. A CUDA test is no such guard: the guard rules may rewrite it.
+again, under `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does not take (a test
+of the package's presence: `is_flash_attn_2_available()`, `importlib.util.find_spec("flash_attn")`, a flag
+a try-import or such a test sets, a name a try-import binds, `TYPE_CHECKING`; the `else` of a test for
+torch_npu: `is_torch_npu_available()`), or after an `if` an NPU host takes that returns or raises. A CUDA
+test is no such guard: a guard rule may migrate it.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def decide(
     what to do. `one_line(stmt)`: whether the statement is alone on its line(s)."""
     funcs = {id(call.func) for call in wrapped}
     roots = {_root(call.func) for call in wrapped}
-    for site in _sites(tree, package, _presence_flags(tree, package)):
+    for site in _sites(tree, package, _flags(tree, package)):
         yield _decision(site, package, funcs, roots, one_line)
 
 
@@ -144,7 +145,7 @@ def _reported(site: _Site, imported: str, names: list[str], package: str) -> str
 # -- where an NPU host runs an import -----------------------------------------------------------------------
 
 
-def _sites(tree: ast.Module, package: str, flags: set[str]) -> Iterator[_Site]:
+def _sites(tree: ast.Module, package: str, flags: dict[str, int]) -> Iterator[_Site]:
     """The imports of `package` an NPU host can run, with their scope."""
 
     def block(stmts: list[ast.stmt], scope, conditions: tuple[ast.expr, ...]) -> Iterator[_Site]:
@@ -164,14 +165,14 @@ def _sites(tree: ast.Module, package: str, flags: set[str]) -> Iterator[_Site]:
                     yield from block(handler.body, scope, conditions)
                 yield from block(stmt.finalbody, scope, conditions)
             elif isinstance(stmt, ast.If):
-                presence = _presence(stmt.test, flags, package)
-                unknown = (*conditions, stmt.test) if presence == 0 else conditions
-                if presence <= 0:
+                value = _on_npu_host(stmt.test, flags, package)
+                unknown = (*conditions, stmt.test) if value == 0 else conditions
+                if value >= 0:
                     yield from block(stmt.body, scope, unknown)
-                if presence >= 0:
+                if value <= 0:
                     yield from block(stmt.orelse, scope, unknown)
-                if presence < 0 and stmt.body and isinstance(stmt.body[-1], _EXITS) and not stmt.orelse:
-                    return  # the rest of the block runs only where the package is there
+                if value > 0 and stmt.body and isinstance(stmt.body[-1], _EXITS) and not stmt.orelse:
+                    return  # an NPU host leaves the block there
             elif isinstance(stmt, (ast.With, ast.AsyncWith)) and any(_suppresses(item) for item in stmt.items):
                 continue
             else:
@@ -204,38 +205,36 @@ def _suppresses(item: ast.withitem) -> bool:
     )
 
 
-def _presence(test: ast.expr, flags: set[str], package: str) -> int:
-    """1 where `test` passes only if the package is there, -1 where it fails only if the package is there,
-    0 where it tells nothing about it."""
+def _on_npu_host(test: ast.expr, flags: dict[str, int], package: str) -> int:
+    """-1 where `test` is False on an NPU host (it tests the package's presence), 1 where it is True there (it
+    tests for torch_npu: `is_torch_npu_available()`), 0 where it tells nothing about it."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return -_presence(test.operand, flags, package)
+        return -_on_npu_host(test.operand, flags, package)
     if isinstance(test, ast.BoolOp):
-        found = [_presence(value, flags, package) for value in test.values]
-        if isinstance(test.op, ast.And):
-            return 1 if 1 in found else -1 if all(p == -1 for p in found) else 0
-        return -1 if -1 in found else 1 if all(p == 1 for p in found) else 0
+        found = [_on_npu_host(value, flags, package) for value in test.values]
+        # One False operand makes `and` False, one True operand makes `or` True; otherwise all must agree.
+        decisive = -1 if isinstance(test.op, ast.And) else 1
+        return decisive if decisive in found else -decisive if all(value == -decisive for value in found) else 0
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         left, right = test.left, test.comparators[0]
         other = right if _is_none(left) else left if _is_none(right) else None
         if other is None:
             return 0
         if isinstance(test.ops[0], (ast.IsNot, ast.NotEq)):
-            return _presence(other, flags, package)
-        return -_presence(other, flags, package) if isinstance(test.ops[0], (ast.Is, ast.Eq)) else 0
-    return 1 if _tests_presence(test, flags, package) else 0
-
-
-def _tests_presence(node: ast.expr, flags: set[str], package: str) -> bool:
-    """A test true only where the package is there: `is_flash_attn_2_available()`, a call naming the package
-    (`find_spec("flash_attn")`), `TYPE_CHECKING`, or a flag of the file's. Never a CUDA test
-    (`torch.cuda.is_available()`): the guard rules may rewrite it."""
-    if isinstance(node, ast.Call):
-        if "cuda" in ast.unparse(node.func).lower():
-            return False
-        name = (_last_name(node.func) or "").lower()
+            return _on_npu_host(other, flags, package)
+        return -_on_npu_host(other, flags, package) if isinstance(test.ops[0], (ast.Is, ast.Eq)) else 0
+    if isinstance(test, ast.Call):
+        callee = ast.unparse(test.func).lower()
+        name = (_last_name(test.func) or "").lower()
+        if "npu" in callee and "available" in name:
+            return 1
+        if "cuda" in callee:
+            return 0  # `torch.cuda.is_available()`: a CUDA test, which a guard rule may migrate
         named = name.startswith(("is_", "_is_", "has_", "_has_")) and package.split("_")[0] in name
-        return named or _names_package(node, package)
-    return _last_name(node) == "TYPE_CHECKING" or (isinstance(node, ast.Name) and node.id in flags)
+        return -1 if named or _names_package(test, package) else 0
+    if _last_name(test) == "TYPE_CHECKING":
+        return -1
+    return flags.get(test.id, 0) if isinstance(test, ast.Name) else 0
 
 
 def _names_package(call: ast.Call, package: str) -> bool:
@@ -245,26 +244,31 @@ def _names_package(call: ast.Call, package: str) -> bool:
     )
 
 
-def _presence_flags(tree: ast.Module, package: str) -> set[str]:
-    """Names true only where the package is there: bound in the body or the handlers of a `try` that
-    imports it (`HAS_FLASH = True` / `False`, `flash_attn_func = None`), or assigned from a test of its
-    presence, and never bound otherwise."""
-    flagged: set[int] = set()
+def _flags(tree: ast.Module, package: str) -> dict[str, int]:
+    """Names whose value on an NPU host is known (`_on_npu_host`): bound in the body or the handlers of a
+    `try` that imports the package (`HAS_FLASH = True` / `False`, `flash_attn_func = None`: False there), or
+    assigned from a test of the package's presence or of torch_npu's, and never bound otherwise."""
+    known: dict[int, int] = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Try, ast.TryStar)) and any(_imports(s, package) for s in node.body):
             for part in [*node.body, *(s for handler in node.handlers for s in handler.body)]:
-                flagged.update(id(target) for target in ast.walk(part) if isinstance(target, ast.Name))
-        elif isinstance(node, ast.Assign) and _presence(node.value, set(), package) == 1:
-            flagged.update(id(target) for target in node.targets)
-    names: dict[str, bool] = {}
+                known.update((id(target), -1) for target in ast.walk(part) if isinstance(target, ast.Name))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            value = _on_npu_host(node.value, {}, package)
+            if value:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                known.update((id(target), value) for target in targets)
+    names: dict[str, int] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names[node.id] = names.get(node.id, True) and id(node) in flagged
+            value = known.get(id(node), 0)
+            names[node.id] = value if names.get(node.id, value) == value else 0
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 name = (alias.asname or alias.name).split(".")[0]
-                names[name] = names.get(name, True) and _imports_in_try(node, tree, package)
-    return {name for name, flag in names.items() if flag}
+                value = -1 if _imports_in_try(node, tree, package) else 0
+                names[name] = value if names.get(name, value) == value else 0
+    return {name: value for name, value in names.items() if value}
 
 
 def _imports(stmt: ast.stmt, package: str) -> bool:
