@@ -99,9 +99,9 @@ FLASH_ATTN = Rule(
     `try` whose handler catches ImportError (or a base of it) without raising again, under
     `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does not take (a test of
     flash-attn's presence: `is_flash_attn_2_available()`, `importlib.util.find_spec("flash_attn")`, a
-    flag a try-import or such a test sets, `TYPE_CHECKING`; the `else` of `is_torch_npu_available()`),
-    or after an `if` an NPU host takes that returns or raises. A CUDA test (`torch.cuda.is_available()`)
-    does not count: a guard rule may migrate it.
+    flag a try-import or such a test sets, `TYPE_CHECKING`, a test of CUDA that the guard rules keep in
+    front of it: `torch.cuda.is_available()`, `x.is_cuda`; the `else` of `is_torch_npu_available()`), or
+    after an `if` an NPU host takes that returns or raises.
     """,
     why="""
     flash-attn is a CUDA-only package: code that calls it stops on an Ascend host, and a hand port to

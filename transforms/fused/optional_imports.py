@@ -18,9 +18,11 @@ to do: the package table's advice for what it imports (`third_party.toml`). An i
 runs is left alone: in the body (or `else`) of a `try` whose handler catches ImportError without raising
 again, under `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does not take (a test
 of the package's presence: `is_flash_attn_2_available()`, `importlib.util.find_spec("flash_attn")`, a flag
-a try-import or such a test sets, a name a try-import binds, `TYPE_CHECKING`; the `else` of a test for
-torch_npu: `is_torch_npu_available()`), or after an `if` an NPU host takes that returns or raises. A CUDA
-test is no such guard: a guard rule may migrate it.
+a try-import or such a test sets, a name a try-import binds, `TYPE_CHECKING`, a test of CUDA; the `else`
+of a test for torch_npu: `is_torch_npu_available()`), or after an `if` an NPU host takes that returns or
+raises. The tests are read after the libcst rules ran: a test of CUDA still there is one the guard rules
+kept (`torch.cuda.is_available()` is False on an NPU host, where torch is a CPU build), a migrated one
+reads `torch.npu.is_available()`.
 """
 
 from __future__ import annotations
@@ -217,7 +219,9 @@ def _on_npu_host(test: ast.expr, flags: dict[str, int], package: str) -> int:
         return decisive if decisive in found else -decisive if all(value == -decisive for value in found) else 0
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
         left, right = test.left, test.comparators[0]
-        other = right if _is_none(left) else left if _is_none(right) else None
+        if isinstance(left, ast.Attribute) and left.attr == "type" and _is_constant(right, "cuda"):  # x.device.type
+            return -1 if isinstance(test.ops[0], ast.Eq) else 1 if isinstance(test.ops[0], ast.NotEq) else 0
+        other = right if _is_constant(left, None) else left if _is_constant(right, None) else None
         if other is None:
             return 0
         if isinstance(test.ops[0], (ast.IsNot, ast.NotEq)):
@@ -226,13 +230,13 @@ def _on_npu_host(test: ast.expr, flags: dict[str, int], package: str) -> int:
     if isinstance(test, ast.Call):
         callee = ast.unparse(test.func).lower()
         name = (_last_name(test.func) or "").lower()
-        if "npu" in callee and "available" in name:
+        if "available" in name and ("npu" in callee or "accelerator" in callee):
             return 1
-        if "cuda" in callee:
-            return 0  # `torch.cuda.is_available()`: a CUDA test, which a guard rule may migrate
+        if "available" in name and "cuda" in callee:
+            return -1  # torch is a CPU build on an NPU host
         named = name.startswith(("is_", "_is_", "has_", "_has_")) and package.split("_")[0] in name
         return -1 if named or _names_package(test, package) else 0
-    if _last_name(test) == "TYPE_CHECKING":
+    if _last_name(test) in ("TYPE_CHECKING", "is_cuda"):
         return -1
     return flags.get(test.id, 0) if isinstance(test, ast.Name) else 0
 
@@ -302,9 +306,9 @@ def _tested_names(scope: ast.AST) -> Iterator[ast.Name]:
             yield from tested(test.operand)
         elif isinstance(test, ast.Compare) and len(test.ops) == 1:
             if isinstance(test.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq)):
-                if _is_none(test.comparators[0]):
+                if _is_constant(test.comparators[0], None):
                     yield from tested(test.left)
-                elif _is_none(test.left):
+                elif _is_constant(test.left, None):
                     yield from tested(test.comparators[0])
 
     for node in ast.walk(scope):
@@ -315,8 +319,8 @@ def _tested_names(scope: ast.AST) -> Iterator[ast.Name]:
                 yield from tested(condition)
 
 
-def _is_none(node: ast.expr) -> bool:
-    return isinstance(node, ast.Constant) and node.value is None
+def _is_constant(node: ast.expr, value) -> bool:
+    return isinstance(node, ast.Constant) and node.value == value and type(node.value) is type(value)
 
 
 def _last_name(node: ast.expr | None) -> str | None:
