@@ -143,7 +143,8 @@ def test_a_guard_imported_from_torch_cuda_keeps_its_import():
         "from torch.cuda import is_available\nimport torch_npu\nfrom torch.npu import synchronize\n"
     )
     assert "if is_available():" in migrated
-    assert any("guards code at line 6 that uses `flash_attn`" in message for message in findings.values())
+    # The first line that cannot run on an NPU: the import, before the call.
+    assert any("guards code at line 4 that imports flash_attn" in message for message in findings.values())
 
 
 def test_existing_npu_support_is_left_alone():
@@ -360,3 +361,44 @@ def test_a_module_level_value_chosen_by_a_guard_is_no_flag_to_warn_about():
     )
     assert "torch.npu.is_available()" in migrated
     assert "module-level" not in findings[(3, "NPU201")]
+
+
+def test_a_guard_stays_in_front_of_an_import_of_a_cuda_only_package():
+    # Nothing after the import uses what it binds: the import itself stops an NPU host, where flash_attn does not
+    # install. Kept, the guard is False there, and NPU705 has nothing to say about the import.
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        if torch.cuda.is_available():
+            from flash_attn.bert_padding import pad_input
+
+        USE_FLASH = torch.cuda.is_available()
+        if USE_FLASH:
+            import flash_attn
+        """
+    )
+    assert "if torch.cuda.is_available():\n    from flash_attn.bert_padding import pad_input" in migrated
+    assert "USE_FLASH = torch.cuda.is_available()" in migrated
+    assert findings[(3, "NPU201")] == (
+        "`torch.cuda.is_available()` left as is: the code it guards at line 4 imports flash_attn.bert_padding, "
+        "which only runs on NVIDIA GPUs; migrate that code, then this test"
+    )
+    assert "line 8 imports flash_attn" in findings[(6, "NPU201")]
+    assert not [key for key in findings if key[1] == "NPU705"]
+
+
+def test_an_import_of_a_cuda_only_package_in_a_try_does_not_keep_its_guard():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        if torch.cuda.is_available():
+            try:
+                from flash_attn.bert_padding import pad_input
+            except ImportError:
+                pad_input = None
+        """
+    )
+    assert "if torch.npu.is_available():" in migrated
+    assert "left as is" not in findings[(3, "NPU201")]

@@ -204,6 +204,26 @@ def test_an_unconditional_import_made_conditional_imports_without_flash_attn():
     assert _cosine(migrated["attend"](q, k, v), expected) >= 0.99
 
 
+def test_an_import_inside_a_function_made_conditional_runs_without_flash_attn():
+    # The original's functions raise ImportError at their import here (no flash-attn, as on an Ascend host); the
+    # migrated ones bind None and take the kernel, or (`tested`) their own fallback for a name that is None.
+    original = _load("function_import", migrated=False, npu=False)
+    q, k, v = _tensors((1, 4, 2, 8), (1, 6, 2, 8), (1, 6, 2, 8), dtype=torch.bfloat16)
+    for function in ("local", "tested"):
+        with pytest.raises(ImportError):
+            original[function](q, k, v)
+    migrated = _load("function_import", migrated=True, npu=True, flash_attn=False)
+    before = TORCH_NPU.calls["npu_fusion_attention"]
+    assert _cosine(migrated["local"](q, k, v), flash_reference(q, k, v, causal=True)) >= 0.99
+    assert TORCH_NPU.calls["npu_fusion_attention"] == before + 1
+    q, k, v = _tensors((1, 5, 2, 8), (1, 5, 2, 8), (1, 5, 2, 8), dtype=torch.float32)
+    assert _cosine(migrated["tested"](q, k, v), flash_reference(q, k, v)) >= 0.999
+    assert TORCH_NPU.calls["npu_fusion_attention"] == before + 1  # the fallback ran, not the kernel
+    # What stays unconditional still fails, as the finding says.
+    with pytest.raises(ImportError):
+        migrated["kept"](q, k, v)
+
+
 def test_sequence_ends_with_the_leading_zero_are_rejected_as_the_device_rejects_them():
     # cu_seqlens as flash-attn has them (a leading 0) are not the kernel's actual_seq_qlen.
     with pytest.raises(reference.NpuOpError, match="without a leading 0"):

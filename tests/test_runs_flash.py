@@ -5,6 +5,9 @@ NPU host (`npu-migrate verify --smoke`), where flash-attn does not install.
   NPU host. Migrated, the import is conditional and the call takes npu_fusion_attention (BSND).
 * `flashnet/packed.py` reaches `flash_attn_varlen_func` behind a try-import and a config switch, with no
   test of flash-attn's presence: the original calls None there. Migrated, the call takes the kernel (TND).
+* `flashnet/local.py` imports `flash_attn_func` inside the method that calls it: the original raises
+  ImportError at the first forward on an NPU host. Migrated, that import is conditional too and the call
+  takes the kernel (BSND).
 * `flashnet/guarded.py` tests `flash_attn_func is not None and q.is_cuda`: that guard stays as it is, and
   its SDPA fallback runs on the NPU host (the flash path is reached only through the wrapper, never by
   flipping the guard).
@@ -49,8 +52,9 @@ def test_the_migrated_project_trains_on_the_npu_host_through_the_kernel(flash):
     report = smoke.run(migrated, factory=migrated / "factory.py", original=original)
     assert report.passed, report.to_text(verbose=True)
     assert report.steps == ["import", "build", "forward", "backward", "optimizer step"]
-    # The dense and the varlen call, once each; the guarded call's SDPA fallback is fp32, which NPU704 leaves.
-    assert report.fused_calls == {"npu_fusion_attention": 2}
+    # The dense, the function-local and the varlen call, once each; the guarded call's SDPA fallback is fp32,
+    # which NPU704 leaves.
+    assert report.fused_calls == {"npu_fusion_attention": 3}
 
 
 def test_the_original_does_not_import_on_the_npu_host(flash):
@@ -69,6 +73,14 @@ def test_the_guard_that_tests_for_flash_attn_stays(flash):
     assert "try:\n    from flash_attn import flash_attn_func\nexcept ImportError:" in dense
     # The guard's own finding says why it stays.
     assert "guarded.py:13:40: NPU103 `q.is_cuda` left as is" in output
+
+
+def test_the_import_inside_a_function_is_made_conditional(flash):
+    _, migrated, output = flash
+    local = (migrated / "flashnet" / "local.py").read_text()
+    assert "        try:\n            from flash_attn import flash_attn_func\n        except ImportError:" in local
+    assert "return _npu_flash_attn_func(flash_attn_func, q, k, v, causal=True)" in local
+    assert not [line for line in output.splitlines() if line.startswith("flashnet/local.py:")]  # nothing left open
 
 
 def test_a_second_apply_changes_nothing(flash):

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from npu_migrate.api import cuda_package, package_table
 from npu_migrate.findings import Severity
@@ -64,6 +65,9 @@ class _Tree(cst.CSTVisitor):
             self.parents[id(node)] = self.stack[-1]
         self.stack.append(node)
         if isinstance(node, (cst.Import, cst.ImportFrom)):
+            package = self._cuda_only_import(node)
+            if package is not None:
+                self.unsafe.append(Unsafe(node, f"imports {package}, which only runs on NVIDIA GPUs"))
             return False
         if isinstance(node, cst.Name) and not self._is_attribute_name(node):
             self.names.setdefault(node.value, []).append(node)
@@ -81,6 +85,22 @@ class _Tree(cst.CSTVisitor):
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         self.stack.pop()
+
+    def _cuda_only_import(self, node: cst.Import | cst.ImportFrom) -> str | None:
+        """The CUDA-only package an import outside a `try` statement imports: it raises on an NPU host, even
+        where nothing after it uses what it binds."""
+        if any(isinstance(parent, cst.Try) for parent in self.stack):
+            return None
+        if isinstance(node, cst.Import):
+            names = [get_full_name_for_node(alias.name) for alias in node.names]
+        elif node.relative or node.module is None:
+            return None
+        else:
+            module = get_full_name_for_node(node.module)
+            aliases = [] if isinstance(node.names, cst.ImportStar) else node.names
+            names = [f"{module}.{get_full_name_for_node(alias.name)}" for alias in aliases] or [module]
+        table = package_table()
+        return next((hit[0] for name in names if name and (hit := cuda_package(name, table)) is not None), None)
 
     def _is_attribute_name(self, node: cst.Name) -> bool:
         parent = self.stack[-2] if len(self.stack) > 1 else None

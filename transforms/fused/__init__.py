@@ -514,19 +514,20 @@ class FusedOpsChecker(TreeChecker):
         return fit(code, line_width(self.source.text) - len(margin), unit)
 
     def _optional_imports(self, tree: ast.Module) -> None:
-        """Module-level imports of a package an NPU host lacks, whose calls an idiom wrapped."""
+        """Imports of a package an NPU host lacks: made conditional where they only feed the calls an idiom
+        wrapped, reported where an NPU host runs them otherwise."""
         for idiom in IDIOMS:
-            if idiom.optional_package is None or idiom.rule.id not in self.enabled:
+            package = idiom.optional_package
+            if package is None or idiom.rule.id not in self.enabled or package not in self.names:
                 continue
             wrapped = [r.node for *_, r in self.applied if r.rule is idiom.rule and isinstance(r.node, ast.Call)]
-            if wrapped:
-                for decision in optional_imports.decide(tree, idiom.optional_package, wrapped, self._alone):
-                    # Not a site of the idiom: analyze's affinity report counts sites, not this.
-                    self.reports.append(
-                        TreeReport(
-                            idiom.rule, decision.statement, decision.message, fix=decision.fix, data={"fused": "import"}
-                        )
+            for decision in optional_imports.decide(tree, package, wrapped, self._alone):
+                # Not a site of the idiom: analyze's affinity report counts sites, not this.
+                self.reports.append(
+                    TreeReport(
+                        idiom.rule, decision.statement, decision.message, fix=decision.fix, data={"fused": "import"}
                     )
+                )
 
     def _alone(self, stmt: ast.stmt) -> bool:
         """Whether no other statement shares the lines of `stmt`."""

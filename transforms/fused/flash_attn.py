@@ -19,6 +19,9 @@ import, or a try-import whose fallback is not tested before the call) runs the k
 wrapper. What the kernel cannot compute on an NPU (ALiBi slopes, softcap, the probabilities, a paged
 KV cache, a causal query longer than its keys) calls the name's fallback if the file bound one, and
 raises with the reason otherwise: the original could not run there either.
+
+flash-attn's imports, which stop an NPU host before any call, are made conditional where they only feed
+wrapped calls, and reported elsewhere (`optional_imports`).
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ def _template(function: str) -> str:
     return f"fused/flash_attn/{function}.py.j2"
 
 
-#: Keyword arguments whose non-default value the kernel cannot compute, with the default and the reason.
-_UNSUPPORTED = {
+#: Keyword arguments whose non-default value the kernel cannot compute, with the default and the reason: a call
+#: passing one is not rewritten.
+DECLINED = {
     "alibi_slopes": (None, "ALiBi slopes (npu_fusion_attention takes a bias tensor, not slopes)"),
     "softcap": (0, "logit soft-capping (npu_fusion_attention has none)"),
     "return_attn_probs": (False, "the attention probabilities (npu_fusion_attention does not return them)"),
@@ -63,7 +67,8 @@ FLASH_ATTN = Rule(
     id="NPU705",
     name="fused-flash-attn",
     family="fused",
-    summary="flash-attn calls (`flash_attn_func`, varlen, packed) get a `torch_npu.npu_fusion_attention` path",
+    summary="flash-attn calls (`flash_attn_func`, varlen, packed) get a `torch_npu.npu_fusion_attention` path; "
+    "its imports that would stop an NPU host are made conditional or reported",
     what="""
     Renames every call of flash-attn's `flash_attn_func`, `flash_attn_kvpacked_func`,
     `flash_attn_qkvpacked_func`, `flash_attn_varlen_func` and 1.x's `flash_attn_unpadded_func` (imported
@@ -83,6 +88,20 @@ FLASH_ATTN = Rule(
     `block_table`. The same values, or a causal query longer than its keys, reaching the wrapper at run
     time on an NPU call the name's fallback when the file binds one, and raise with the reason
     otherwise (flash-attn does not run there).
+
+    flash-attn does not install on an NPU host, so its imports are looked at in every file: an import
+    of the wrapped functions, at module level or inside a function, becomes a try-import with a
+    fallback of None when the wrapped calls (and tests such as `if flash_attn_func is not None:`) are
+    all that read its names in the scope it binds them in. Every other import of flash_attn an NPU host
+    would run (`flash_attn.bert_padding`, `flash_attn.ops.rms_norm`, `flash_attn.layers.rotary`,
+    `import flash_attn`, a function's own import) is reported, once per statement, with the advice of
+    `npu-migrate analyze` for what it imports. Imports an NPU host does not run are left alone: in a
+    `try` whose handler catches ImportError (or a base of it) without raising again, under
+    `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does not take (a test of
+    flash-attn's presence: `is_flash_attn_2_available()`, `importlib.util.find_spec("flash_attn")`, a
+    flag a try-import or such a test sets, `TYPE_CHECKING`, a test of CUDA that the guard rules keep in
+    front of it: `torch.cuda.is_available()`, `x.is_cuda`; the `else` of `is_torch_npu_available()`), or
+    after an `if` an NPU host takes that returns or raises.
     """,
     why="""
     flash-attn is a CUDA-only package: code that calls it stops on an Ascend host, and a hand port to
@@ -258,8 +277,9 @@ FLASH_ATTN = Rule(
     tests for flash-attn keeps its fallback there), and the migrated model with `npu-migrate verify`.
     flash-attn's own semantics are assumed from 2.1 on: 2.0 aligned `causal` top-left when q and k lengths
     differ, and took `return_attn_probs` as its 7th positional argument; on 2.0, check causal calls with
-    unequal lengths and calls passing more than six arguments by position. Other imports from flash_attn
-    (`flash_attn.bert_padding`, an import inside a function) are left as they are: make them conditional.
+    unequal lengths and calls passing more than six arguments by position. The imports it reports stop
+    the module (or the function holding them) on an NPU host: port what they import, or make them
+    conditional with a fallback the code tests.
     """,
     tags=frozenset({"fused"}),
     needs_torch_npu=False,
@@ -293,7 +313,7 @@ def match_call(name: str, api, names=None, call: ast.Call | None = None, guards=
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
         return Outcome(FLASH_ATTN, f"`{function}` not rewritten: torch_npu {api.version} has no npu_fusion_attention")
     for keyword in call.keywords if call is not None else ():
-        default, what = _UNSUPPORTED.get(keyword.arg, (None, None))
+        default, what = DECLINED.get(keyword.arg, (None, None))
         if what is not None and _passes(keyword, default):
             return Outcome(FLASH_ATTN, f"`{function}` not rewritten: it passes `{keyword.arg}`, {what}")
     layout = "TND" if function in ("flash_attn_varlen_func", "flash_attn_unpadded_func") else "BSND"
@@ -328,7 +348,7 @@ def wrap(call: cst.Call, wrapper: str) -> cst.Call:
 IDIOM = Idiom(
     rule=FLASH_ATTN,
     markers=("flash_attn",),
-    identifiers=tuple(FUNCTIONS),
+    identifiers=(*FUNCTIONS, "flash_attn"),
     kernels=("npu_fusion_attention",),
     match=lambda fn: None,  # calls only
     helpers={

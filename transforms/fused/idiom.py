@@ -50,8 +50,9 @@ class Idiom:
     match_call: Callable[[str, object, object, ast.Call, tuple[ast.expr, ...]], Outcome | None] | None = None
     wrap_call: Callable[..., cst.Call] | None = None
     #: The package `calls` come from when an NPU host does not have it (flash_attn): its calls also match
-    #: through a name a try-import binds and its `except` rebinds (`flash_attn_func = None`), and a
-    #: module-level import of it that only feeds wrapped calls is made conditional (`optional_imports`).
+    #: through a name a try-import binds and its `except` rebinds (`flash_attn_func = None`), an import of
+    #: it that only feeds wrapped calls is made conditional, and any other an NPU host runs is reported
+    #: (`optional_imports`; the package must be one of `identifiers`, so that its files are looked at).
     optional_package: str | None = None
 
     def __post_init__(self) -> None:

@@ -26,7 +26,9 @@ CUDA_ONLY_PACKAGE = Rule(
     Reports each import of a package listed in `transforms/data/third_party.toml`, naming the Ascend
     alternative where one exists: for example `flash_attn.flash_attn_func` ->
     `torch_npu.npu_fusion_attention`, apex `FusedAdam` -> `torch.optim.AdamW(fused=True)` or
-    `torch_npu.optim.NpuFusedAdamW`.
+    `torch_npu.optim.NpuFusedAdamW`. The flash-attn functions `npu-migrate apply` wraps (NPU705:
+    `flash_attn_func`, varlen, packed) are reported with what apply does for them, and the hand port
+    for the calls it does not rewrite.
     """,
     why="""
     These packages ship CUDA kernels and fail to import (or to run) on an Ascend machine.
@@ -39,7 +41,7 @@ CUDA_ONLY_PACKAGE = Rule(
             def attend(q, k, v):
                 return flash_attn_func(q, k, v, causal=True)
         """,
-        reports="flash_attn is CUDA-only: use torch_npu.npu_fusion_attention",
+        reports="`npu-migrate apply` wraps its calls (NPU705)",
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.ERROR,

@@ -43,6 +43,7 @@ from npu_migrate.analyze.project import (
 from npu_migrate.api import cuda_package, package_table
 from npu_migrate.discovery import discover
 from npu_migrate.source import SourceError
+from npu_migrate.transforms.fused.flash_attn import DECLINED, FLASH_ATTN, QUALIFIED
 
 API_FILE_HEADER = ["function", "kind", "location", "reason", "via"]
 
@@ -84,8 +85,9 @@ def scan(source: Source, context: Context) -> dict | None:
                 continue
             prefix, entry = hit
             line, col = source.pos(node)
-            packages.append([f"{source.display}:{line}:{col}", name, prefix, entry["alternative"], entry["advice"]])
-            findings.append(R.finding(R.CUDA_ONLY_PACKAGE, source.display, line, col, f"{name}: {entry['advice']}"))
+            advice = _advice(name, entry)
+            packages.append([f"{source.display}:{line}:{col}", name, prefix, entry["alternative"], advice])
+            findings.append(R.finding(R.CUDA_ONLY_PACKAGE, source.display, line, col, f"{name}: {advice}"))
     calls = []
     if context.library_unsupported:
         for node in ast.walk(source.tree):
@@ -107,6 +109,19 @@ def scan(source: Source, context: Context) -> dict | None:
     if not findings:
         return None
     return {"findings": findings, "packages": packages, "calls": calls}
+
+
+def _advice(name: str, entry: dict) -> str:
+    """The package's advice; for a flash-attn function `apply` wraps, what apply does and what it leaves."""
+    if name not in QUALIFIED:
+        return entry["advice"]
+    declined = ", ".join(f"`{argument}`" for argument in DECLINED)
+    return (
+        f"`npu-migrate apply` wraps its calls ({FLASH_ATTN.id}): on NPU tensors they run "
+        "torch_npu.npu_fusion_attention, elsewhere the function as before; it makes this import conditional where "
+        "the wrapped calls are all that use it (flash_attn does not install on NPU) and reports it otherwise. "
+        f"A call it does not rewrite (it says why: one passing {declined}, say) needs a hand port: {entry['advice']}"
+    )
 
 
 def collect(project: Project, result: ModeResult) -> None:
