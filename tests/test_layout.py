@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
 
-from npu_migrate.layout import fit, line_width
+from conftest import FIXTURES
+
+from npu_migrate.layout import NARROWEST, fit, line_width
+from npu_migrate.transforms.fused import HELPER_NAMES
+from npu_migrate.transforms.fused.helpers import PRELUDE, helper_code, module_text
 
 BRANCH = (
     "if _is_npu(hidden_states) and hidden_states.dim() >= 2 and self.weight.dtype == hidden_states.dtype:\n"
@@ -47,3 +54,26 @@ def test_the_indentation_unit_is_the_files():
     laid = fit("if a:\n  return f(" + ", ".join(f"argument_{i}" for i in range(12)) + ")\n", 60, indent="  ")
     assert laid.splitlines()[1] == "  return f("
     assert laid.splitlines()[2].startswith("    argument_0,")
+
+
+# -- the injected helpers ---------------------------------------------------------------------------------
+
+
+def test_every_helper_fits_pep8_s_width_in_a_file_and_in_the_helper_module():
+    templates = [t for t in HELPER_NAMES if t != PRELUDE]
+    texts = [module_text(None, [PRELUDE, *templates]), helper_code([PRELUDE, *templates], import_torch_npu=False)]
+    for text in texts:
+        wide = [line for line in text.splitlines() if len(line) > NARROWEST]
+        assert not wide, f"wider than {NARROWEST} columns:\n" + "\n".join(wide)
+
+
+def test_the_written_helper_module_fits_pep8_s_width(tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(FIXTURES / "projects" / "fused_package", project)
+    done = subprocess.run(
+        [sys.executable, "-m", "npu_migrate", "apply", str(project)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    module = (project / "fusedpkg" / "_npu_fused.py").read_text(encoding="utf-8")
+    assert "def _npu_sdpa(" in module
+    assert max(len(line) for line in module.splitlines()) <= NARROWEST

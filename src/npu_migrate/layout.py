@@ -4,6 +4,11 @@ long statements split the way black and ruff's formatter split them, strings in 
 Templates and matchers write each generated statement on one line (`ast.unparse` of what they build);
 `fit` then splits the statements that are too wide for the file. The width is the file's
 longest line, taken as at least 79 and at most 120 columns (`configured`, a project's line length, wins).
+
+The module-level helpers (`templates/fused/*.py.j2`) are not laid out per file: they are written at
+`NARROWEST`, 79 columns, which fits every file `line_width` measures. A project configured narrower than
+PEP 8 (72, say) gets them at 79 all the same: rewrapping their comments and docstrings per project is not
+worth a second copy of each helper, and a linter at that width flags them, which the reviewer sees.
 """
 
 from __future__ import annotations
