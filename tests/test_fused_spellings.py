@@ -102,7 +102,7 @@ CASES = {
         "functional",
         _module("FunctionalRMSNorm", 16),
         _forward,
-        ("npu_rms_norm(x.float(), self.scale.float()", "npu_rms_norm(x.float(), 1 + self.scale.float()"),
+        ("x.float(), self.scale.float(), epsilon", "x.float(), 1 + self.scale.float(), epsilon"),
     ),
     "functional_same_dtype": (
         "NPU701",
