@@ -161,8 +161,8 @@ def test_off_the_npu_the_function_runs_bit_for_bit(case):
         # 1.x's top-left alignment taken as bottom-right.
         ("unpadded (1.x, top-left)", ("sparse_mode = 3 if bottom_right else 2", "sparse_mode = 3")),
         # The kernel's default scale, 1.0, instead of flash-attn's D**-0.5.
-        ("causal, q shorter than k", ("atten_mask=mask, scale=scale,", "atten_mask=mask,")),
-        ("varlen", ("atten_mask=mask, scale=scale,", "atten_mask=mask,")),
+        ("causal, q shorter than k", ("atten_mask=mask,\n            scale=scale,", "atten_mask=mask,")),
+        ("varlen", ("atten_mask=mask,\n            scale=scale,", "atten_mask=mask,")),
     ],
     ids=["top-left causal", "top-left causal varlen", "bottom-right 1.x", "no scale", "no scale varlen"],
 )

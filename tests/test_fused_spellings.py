@@ -102,7 +102,7 @@ CASES = {
         "functional",
         _module("FunctionalRMSNorm", 16),
         _forward,
-        ("npu_rms_norm(x.float(), self.scale.float()", "npu_rms_norm(x.float(), 1 + self.scale.float()"),
+        ("x.float(), self.scale.float(), epsilon", "x.float(), 1 + self.scale.float(), epsilon"),
     ),
     "functional_same_dtype": (
         "NPU701",
@@ -337,7 +337,7 @@ EAGER_CASES = {
         "eager_masks",
         _function_call("additive_mask", _bnsd),
         lambda dtype: (_additive(_keep(2, 1, 6, 6), dtype),),
-        ("_npu_fusion_sdpa(query, key, value, keep,", "_npu_fusion_sdpa(query, key, value, dropped,"),
+        ("query, key, value, keep, float(dropout_p)", "query, key, value, dropped, float(dropout_p)"),
     ),
     "mask_built_with_finfo_min": (
         "eager_masks",

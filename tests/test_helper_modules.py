@@ -71,6 +71,7 @@ def test_the_package_gets_one_helper_module_and_its_files_import_from_it(migrate
         "_npu_rms_norm",
         "_npu_rotary_mul",
         "_npu_swiglu",
+        "_npu_causal_mask",  # not imported by any file: `_npu_fusion_sdpa` calls it
         "_npu_fusion_sdpa",  # not imported by any file: `_npu_sdpa` calls it
         "_npu_rotary_fits",
         "_npu_sdpa",
@@ -411,3 +412,16 @@ def test_verify_counts_each_files_fused_calls_through_the_shared_module(migrated
         "npu_rotary_mul": 2,
         "npu_fusion_attention": 1,
     }
+
+
+def test_a_helper_brings_the_helpers_its_code_calls_in_front_of_it():
+    from npu_migrate.transforms.fused import with_called_helpers
+    from npu_migrate.transforms.fused.attention import EAGER_HELPER, FUSION_HELPER, HELPER
+    from npu_migrate.transforms.fused.helpers import CAUSAL_MASK, rendered
+
+    # One causal-mask cache for SDPA and flash-attn: wherever `_npu_fusion_sdpa` goes, `_npu_causal_mask` goes.
+    assert with_called_helpers([HELPER]) == [CAUSAL_MASK, FUSION_HELPER, HELPER]
+    assert with_called_helpers([HELPER, FUSION_HELPER]) == [HELPER, CAUSAL_MASK, FUSION_HELPER]
+    assert with_called_helpers([FUSION_HELPER, EAGER_HELPER]) == [CAUSAL_MASK, FUSION_HELPER, EAGER_HELPER]
+    assert "_npu_causal_mask(query.device)" in rendered(FUSION_HELPER)
+    assert "torch.ones(2048" not in rendered(FUSION_HELPER)

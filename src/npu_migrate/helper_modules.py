@@ -18,15 +18,8 @@ from pathlib import Path
 
 from npu_migrate.pipeline import FileResult, Mode, Plan, Status, unified_diff, write_output
 from npu_migrate.source import SourceError, atomic_write, read_source
-from npu_migrate.transforms.fused import HELPER_NAMES
-from npu_migrate.transforms.fused.helpers import (
-    PRELUDE,
-    defined_names,
-    kernel_templates,
-    module_text,
-    names_in_template,
-    with_kernels,
-)
+from npu_migrate.transforms.fused import HELPER_NAMES, with_called_helpers
+from npu_migrate.transforms.fused.helpers import PRELUDE, defined_names, kernel_templates, module_text
 
 
 @dataclass(frozen=True)
@@ -45,13 +38,8 @@ def _templates(names: Iterable[str]) -> list[str]:
     """The helper templates that define `names`, with the kernel functions they call and the prelude
     (every helper calls `_is_npu`), in a fixed order: prelude, kernel functions, the rest by name."""
     by_name = {name: template for template, name in HELPER_NAMES.items()}
-    needed = {by_name[name] for name in names if name in by_name}
-    while True:  # and the helpers they call (`_npu_sdpa` calls `_npu_fusion_sdpa`)
-        called = {by_name[name] for t in needed for name in names_in_template(t) if name in by_name} - needed
-        if not called:
-            break
-        needed |= called
-    wanted = with_kernels(sorted(needed))
+    # and the helpers they call (`_npu_sdpa` calls `_npu_fusion_sdpa`, which calls `_npu_causal_mask`)
+    wanted = with_called_helpers(sorted(by_name[name] for name in names if name in by_name))
     kernels = set(kernel_templates().values())
     return [
         PRELUDE,

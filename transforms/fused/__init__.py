@@ -51,6 +51,7 @@ from npu_migrate.scoped import Source, TreeReport
 from npu_migrate.transforms.common.guarded_import import is_guarded_import
 from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
+    CAUSAL_MASK,
     PRELUDE,
     defined_names,
     helper_code,
@@ -60,7 +61,6 @@ from npu_migrate.transforms.fused.helpers import (
     names_in,
     names_in_template,
     rendered,
-    with_kernels,
 )
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Function, Outcome, brief, has_fused_branch
@@ -78,7 +78,9 @@ def _idioms() -> tuple[Idiom, ...]:
 
 
 def _helper_names(idioms: tuple[Idiom, ...]) -> dict[str, str]:
-    names = {PRELUDE: "_is_npu", **{template: name for name, template in kernel_templates().items()}}
+    # The helpers of no one idiom: the prelude, the kernel functions, the causal mask attention helpers share.
+    names = {PRELUDE: "_is_npu", CAUSAL_MASK: "_npu_causal_mask"}
+    names.update({template: name for name, template in kernel_templates().items()})
     for idiom in idioms:
         for template, name in idiom.helpers.items():
             if names.setdefault(template, name) != name:
@@ -286,6 +288,23 @@ def _statement_index(node: ast.FunctionDef, statement: ast.stmt) -> int:
     return len({s.lineno for s in node.body if s.lineno < statement.lineno})
 
 
+def with_called_helpers(templates) -> list[str]:
+    """`templates` and the helpers and kernel functions their code calls, at any depth, each once: one
+    not among `templates` goes in front of the first that calls it (`_npu_fusion_sdpa` calls
+    `_npu_causal_mask`), the rest stay in order. The prelude, which every helper calls, is not added:
+    it goes first, where the helpers go."""
+    by_name = {name: template for template, name in HELPER_NAMES.items() if template != PRELUDE}
+    found = list(dict.fromkeys(templates))
+    index = 0
+    while index < len(found):
+        called = (by_name.get(name) for name in sorted(names_in_template(found[index])))
+        missing = list(dict.fromkeys(t for t in called if t is not None and t not in found))
+        found[index:index] = missing  # then looks at what those call
+        if not missing:
+            index += 1
+    return found
+
+
 def _entry_helpers(templates: tuple[str, ...]) -> list[str]:
     """Of the helper `templates`, those no other of them calls."""
     inner = {name for t in templates for name in names_in_template(t) if HELPER_NAMES.get(t) != name}
@@ -485,7 +504,7 @@ class FusedOpsChecker(TreeChecker):
                 return  # diffusers' attention processors: 32 calls, one reason
             self.reports.append(TreeReport(outcome.rule, node, brief(outcome.message)))
             return
-        helpers = with_kernels(list(outcome.helpers))
+        helpers = with_called_helpers(outcome.helpers)
         # The helpers the file's own code calls (what a package's file imports): a renamed call calls the
         # declared helpers that no other declared helper calls (`_npu_sdpa`, not the `_npu_fusion_sdpa`
         # it calls); a branch, those its code names.

@@ -5,13 +5,22 @@ A branch calls `_is_npu(x)` (the prelude) and, for each torch_npu kernel, the ty
 `_npu_<kernel>` of `kernels/npu_<kernel>.py.j2`, whose signature is the kernel's own: the one place
 that reaches `torch_npu.npu_<kernel>`, marked `@torch.jit.unused` so that TorchScript, for which
 `_is_npu` is always False, compiles it as a stub. Idioms add helpers of their own (`_npu_rotary_fits`,
-`_npu_sdpa`), declared in their `Idiom.helpers`. Which kernel functions a branch needs is read from the
-names its code calls.
+`_npu_sdpa`), declared in their `Idiom.helpers`; `_npu_causal_mask` is the attention helpers' shared one.
+Which kernel functions a branch needs is read from the names its code calls, and which helpers a helper
+needs from the names its template calls (`fused.with_called_helpers`): a helper goes nowhere without them.
+
+Every rendered line is at most 79 columns (PEP 8's width, `layout.NARROWEST`), so the helpers fit any
+file, and the package's helper module, without being laid out again; `tests/test_layout.py` measures them.
 
 Signatures TorchScript must read without compiling the body are type comments (`# type: (Tensor) -> bool`):
 TorchScript cannot resolve the string annotations of a `@torch.jit.unused` function in a file with
 `from __future__ import annotations`, and in a type comment it knows `Tensor`, `Optional`, `Tuple` and
-`Any` without a `typing` import in the user's file.
+`Any` without a `typing` import in the user's file. Such a comment must be one line (TorchScript reads a
+`@torch.jit.unused` function's PEP 484 per-parameter comments wrong), so where the real types would not fit
+79 columns the parameters are `Any`: TorchScript's stub of the function never runs, only its return type
+counts. A compiled helper (`_npu_sdpa`) with a signature too long for one line has one parameter a line,
+each with its own `# type:` comment and `# type: (...) -> <return type>` under them, which TorchScript's
+compiler reads.
 """
 
 from __future__ import annotations
@@ -21,6 +30,9 @@ import functools
 from importlib import resources
 
 PRELUDE = "fused/prelude.py.j2"
+#: `_npu_causal_mask(device)`, the kernel's compressed causal mask made once per device: one cache for
+#: every attention helper that needs it (`_npu_fusion_sdpa`, flash-attn's `_npu_fusion_flash`).
+CAUSAL_MASK = "fused/causal_mask.py.j2"
 #: One template per kernel, `kernels/npu_<kernel>.py.j2`, defining `_npu_<kernel>`.
 _KERNELS = "fused/kernels"
 
@@ -63,11 +75,6 @@ def kernels_called(code: str) -> list[str]:
     """The templates of the kernel functions `code` calls."""
     names = {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
     return [template for name, template in kernel_templates().items() if name in names]
-
-
-def with_kernels(templates: list[str]) -> list[str]:
-    """`templates` and the kernel functions their helpers call (`_npu_silu_mul` calls `_npu_swiglu`)."""
-    return list(dict.fromkeys([*templates, *(k for t in templates for k in kernels_called(rendered(t)))]))
 
 
 def helper_code(templates: list[str], import_torch_npu: bool) -> str:

@@ -87,8 +87,12 @@ RMS_NORM = Rule(
 
 
             def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
-                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
+                """Whether the fused torch_npu kernels may run on `x`.
+
+                True where torch_npu imported and `x` is on an NPU.
+                """
+                # Never while TorchScript compiles or FX traces: their graphs keep the
+                # original code.
                 if torch.jit.is_scripting():
                     return False
                 if torch_npu is None or isinstance(x, torch.fx.Proxy):
@@ -98,7 +102,7 @@ RMS_NORM = Rule(
 
             @torch.jit.unused
             def _npu_rms_norm(x, gamma, epsilon):
-                # type: (torch.Tensor, torch.Tensor, float) -> Tuple[torch.Tensor, torch.Tensor]
+                # type: (Tensor, Tensor, float) -> Tuple[Tensor, Tensor]
                 """torch_npu.npu_rms_norm, out of TorchScript's reach."""
                 return torch_npu.npu_rms_norm(x, gamma, epsilon=epsilon)
 

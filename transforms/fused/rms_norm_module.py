@@ -71,8 +71,12 @@ RMS_NORM_MODULE = Rule(
 
 
             def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
-                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
+                """Whether the fused torch_npu kernels may run on `x`.
+
+                True where torch_npu imported and `x` is on an NPU.
+                """
+                # Never while TorchScript compiles or FX traces: their graphs keep the
+                # original code.
                 if torch.jit.is_scripting():
                     return False
                 if torch_npu is None or isinstance(x, torch.fx.Proxy):
@@ -82,28 +86,38 @@ RMS_NORM_MODULE = Rule(
 
             @torch.jit.unused
             def _npu_rms_norm(x, gamma, epsilon):
-                # type: (torch.Tensor, torch.Tensor, float) -> Tuple[torch.Tensor, torch.Tensor]
+                # type: (Tensor, Tensor, float) -> Tuple[Tensor, Tensor]
                 """torch_npu.npu_rms_norm, out of TorchScript's reach."""
                 return torch_npu.npu_rms_norm(x, gamma, epsilon=epsilon)
 
 
-            # torch before 2.4 has no RMSNorm: the file still imports, and building one fails there as it did.
+            # torch before 2.4 has no RMSNorm: the file still imports, and building one
+            # fails there as it did.
             class _NpuRMSNorm(getattr(torch.nn, "RMSNorm", torch.nn.Module)):
-                """torch.nn.RMSNorm, by torch_npu's npu_rms_norm on NPU tensors where the kernel computes the same."""
+                """torch.nn.RMSNorm, by torch_npu's npu_rms_norm on NPU tensors.
+
+                Only where the kernel computes the same.
+                """
 
                 def forward(self, x: torch.Tensor) -> torch.Tensor:
-                    # The kernel normalises over the weight's dims in fp32, wants the weight in x's dtype and an explicit
-                    # eps (RMSNorm's default, None, is the dtype's machine epsilon), and takes 2 to 8 dims.
-                    # One None test an `if`: TorchScript drops the branches of a module built without one statically.
+                    # The kernel normalises over the weight's dims in fp32, wants the
+                    # weight in x's dtype and an explicit eps (RMSNorm's default, None, is
+                    # the dtype's machine epsilon), and takes 2 to 8 dims.
+                    # One None test an `if`: TorchScript drops the branches of a module
+                    # built without one statically.
                     weight, eps = self.weight, self.eps
                     if eps is not None:
                         dtypes = (torch.float16, torch.bfloat16, torch.float32)
                         if _is_npu(x) and x.dtype in dtypes and 2 <= x.dim() <= 8:
                             if weight is None:
-                                return _npu_rms_norm_unweighted(x, self.normalized_shape, eps)
+                                return _npu_rms_norm_unweighted(
+                                    x, self.normalized_shape, eps
+                                )
                             elif weight.dtype == x.dtype:
                                 return _npu_rms_norm(x, weight, eps)[0]
-                    return torch.nn.functional.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+                    return torch.nn.functional.rms_norm(
+                        x, self.normalized_shape, self.weight, self.eps
+                    )
 
 
             _NPU_RMS_NORM_ONES = {}
@@ -112,7 +126,10 @@ RMS_NORM_MODULE = Rule(
             @torch.jit.unused
             def _npu_rms_norm_unweighted(x, normalized_shape, eps):
                 # type: (torch.Tensor, Any, float) -> torch.Tensor
-                """npu_rms_norm without a weight: a gamma of ones, made once per shape, dtype and device."""
+                """npu_rms_norm without a weight: a gamma of ones.
+
+                Made once per shape, dtype and device.
+                """
                 key = (tuple(normalized_shape), x.dtype, x.device)
                 ones = _NPU_RMS_NORM_ONES.get(key)
                 if ones is None:

@@ -108,8 +108,12 @@ ROTARY = Rule(
 
 
             def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
-                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
+                """Whether the fused torch_npu kernels may run on `x`.
+
+                True where torch_npu imported and `x` is on an NPU.
+                """
+                # Never while TorchScript compiles or FX traces: their graphs keep the
+                # original code.
                 if torch.jit.is_scripting():
                     return False
                 if torch_npu is None or isinstance(x, torch.fx.Proxy):
@@ -121,7 +125,8 @@ ROTARY = Rule(
             def _npu_rotary_mul(x, r1, r2, rotary_mode):
                 # type: (torch.Tensor, torch.Tensor, torch.Tensor, str) -> torch.Tensor
                 """torch_npu.npu_rotary_mul, out of TorchScript's reach."""
-                if rotary_mode == "half":  # torch_npu versions before rotary_mode take no such argument
+                # torch_npu versions before rotary_mode take no such argument.
+                if rotary_mode == "half":
                     return torch_npu.npu_rotary_mul(x, r1, r2)
                 return torch_npu.npu_rotary_mul(x, r1, r2, rotary_mode=rotary_mode)
 
@@ -129,20 +134,31 @@ ROTARY = Rule(
             @torch.jit.unused
             def _npu_rotary_fits(cos, sin, x, mode):
                 # type: (torch.Tensor, torch.Tensor, torch.Tensor, str) -> bool
-                """Whether `npu_rotary_mul(x, cos, sin, mode)` equals the broadcast `x * cos + rotate(x) * sin`."""
-                # 4-D tensors of one dtype (the original would promote a mixed one), cos/sin of one shape that
-                # broadcasts into x without growing it, in a layout the kernel takes, an even head dim below 896.
+                """Whether `npu_rotary_mul(x, cos, sin, mode)` equals the original.
+
+                The original: the broadcast `x * cos + rotate(x) * sin`.
+                """
+                # 4-D tensors of one dtype (the original would promote a mixed one),
+                # cos/sin of one shape that broadcasts into x without growing it, in a
+                # layout the kernel takes, an even head dim below 896.
                 if cos.dim() != 4 or cos.shape != sin.shape or cos.dtype != sin.dtype:
                     return False
                 if cos.dtype not in (torch.float16, torch.bfloat16, torch.float32):
                     return False
                 d = x.shape[-1]
-                if x.dim() != 4 or x.dtype != cos.dtype or cos.shape[-1] != d or d % 2 or d >= 896:
+                if (
+                    x.dim() != 4
+                    or x.dtype != cos.dtype
+                    or cos.shape[-1] != d
+                    or d % 2
+                    or d >= 896
+                ):
                     return False
                 needs_grad = cos.requires_grad or sin.requires_grad
-                # x's (B, N) dims per layout (BNSD, BSND, SBND), and the cos/sin shapes the kernel takes for it, as
-                # which of the first three dims are full-size (the others are 1): 11SD/B1SD/BNSD, 1S1D/BS1D/BSND,
-                # S11D/SB1D/SBND; "interleave" takes only the first of each.
+                # x's (B, N) dims per layout (BNSD, BSND, SBND), and the cos/sin shapes
+                # the kernel takes for it, as which of the first three dims are full-size
+                # (the others are 1): 11SD/B1SD/BNSD, 1S1D/BS1D/BSND, S11D/SB1D/SBND;
+                # "interleave" takes only the first of each.
                 for (b, n), shapes in (
                     ((0, 1), ((0, 0, 1), (1, 0, 1), (1, 1, 1))),
                     ((0, 2), ((0, 1, 0), (1, 1, 0), (1, 1, 1))),
@@ -156,7 +172,10 @@ ROTARY = Rule(
                     if needs_grad and x.shape[b] * x.shape[n] > 1024:
                         limits = False
                     if limits and any(
-                        all(c == s if full else c == 1 for c, s, full in zip(cos.shape[:3], x.shape[:3], shape))
+                        all(
+                            c == s if full else c == 1
+                            for c, s, full in zip(cos.shape[:3], x.shape[:3], shape)
+                        )
                         for shape in shapes
                     ):
                         return True

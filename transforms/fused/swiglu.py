@@ -76,8 +76,12 @@ SWIGLU = Rule(
 
 
             def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
-                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
+                """Whether the fused torch_npu kernels may run on `x`.
+
+                True where torch_npu imported and `x` is on an NPU.
+                """
+                # Never while TorchScript compiles or FX traces: their graphs keep the
+                # original code.
                 if torch.jit.is_scripting():
                     return False
                 if torch_npu is None or isinstance(x, torch.fx.Proxy):
@@ -93,10 +97,16 @@ SWIGLU = Rule(
 
 
             def _npu_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-                """`silu(gate) * up`, by npu_swiglu on the two concatenated where they have one shape and dtype."""
-                # `torch.cat` would neither broadcast them nor keep the dtype a mixed product promotes to; npu_swiglu
-                # takes fp16, bf16 or fp32 in 1 to 8 dims.
-                fits = gate.dtype in (torch.float16, torch.bfloat16, torch.float32) and 1 <= gate.dim() <= 8
+                """`silu(gate) * up`, by npu_swiglu on the two concatenated.
+
+                Only where they have one shape and dtype.
+                """
+                # `torch.cat` would neither broadcast them nor keep the dtype a mixed
+                # product promotes to; npu_swiglu takes fp16, bf16 or fp32 in 1 to 8 dims.
+                fits = (
+                    gate.dtype in (torch.float16, torch.bfloat16, torch.float32)
+                    and 1 <= gate.dim() <= 8
+                )
                 if fits and gate.shape == up.shape and gate.dtype == up.dtype:
                     return _npu_swiglu(torch.cat((gate, up), dim=-1), dim=-1)
                 return torch.nn.functional.silu(gate) * up
