@@ -139,6 +139,38 @@ def test_runs_on_single_files_only_ever_grow_the_module_and_keep_its_edits(tmp_p
     assert _npu_migrate("apply", "--check", ".", cwd=project).returncode == 0
 
 
+def _git(*args: str, cwd: Path) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True
+    )
+
+
+def test_an_in_place_run_refuses_to_append_to_a_helper_module_with_uncommitted_changes(tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project)
+    _git("init", "-q", cwd=project)
+    assert _npu_migrate("apply", "fusedpkg/norms.py", cwd=project).returncode == 0
+    _git("add", ".", cwd=project)
+    _git("commit", "-q", "-m", "norms migrated", cwd=project)
+    module = project / MODULE
+    module.write_text(module.read_text() + "\n\n# work in progress\n")  # uncommitted, git could not give it back
+    before = {p: p.read_bytes() for p in project.rglob("*.py")}
+
+    # norms.py again: its helpers are all there, the module would not change, so its edits are no reason to refuse.
+    assert _npu_migrate("apply", "fusedpkg/norms.py", cwd=project).returncode == 0
+    # mlp.py needs helpers the module lacks: the run would append to it.
+    refused = _npu_migrate("apply", "fusedpkg/layers/mlp.py", cwd=project)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "nothing written" in refused.stderr and MODULE in refused.stderr and "--force" in refused.stderr
+    assert "fusedpkg/layers/mlp.py" not in refused.stderr  # committed: only the module blocks the run
+    assert {p: p.read_bytes() for p in project.rglob("*.py")} == before, "not one file may be written"
+
+    forced = _npu_migrate("apply", "--force", "fusedpkg/layers/mlp.py", cwd=project)
+    assert forced.returncode == 0, forced.stderr
+    assert module.read_text().startswith(before[module].decode())
+    assert "def _npu_silu_mul(" in module.read_text()
+
+
 def test_diff_and_check_include_the_module_as_a_new_file_git_apply_creates(migrated, tmp_path):
     original, out, _ = migrated
     copy = tmp_path / "copy"
