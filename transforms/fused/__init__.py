@@ -47,18 +47,24 @@ from npu_migrate.checkers import TreeChecker
 from npu_migrate.helper_location import MODULE, proven_module
 from npu_migrate.layout import fit, line_width
 from npu_migrate.names import Names
+from npu_migrate.rule import Rule
 from npu_migrate.scoped import Source, TreeReport
 from npu_migrate.transforms.common.guarded_import import is_guarded_import
 from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
     PRELUDE,
+    defined_name,
     defined_names,
+    definition_key,
+    definitions,
     helper_code,
     imported_helpers,
+    kernel_function,
     kernel_templates,
     kernels_called,
     names_in,
     names_in_template,
+    parse_typed,
     rendered,
     with_kernels,
 )
@@ -245,14 +251,34 @@ def _replace_fix(code: str):
 
 
 @functools.cache
-def _own_helpers() -> frozenset[str]:
-    """Every name a helper template defines."""
-    return frozenset(
-        stmt.name
+def helper_definitions() -> dict[str, str]:
+    """Every module-level name a helper template defines -> its definition as this version writes it
+    (`definition_key`): a copy that differs is an older release's, or edited."""
+    return {
+        name: definition_key(stmt)
         for template in HELPER_NAMES
-        for stmt in ast.parse(rendered(template)).body
-        if isinstance(stmt, (*_DEFS, ast.ClassDef))
-    )
+        for name, stmt in definitions(parse_typed(rendered(template))).items()
+    }
+
+
+@functools.cache
+def helper_rules() -> dict[str, Rule]:
+    """Every module-level name a helper template defines -> the rule a finding about it is reported under:
+    that of the first idiom, in rule-id order, whose rewrites write it (`_is_npu`: every idiom's)."""
+    found: dict[str, Rule] = {}
+    for idiom in IDIOMS:
+        kernels = [kernel_templates().get(kernel_function(kernel)) for kernel in idiom.kernels]
+        templates = with_kernels([PRELUDE, *idiom.helpers, *filter(None, kernels)])
+        for template in templates:
+            for name in definitions(ast.parse(rendered(template))):
+                found.setdefault(name, idiom.rule)
+    return found
+
+
+def is_helper(stmt: ast.stmt) -> bool:
+    """Whether the module-level `stmt` (parsed by `parse_typed`) defines a helper as this version writes it."""
+    name = defined_name(stmt)
+    return name in helper_definitions() and definition_key(stmt) == helper_definitions()[name]
 
 
 def _kernel_helpers(code: str, template: str) -> list[str]:
@@ -368,7 +394,11 @@ class FusedOpsChecker(TreeChecker):
                     + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
                     + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
                 )
-            if isinstance(node, (*_DEFS, ast.ClassDef)) and node.name.startswith("_") and node.name in _own_helpers():
+            if (
+                isinstance(node, (*_DEFS, ast.ClassDef))
+                and node.name.startswith("_")
+                and node.name in helper_definitions()
+            ):
                 continue  # our helpers call SDPA and the kernels themselves
             if isinstance(node, ast.ClassDef):
                 self._walk(node.body, owner=node)

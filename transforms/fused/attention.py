@@ -81,110 +81,17 @@ ATTENTION = Rule(
             def attend(q, k, v, mask):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         """,
-        after='''
+        after="""
             import torch
             import torch.nn.functional as F
 
 
-            try:
-                import torch_npu
-            except ImportError:  # not an Ascend host: the original code runs
-                torch_npu = None
-
-
-            def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
-                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
-                if torch.jit.is_scripting():
-                    return False
-                if torch_npu is None or isinstance(x, torch.fx.Proxy):
-                    return False
-                return x.device.type == "npu"
-
-
-            def _npu_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-                # type: (Tensor, Tensor, Tensor, Optional[Tensor], float, bool, Optional[float], bool) -> Tensor
-                """torch.nn.functional.scaled_dot_product_attention, by npu_fusion_attention where that computes the same."""
-                # Anything else runs SDPA itself, with the arguments it was given.
-                if _is_npu(query):
-                    fused = _npu_fusion_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-                    if fused is not None:
-                        return fused
-                if enable_gqa:
-                    return _sdpa_enable_gqa(query, key, value, attn_mask, dropout_p, is_causal, scale)
-                if scale is None:  # torch before 2.1 has no `scale`
-                    return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal)
-                return torch.nn.functional.scaled_dot_product_attention(
-                    query, key, value, attn_mask, dropout_p, is_causal, scale=scale
-                )
-
-
-            @torch.jit.unused
-            def _sdpa_enable_gqa(query, key, value, attn_mask, dropout_p, is_causal, scale):
-                # type: (Tensor, Tensor, Tensor, Optional[Tensor], float, bool, Optional[float]) -> Tensor
-                """SDPA with enable_gqa=True, which torch before 2.5 does not know: out of TorchScript's reach."""
-                return torch.nn.functional.scaled_dot_product_attention(
-                    query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=True
-                )
-
-
-            _NPU_CAUSAL_MASKS = {}
-
-
-            @torch.jit.unused
-            def _npu_fusion_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
-                # type: (Tensor, Tensor, Tensor, Optional[Tensor], float, bool, Optional[float], bool) -> Optional[Tensor]
-                """SDPA by npu_fusion_attention, or None where the kernel would compute something else."""
-                # Where the kernel differs from SDPA: True in its mask means masked *out*; its scale defaults to 1.0,
-                # not 1/sqrt(D); without a mask every sparse_mode is full attention, so causal needs the 2048x2048
-                # triu mask with sparse_mode 2, top-left aligned like SDPA's is_causal.
-                compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-                if compiling is not None and compiling():
-                    return None  # the kernel path has no graph mode: torch.compile keeps SDPA
-                if not (query.dim() == key.dim() == value.dim() == 4):
-                    return None
-                if not (query.dtype == key.dtype == value.dtype and query.dtype in (torch.float16, torch.bfloat16)):
-                    return None
-                batch, heads, q_len, dim = query.shape
-                kv_heads, kv_len = key.shape[1], key.shape[2]
-                if key.shape != value.shape or key.shape[0] != batch or key.shape[-1] != dim or dim > 768 or heads > 256:
-                    return None
-                # The kernel groups query head h with kv head h // (heads // kv_heads), as SDPA's enable_gqa does.
-                if kv_heads != heads and not (enable_gqa and heads % kv_heads == 0):
-                    return None
-                if is_causal and attn_mask is not None:
-                    return None  # SDPA raises: let it
-                mask, sparse_mode, inner_precise = None, 0, 0
-                if attn_mask is not None:
-                    if attn_mask.dtype != torch.bool or attn_mask.dim() > 4:
-                        return None  # a float mask is additive: the kernel only takes masks to drop
-                    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
-                    if any(m not in (1, full) for m, full in zip(shape, (batch, heads, q_len, kv_len))):
-                        return None
-                    # The kernel takes BNSS, B1SS and 11SS masks: broadcast SDPA's to the nearest of those.
-                    mask_heads = heads if shape[1] != 1 else 1
-                    mask_batch = batch if shape[0] != 1 or mask_heads != 1 else 1
-                    mask = torch.logical_not(attn_mask.reshape(shape).expand(mask_batch, mask_heads, q_len, kv_len)).contiguous()
-                    inner_precise = 2  # rows SDPA masks entirely come out as zeros; the kernel needs 2 for that
-                elif is_causal:
-                    mask = _NPU_CAUSAL_MASKS.get(query.device)
-                    if mask is None:
-                        mask = torch.ones(2048, 2048, dtype=torch.bool, device=query.device).triu(1)
-                        _NPU_CAUSAL_MASKS[query.device] = mask
-                    sparse_mode = 2
-                if scale is None:
-                    import math
-
-                    scale = 1.0 / math.sqrt(dim)  # SDPA's default, computed as SDPA does
-                return torch_npu.npu_fusion_attention(
-                    query, key, value, heads, "BNSD",
-                    atten_mask=mask, scale=scale, keep_prob=1.0 - dropout_p, sparse_mode=sparse_mode, inner_precise=inner_precise,
-                )[0]
+            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_sdpa, _sdpa_enable_gqa, _npu_fusion_sdpa
 
 
             def attend(q, k, v, mask):
                 return _npu_sdpa(q, k, v, attn_mask=mask)
-        ''',
+        """,
     ),
     fix_safety=FixSafety.NEEDS_REVIEW,
     review="""

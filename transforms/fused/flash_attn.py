@@ -103,143 +103,11 @@ FLASH_ATTN = Rule(
             def attend(q, k, v):
                 return flash_attn_func(q, k, v, causal=True)
         """,
-        after='''
+        after="""
             import torch
 
 
-            try:
-                import torch_npu
-            except ImportError:  # not an Ascend host: the original code runs
-                torch_npu = None
-
-
-            def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`: torch_npu imported and `x` on an NPU."""
-                # Never while TorchScript compiles or FX traces: their graphs keep the original code.
-                if torch.jit.is_scripting():
-                    return False
-                if torch_npu is None or isinstance(x, torch.fx.Proxy):
-                    return False
-                return x.device.type == "npu"
-
-
-            _NPU_CAUSAL_MASK_BY_DEVICE = {}
-
-
-            def _npu_causal_mask(device):
-                """The compressed causal mask npu_fusion_attention's sparse modes 2 to 4 read: 2048x2048, True = masked."""
-                mask = _NPU_CAUSAL_MASK_BY_DEVICE.get(device)
-                if mask is None:
-                    mask = torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1)
-                    _NPU_CAUSAL_MASK_BY_DEVICE[device] = mask
-                return mask
-
-
-            def _is_npu_flash_call(args, kwargs, first):
-                """Whether a flash-attn call's first tensor (given by position, or as `first`) is on an NPU."""
-                tensor = args[0] if args else kwargs.get(first)
-                return isinstance(tensor, torch.Tensor) and _is_npu(tensor)
-
-
-            def _npu_flash_attn_declined(function, name, why):
-                """On NPU tensors the kernel cannot take: the name's fallback (if the file bound one) runs, or this says why."""
-                if function is None:  # flash-attn does not run on an NPU: there is nothing else to call
-                    raise RuntimeError(f"{name} on NPU tensors: torch_npu's npu_fusion_attention cannot compute it: {why}")
-
-
-            def _npu_fusion_flash(
-                q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, softmax_scale, causal, bottom_right, window_size, softcap,
-                alibi_slopes, return_attn_probs, block_table,
-            ):
-                """flash-attn's attention by npu_fusion_attention: (output, "") or (None, why the kernel cannot)."""
-                # Where the kernel differs from flash-attn: its scale defaults to 1.0, not 1/sqrt(D); causal and sliding
-                # windows are the 2048x2048 triu mask with a sparse_mode (3: bottom-right aligned as flash-attn >= 2.1,
-                # 2: top-left as flash-attn 1.x, 4: a band around the bottom-right diagonal); varlen sequences are
-                # cumulative ends without the leading 0, as host ints.
-                compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-                if compiling is not None and compiling():
-                    return None, "the kernel has no graph mode (torch.compile)"
-                if alibi_slopes is not None:
-                    return None, "alibi_slopes (the kernel takes a bias, not slopes)"
-                if softcap:
-                    return None, "softcap (the kernel has no logit soft-capping)"
-                if return_attn_probs:
-                    return None, "return_attn_probs (the kernel does not return the probabilities)"
-                if block_table is not None:
-                    return None, "block_table (a paged KV cache)"
-                if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16, torch.float32)):
-                    return None, f"dtypes {q.dtype}, {k.dtype}, {v.dtype} (float16, bfloat16 or float32, all one)"
-                varlen = cu_seqlens_q is not None
-                if q.dim() != (3 if varlen else 4) or k.shape != v.shape or k.dim() != q.dim():
-                    return None, f"shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-                heads, kv_heads, dim = q.shape[-2], k.shape[-2], q.shape[-1]
-                if k.shape[-1] != dim or dim > 768 or heads > 256 or heads % kv_heads:
-                    return None, f"head dim {dim} (at most 768), {heads} query heads (at most 256) over {kv_heads} kv heads"
-                if not 0.0 <= dropout_p < 1.0:
-                    return None, f"dropout_p {dropout_p}"
-                if varlen:
-                    # The kernel takes the sequence ends as host ints: one device-to-host copy per call.
-                    q_ends, kv_ends = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-                    if len(q_ends) != len(kv_ends) or len(q_ends) < 2 or q_ends[0] != 0 or kv_ends[0] != 0:
-                        return None, f"cu_seqlens {q_ends}, {kv_ends}"
-                    q_lens = [end - start for start, end in zip(q_ends, q_ends[1:])]
-                    kv_lens = [end - start for start, end in zip(kv_ends, kv_ends[1:])]
-                    q_ends, kv_ends = q_ends[1:], kv_ends[1:]
-                else:
-                    if k.shape[0] != q.shape[0]:
-                        return None, f"batch sizes {q.shape[0]} and {k.shape[0]}"
-                    q_lens, kv_lens = [q.shape[1]], [k.shape[1]]
-                if min(q_lens + kv_lens) < 1:
-                    return None, "an empty sequence"
-                left, right = window_size
-                if causal:
-                    right = 0  # flash-attn: causal is a window with no keys to the right
-                pre, nxt = 2147483647, 2147483647
-                if left < 0 and right < 0:
-                    mask, sparse_mode = None, 0
-                else:
-                    mask = _npu_causal_mask(q.device)
-                    if causal and left < 0:
-                        sparse_mode = 3 if bottom_right else 2
-                    else:
-                        sparse_mode, pre, nxt = 4, (left if left >= 0 else pre), (right if right >= 0 else nxt)
-                    if sparse_mode != 2 and any(q_len > kv_len for q_len, kv_len in zip(q_lens, kv_lens)):
-                        # Rows before the bottom-right diagonal see no key: flash-attn returns zeros there.
-                        return None, "a causal or windowed query longer than its keys"
-                scale = softmax_scale if softmax_scale is not None else dim ** (-0.5)
-                if varlen:
-                    out = torch_npu.npu_fusion_attention(
-                        q, k, v, heads, "TND", atten_mask=mask, scale=scale, keep_prob=1.0 - dropout_p, pre_tockens=pre,
-                        next_tockens=nxt, sparse_mode=sparse_mode, actual_seq_qlen=q_ends, actual_seq_kvlen=kv_ends,
-                    )
-                else:
-                    out = torch_npu.npu_fusion_attention(
-                        q, k, v, heads, "BSND", atten_mask=mask, scale=scale, keep_prob=1.0 - dropout_p, pre_tockens=pre,
-                        next_tockens=nxt, sparse_mode=sparse_mode,
-                    )
-                return out[0], ""
-
-
-            def _npu_flash_attn_func(flash_attn_func, *args, **kwargs):
-                """`flash_attn_func(*args, **kwargs)`; on NPU tensors, torch_npu's npu_fusion_attention computes it."""
-                if _is_npu_flash_call(args, kwargs, "q"):
-                    fused, why = _npu_fusion_flash(**_flash_attn_func_args(*args, **kwargs))
-                    if fused is not None:
-                        return fused
-                    _npu_flash_attn_declined(flash_attn_func, "flash_attn_func", why)
-                return flash_attn_func(*args, **kwargs)
-
-
-            def _flash_attn_func_args(
-                q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                alibi_slopes=None, deterministic=False, return_attn_probs=False,
-            ):
-                """flash-attn's own signature, read on NPU tensors only: the arguments npu_fusion_attention needs."""
-                return dict(
-                    q=q, k=k, v=v, cu_seqlens_q=None, cu_seqlens_k=None, dropout_p=dropout_p, softmax_scale=softmax_scale,
-                    causal=causal, bottom_right=True, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                    return_attn_probs=return_attn_probs, block_table=None,
-                )
+            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_causal_mask, _is_npu_flash_call, _npu_flash_attn_declined, _npu_fusion_flash, _npu_flash_attn_func, _flash_attn_func_args
 
             try:
                 from flash_attn import flash_attn_func
@@ -249,7 +117,7 @@ FLASH_ATTN = Rule(
 
             def attend(q, k, v):
                 return _npu_flash_attn_func(flash_attn_func, q, k, v, causal=True)
-        ''',
+        """,
     ),
     fix_safety=FixSafety.NEEDS_REVIEW,
     review="""
