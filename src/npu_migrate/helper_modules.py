@@ -18,15 +18,8 @@ from pathlib import Path
 
 from npu_migrate.pipeline import FileResult, Mode, Plan, Status, unified_diff, write_output
 from npu_migrate.source import SourceError, atomic_write, read_source
-from npu_migrate.transforms.fused import HELPER_NAMES
-from npu_migrate.transforms.fused.helpers import (
-    PRELUDE,
-    defined_names,
-    kernel_templates,
-    module_text,
-    names_in_template,
-    with_kernels,
-)
+from npu_migrate.transforms.fused import HELPER_NAMES, templates_defining
+from npu_migrate.transforms.fused.helpers import defined_names, module_text
 
 
 @dataclass(frozen=True)
@@ -41,31 +34,12 @@ class ModuleChange:
     error: str = ""
 
 
-def _templates(names: Iterable[str]) -> list[str]:
-    """The helper templates that define `names`, with the kernel functions they call and the prelude
-    (every helper calls `_is_npu`), in a fixed order: prelude, kernel functions, the rest by name."""
-    by_name = {name: template for template, name in HELPER_NAMES.items()}
-    needed = {by_name[name] for name in names if name in by_name}
-    while True:  # and the helpers they call (`_npu_sdpa` calls `_npu_fusion_sdpa`)
-        called = {by_name[name] for t in needed for name in names_in_template(t) if name in by_name} - needed
-        if not called:
-            break
-        needed |= called
-    wanted = with_kernels(sorted(needed))
-    kernels = set(kernel_templates().values())
-    return [
-        PRELUDE,
-        *sorted(t for t in wanted if t in kernels),
-        *sorted(t for t in wanted if t not in kernels | {PRELUDE}),
-    ]
-
-
 def changes(imports: Mapping[Path, Iterable[str]]) -> list[ModuleChange]:
     """For each helper module file -> the names files import from it: the module as it must be, where that
     differs from what is on disk."""
     found = []
     for path, names in sorted(imports.items()):
-        templates = _templates(names)
+        templates = templates_defining(names)
         if not path.exists():
             found.append(ModuleChange(path, None, module_text(None, templates)))
             continue

@@ -38,7 +38,7 @@ import ast
 import functools
 import importlib
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import libcst as cst
 
@@ -122,6 +122,10 @@ def _identifiers(node: ast.AST) -> set[str]:
             found.add(current.name)
         stack.extend(ast.iter_child_nodes(current))
     return found
+
+
+#: In the text of every file that holds a block of helpers (`_is_npu` is the prelude's).
+_HELPERS_MARKER = "def _is_npu("
 
 
 class _ModuleFunctions(Mapping):
@@ -262,6 +266,18 @@ def helper_definitions() -> dict[str, str]:
 
 
 @functools.cache
+def helper_groups() -> dict[str, tuple[str, ...]]:
+    """Every module-level name a helper template defines -> every name its template defines: they are
+    written together, and so must be deleted together to be written again."""
+    return {
+        name: tuple(names)
+        for template in HELPER_NAMES
+        for names in [list(definitions(ast.parse(rendered(template))))]
+        for name in names
+    }
+
+
+@functools.cache
 def helper_rules() -> dict[str, Rule]:
     """Every module-level name a helper template defines -> the rule a finding about it is reported under:
     that of the first idiom, in rule-id order, whose rewrites write it (`_is_npu`: every idiom's)."""
@@ -343,17 +359,20 @@ def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement, index: i
 
 class FusedOpsChecker(TreeChecker):
     rules = tuple({idiom.rule.id: idiom.rule for idiom in IDIOMS}.values())
-    markers = tuple(dict.fromkeys(marker for idiom in IDIOMS for marker in idiom.markers))
+    # A file holding the helpers (a package's helper module, a migrated file) is looked at for them: one
+    # that differs from what this version writes is reported (`_stale_helpers`). Every block of helpers
+    # defines `_is_npu`, which reads `torch_npu`.
+    markers = (*dict.fromkeys(marker for idiom in IDIOMS for marker in idiom.markers), _HELPERS_MARKER)
 
     @classmethod
     def wants_words(cls, words) -> bool:
         # Words of the text, not substrings ("sin" is in "using"): rules out 60% of transformers without
         # an `ast`.
-        return any(idiom.uses_identifiers(words.__contains__) for idiom in IDIOMS)
+        return any(idiom.uses_identifiers(words.__contains__) for idiom in IDIOMS) or "_is_npu" in words
 
     @classmethod
     def wants(cls, index) -> bool:
-        return any(idiom.uses_identifiers(index.uses) for idiom in IDIOMS)
+        return any(idiom.uses_identifiers(index.uses) for idiom in IDIOMS) or index.uses("torch_npu")
 
     def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
         self.source = source
@@ -376,6 +395,8 @@ class FusedOpsChecker(TreeChecker):
         self._walk(tree.body, owner=None)
         self._optional_imports(tree)
         self._prelude(tree)
+        if _HELPERS_MARKER in source.text:
+            self._stale_helpers(tree)
         return self.reports
 
     # -- the walk: defs with their class, and calls ---------------------------------------------------
@@ -564,16 +585,24 @@ class FusedOpsChecker(TreeChecker):
     # -- the prelude -----------------------------------------------------------------------------------
 
     def _prelude(self, tree: ast.Module) -> None:
-        if not self.applied:
+        # A file whose code calls a helper it no longer defines (deleted, to take this version's: see
+        # `_stale_helpers`) gets it back, as a file with a new rewrite gets the helpers it calls.
+        called = _helpers_called(tree) if _reads_helpers(self.names) else set()
+        if not self.applied and not called:
             return
+        existing = defined_names(tree) | set(_imported_from_any_level(tree))
         module = proven_module(self.source.helper_module, tree)
         if module is not None and not _runs_as_script(tree):
-            self._import_helpers(tree, module)
+            self._import_helpers(tree, module, sorted(called - existing))
             return
-        templates = [PRELUDE, *dict.fromkeys(h for helpers, _, _ in self.applied for h in helpers)]
+        # The helpers they call too: a file's own helpers are all its own (its helper module's are the
+        # driver's, `helper_modules`, which the module's own code does not call here).
+        restored = [t for t in templates_defining(called) if HELPER_NAMES[t] not in existing] if called else []
+        if not self.applied and not restored:
+            return
+        templates = [PRELUDE, *dict.fromkeys([*(h for helpers, _, _ in self.applied for h in helpers), *restored])]
         kernels = set(kernel_templates().values())
         templates.sort(key=lambda t: (t != PRELUDE, t not in kernels))  # stable: the rest in order of use
-        existing = defined_names(tree) | set(_imported_from_any_level(tree))
         missing = [t for t in templates if HELPER_NAMES[t] not in existing]
         if missing:
             names = ", ".join(f"`{HELPER_NAMES[t]}`" for t in missing)
@@ -584,7 +613,7 @@ class FusedOpsChecker(TreeChecker):
             anchor, after = _prelude_anchor(tree)
             self.reports.append(
                 TreeReport(
-                    self.applied[0][2].rule,
+                    self._helpers_rule(missing),
                     tree,
                     f"fused-op helpers {names}{what} added after the imports",
                     fix=_helpers_fix(helper_code(missing, guarded), after),
@@ -595,10 +624,18 @@ class FusedOpsChecker(TreeChecker):
                 )
             )
 
-    def _import_helpers(self, tree: ast.Module, module: str) -> None:
+    def _helpers_rule(self, templates: list[str]) -> Rule:
+        """The rule the report of added `templates` goes under: that of the rewrites they serve, or, where
+        they only restore deleted helpers, the first helper's (`helper_rules`)."""
+        return self.applied[0][2].rule if self.applied else helper_rules()[HELPER_NAMES[templates[0]]]
+
+    def _import_helpers(self, tree: ast.Module, module: str, unbound: list[str]) -> None:
         """A file of a package imports the helpers its branches call from the package's helper module,
         which the driver writes once for all of them (`npu_migrate.helper_modules`)."""
-        called = dict.fromkeys(t for _, names, _ in self.applied for t in names)
+        by_name = {name: template for template, name in HELPER_NAMES.items()}
+        called = dict.fromkeys([*(t for _, names, _ in self.applied for t in names), *map(by_name.get, unbound)])
+        if not called:
+            return
         existing = defined_names(tree) | set(_imported_from_any_level(tree))
         missing = [HELPER_NAMES[t] for t in called if HELPER_NAMES[t] not in existing]
         if not missing:
@@ -614,7 +651,7 @@ class FusedOpsChecker(TreeChecker):
         listed = ", ".join(f"`{name}`" for name in missing)
         self.reports.append(
             TreeReport(
-                self.applied[0][2].rule,
+                self._helpers_rule([by_name[name] for name in missing]),
                 tree,
                 f"fused-op helpers {listed} imported from `{module}`, the package's helper module",
                 fix=fix,
@@ -623,3 +660,101 @@ class FusedOpsChecker(TreeChecker):
                 data={"fused": "helpers"},
             )
         )
+
+    # -- helpers of another version ----------------------------------------------------------------------
+
+    def _stale_helpers(self, tree: ast.Module) -> None:
+        """Report each helper the file defines (a package's helper module, or a file with its own helpers)
+        that differs from what this version writes, leaving it as it is: an older release's (a fix since
+        then never reaches it, as helpers present are never rewritten) or the user's edit, which must stay.
+        Layout, comments and docstrings do not count."""
+        from npu_migrate import __version__
+
+        for name, stmt in definitions(tree).items():
+            rule = helper_rules().get(name)
+            if (
+                rule is None
+                or rule.id not in self.enabled
+                or _definition_key(self.source.segment(stmt))
+                in (
+                    None,
+                    helper_definitions()[name],
+                )
+            ):
+                continue
+            group = helper_groups()[name]
+            definition = (
+                "its definition"
+                if len(group) == 1
+                else "the definitions of " + " and ".join(f"`{n}`" for n in group) + ", which are written together,"
+            )
+            self.reports.append(
+                TreeReport(
+                    rule,
+                    stmt,
+                    f"fused-op helper `{name}` differs from the one npu-migrate {__version__} writes (an older "
+                    f"release's, or edited): left as it is. To take this version's, delete {definition} and run "
+                    "`npu-migrate apply` again over the files that call it (with --force while the deletion is "
+                    f"uncommitted); to keep it, add `# noqa: {rule.id}` to the line that defines it",
+                    data={"fused": "helpers", "helper": name},
+                )
+            )
+
+
+def templates_defining(names: Iterable[str]) -> list[str]:
+    """The helper templates that define `names`, with the helpers and kernel functions they call and the
+    prelude (every helper calls `_is_npu`), in a fixed order: prelude, kernel functions, the rest by name."""
+    by_name = {name: template for template, name in HELPER_NAMES.items()}
+    needed = {by_name[name] for name in names if name in by_name}
+    while True:  # and the helpers they call (`_npu_sdpa` calls `_npu_fusion_sdpa`)
+        called = {by_name[name] for t in needed for name in names_in_template(t) if name in by_name} - needed
+        if not called:
+            break
+        needed |= called
+    wanted = with_kernels(sorted(needed))
+    kernels = set(kernel_templates().values())
+    return [
+        PRELUDE,
+        *sorted(t for t in wanted if t in kernels),
+        *sorted(t for t in wanted if t not in kernels | {PRELUDE}),
+    ]
+
+
+def _reads_helpers(names: Iterable[str]) -> bool:
+    """Whether a file whose identifiers are `names` may read a helper's name."""
+    return any(name in names for name in HELPER_NAMES.values())
+
+
+def _helpers_called(tree: ast.Module) -> set[str]:
+    """The helpers (by `HELPER_NAMES`) the file's code outside the helpers' definitions reads, where nothing
+    but those definitions binds them (a name the file imports from elsewhere, or binds in another way, is
+    not ours to write). None where a `from ... import *` may bind them."""
+    helpers = set(HELPER_NAMES.values())
+    read, bound = set(), set()
+    for stmt in tree.body:
+        if defined_name(stmt) in helper_definitions():
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name):
+                (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+            elif isinstance(node, (*_DEFS, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, ast.alias):
+                if node.name == "*":
+                    return set()
+                bound.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                bound.update(node.names)
+    return (read & helpers) - bound
+
+
+@functools.lru_cache(maxsize=512)
+def _definition_key(code: str) -> str | None:
+    """`definition_key` of the one statement `code` (a helper is the same in many files: read once), or None
+    where its type comments do not parse."""
+    try:
+        return definition_key(parse_typed(code).body[0])
+    except (SyntaxError, ValueError, IndexError):
+        return None
