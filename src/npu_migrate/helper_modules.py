@@ -6,7 +6,9 @@ file of no package (a script, a notebook, a namespace package without `__init__.
 The workers only write the import (`Job.helper_module`) and say which names each file imports
 (`FileResult.helper_imports`); the module itself is produced once, by the driver, after every file is
 done, as the union of what the package's files import and what the module already holds: it only ever
-grows, and what is in it (a reviewer's edits too) stays as it is.
+grows, and what is in it (a reviewer's edits too) stays as it is. A helper in it that differs from what
+this version writes is reported when a run reads the module itself (`FusedOpsChecker`, as for any file
+with helpers); deleted, it is written again.
 """
 
 from __future__ import annotations

@@ -29,7 +29,9 @@ only known at run time, so the call is renamed to a typed wrapper with SDPA's si
 `calls`, `attention.py`).
 
 A second run recognises the branches (`if _is_npu(` opening a body), the renamed calls and the helpers
-by name.
+by name. A helper present is never rewritten (a reviewer's edits stay): one that differs from what this
+version writes (an older release's) is reported, and a deleted one that the file's code calls is written
+again, which is how a user takes this version's.
 """
 
 from __future__ import annotations
@@ -595,8 +597,7 @@ class FusedOpsChecker(TreeChecker):
         if module is not None and not _runs_as_script(tree):
             self._import_helpers(tree, module, sorted(called - existing))
             return
-        # The helpers they call too: a file's own helpers are all its own (its helper module's are the
-        # driver's, `helper_modules`, which the module's own code does not call here).
+        # With the helpers those call (`_npu_sdpa` calls `_npu_fusion_sdpa`): nothing else writes a file's own.
         restored = [t for t in templates_defining(called) if HELPER_NAMES[t] not in existing] if called else []
         if not self.applied and not restored:
             return
