@@ -363,8 +363,8 @@ class FusedOpsChecker(TreeChecker):
     rules = tuple({idiom.rule.id: idiom.rule for idiom in IDIOMS}.values())
     # A file holding the helpers (a package's helper module, a migrated file) is looked at for them: one
     # that differs from what this version writes is reported (`_stale_helpers`). Every block of helpers
-    # defines `_is_npu`, which reads `torch_npu`.
-    markers = (*dict.fromkeys(marker for idiom in IDIOMS for marker in idiom.markers), _HELPERS_MARKER)
+    # defines `_is_npu`, which reads `torch_npu` (the start-up gate's marker).
+    markers = (*dict.fromkeys(marker for idiom in IDIOMS for marker in idiom.markers), "torch_npu")
 
     @classmethod
     def wants_words(cls, words) -> bool:
@@ -374,7 +374,7 @@ class FusedOpsChecker(TreeChecker):
 
     @classmethod
     def wants(cls, index) -> bool:
-        return any(idiom.uses_identifiers(index.uses) for idiom in IDIOMS) or index.uses("torch_npu")
+        return any(idiom.uses_identifiers(index.uses) for idiom in IDIOMS) or index.uses("_is_npu")
 
     def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
         self.source = source
