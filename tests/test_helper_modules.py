@@ -140,6 +140,101 @@ def test_runs_on_single_files_only_ever_grow_the_module_and_keep_its_edits(tmp_p
     assert _npu_migrate("apply", "--check", ".", cwd=project).returncode == 0
 
 
+def _git(*args: str, cwd: Path) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True
+    )
+
+
+def test_an_in_place_run_refuses_to_append_to_a_helper_module_with_uncommitted_changes(tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project)
+    _git("init", "-q", cwd=project)
+    assert _npu_migrate("apply", "fusedpkg/norms.py", cwd=project).returncode == 0
+    _git("add", ".", cwd=project)
+    _git("commit", "-q", "-m", "norms migrated", cwd=project)
+    module = project / MODULE
+    module.write_text(module.read_text() + "\n\n# work in progress\n")  # uncommitted, git could not give it back
+    before = {p: p.read_bytes() for p in project.rglob("*.py")}
+
+    # norms.py again: its helpers are all there, the module would not change, so its edits are no reason to refuse.
+    assert _npu_migrate("apply", "fusedpkg/norms.py", cwd=project).returncode == 0
+    # mlp.py needs helpers the module lacks: the run would append to it.
+    refused = _npu_migrate("apply", "fusedpkg/layers/mlp.py", cwd=project)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "nothing written" in refused.stderr and MODULE in refused.stderr and "--force" in refused.stderr
+    assert "fusedpkg/layers/mlp.py" not in refused.stderr  # committed: only the module blocks the run
+    assert {p: p.read_bytes() for p in project.rglob("*.py")} == before, "not one file may be written"
+
+    forced = _npu_migrate("apply", "--force", "fusedpkg/layers/mlp.py", cwd=project)
+    assert forced.returncode == 0, forced.stderr
+    assert module.read_text().startswith(before[module].decode())
+    assert "def _npu_silu_mul(" in module.read_text()
+
+
+KERNEL_CALL = "    return torch_npu.npu_rms_norm(x, gamma, epsilon=epsilon)\n"
+KERNEL_TYPE = "# type: (Tensor, Tensor, float) -> Tuple[Tensor, Tensor]"
+
+
+def _without(text: str, name: str) -> str:
+    """`text` without the module-level definition of `name`, decorators included."""
+    stmt = next(s for s in ast.parse(text).body if getattr(s, "name", None) == name)
+    lines = text.splitlines(keepends=True)
+    first = min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)])
+    return "".join(lines[: first - 1] + lines[stmt.end_lineno :])
+
+
+@pytest.mark.parametrize("where", [MODULE, "standalone.py"])
+def test_a_helper_that_differs_from_this_versions_is_reported_left_alone_and_refreshed_once_deleted(tmp_path, where):
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project)
+    assert _npu_migrate("apply", ".", cwd=project).returncode == 0
+    holder = project / where  # the package's helper module, or a script with its own helpers
+    fresh = holder.read_text()
+    assert "def _npu_rms_norm(" in fresh
+
+    def apply() -> str:
+        done = _npu_migrate("apply", ".", cwd=project)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    # Up to date: nothing reported, nothing changed.
+    assert "differs" not in apply() and holder.read_text() == fresh
+    # Layout, comments and the docstring are no difference.
+    reflowed = fresh.replace(
+        KERNEL_CALL, "    # reviewed\n    return torch_npu.npu_rms_norm(\n        x, gamma, epsilon=epsilon\n    )\n"
+    )
+    reflowed = reflowed.replace('"""torch_npu.npu_rms_norm, out of', '"""Reviewed: torch_npu.npu_rms_norm, out of')
+    assert reflowed.count("# reviewed") == 1
+    holder.write_text(reflowed)
+    assert "differs" not in apply() and holder.read_text() == reflowed
+    # Another body, or another signature for TorchScript (a type comment), is: reported, left as it is.
+    for older in (
+        fresh.replace(KERNEL_CALL, "    return torch_npu.npu_rms_norm(x, gamma, epsilon)\n"),
+        fresh.replace(KERNEL_TYPE, "# type: (Tensor, Tensor, float) -> Tuple[Tensor, ...]"),
+    ):
+        assert older != fresh
+        holder.write_text(older)
+        reported = [line for line in apply().splitlines() if "differs" in line]
+        line = older.splitlines().index("def _npu_rms_norm(x, gamma, epsilon):") + 1
+        assert len(reported) == 1 and reported[0].startswith(f"{where}:{line}:1: NPU701 "), reported
+        assert "`_npu_rms_norm`" in reported[0] and "delete its definition" in reported[0]
+        assert holder.read_text() == older
+    # Kept on purpose: a noqa comment on its line silences it.
+    kept = older.replace(
+        "def _npu_rms_norm(x, gamma, epsilon):", "def _npu_rms_norm(x, gamma, epsilon):  # noqa: NPU701"
+    )
+    holder.write_text(kept)
+    assert "differs" not in apply() and holder.read_text() == kept
+    # Deleted: the next run writes this version's, and a run after it changes nothing.
+    holder.write_text(_without(older, "_npu_rms_norm"))
+    apply()
+    refreshed = holder.read_text()
+    assert refreshed.count("def _npu_rms_norm(") == 1 and KERNEL_CALL in refreshed and KERNEL_TYPE in refreshed
+    assert "differs" not in apply() and holder.read_text() == refreshed
+    assert _npu_migrate("apply", "--check", ".", cwd=project).returncode == 0
+
+
 def test_diff_and_check_include_the_module_as_a_new_file_git_apply_creates(migrated, tmp_path):
     original, out, _ = migrated
     copy = tmp_path / "copy"

@@ -32,6 +32,7 @@ from npu_migrate.registry import (
     text_checkers,
 )
 from npu_migrate.rule import Example, FixSafety
+from npu_migrate.rule_examples import FOLDED_HELPERS, fold_helpers
 from npu_migrate.transforms.fused import FusedOpsChecker
 
 RULES = all_rules()
@@ -206,9 +207,31 @@ def test_the_example_does_what_the_documentation_says(r):
     if example.after is None:
         assert migrated == example.before
     else:
-        assert migrated == example.after
+        assert fold_helpers(migrated) == example.after
         assert any(f.fixed for f in ours)
         assert _apply(r, migrated, example.path, example.with_rules)[0] == migrated, "a second apply changes nothing"
+
+
+def test_an_example_shows_the_fused_helpers_it_adds_as_one_line_naming_them():
+    attention = rule("NPU704")
+    migrated, _ = _apply(attention, attention.example.before, attention.example.path)
+    assert "def _npu_fusion_sdpa(" in migrated and len(migrated.splitlines()) > 60  # what is folded
+    folded = fold_helpers(migrated)
+    named = "import torch_npu (guarded), _is_npu, _npu_sdpa, _sdpa_enable_gqa, _npu_causal_mask, _npu_fusion_sdpa"
+    assert FOLDED_HELPERS.format(named) in folded.splitlines()
+    # Only the helpers are folded: the imports above them and the renamed call below stay line for line.
+    assert folded.splitlines()[:4] == migrated.splitlines()[:4]
+    assert folded.endswith("\n\n\ndef attend(q, k, v, mask):\n    return _npu_sdpa(q, k, v, attn_mask=mask)\n")
+    # The call site still decides: an example whose rewrite differs fails.
+    assert fold_helpers(migrated.replace("_npu_sdpa(q, k", "_npu_sdpa(k, q")) != attention.example.after
+    text = "import torch\n\n\ndef _is_npu(x):\n    return False\n"  # the user's own, not the helpers
+    assert fold_helpers(text) == text
+
+
+@pytest.mark.parametrize("r", [r for r in CODEMOD if "fused" in r.tags], ids=_id)
+def test_a_fused_rules_documentation_shows_the_call_site_not_the_helpers(r):
+    assert r.example.after.count(FOLDED_HELPERS.format("")) == 1
+    assert "def _is_npu(" not in r.documentation and "torch_npu = None" not in r.documentation
 
 
 @pytest.mark.parametrize("r", ANALYSIS, ids=_id)

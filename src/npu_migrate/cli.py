@@ -241,7 +241,7 @@ def apply(
     remains (findings only a human can act on never fail by default); exit 2 on an error.
     """
     from npu_migrate.discovery import GitStateUnknown, discover, uncommitted
-    from npu_migrate.helper_location import collect, helper_module
+    from npu_migrate.helper_location import collect, helper_module, possible_module_files
 
     def _uncommitted(paths, files):
         try:
@@ -318,9 +318,12 @@ def apply(
 
     root = _common_root(paths) if paths else Path.cwd()
     mode = Mode.OUTPUT if output is not None else (Mode.DIFF if diff or check else Mode.IN_PLACE)
-    dirty = (
-        _uncommitted(paths, found.files) if mode is Mode.IN_PLACE and config.require_clean_git and not force else set()
-    )
+    # An --output tree holds nothing above `root`: the package's helper module cannot go higher.
+    bounds = {f: helper_module(f, stop=root if output is not None else None) for f in found.files}
+    guard_git = mode is Mode.IN_PLACE and config.require_clean_git and not force
+    # The packages' helper modules are files the run may change too (it appends the helpers they lack).
+    modules = {m for f in found.files for m in possible_module_files(f, bounds[f])} if guard_git else set()
+    dirty = _uncommitted(paths, [*found.files, *sorted(modules)]) if guard_git else set()
     plan = Plan(
         enabled,
         version,
@@ -337,8 +340,7 @@ def apply(
             destination=(_absolute(output) / _absolute(f).relative_to(root)) if output is not None else None,
             ignore=config.ignored_for(_relative_to(f, config.root)),
             dirty=f in dirty,
-            # An --output tree holds nothing above `root`: the package's helper module cannot go higher.
-            helper_module=helper_module(f, stop=root if output is not None else None),
+            helper_module=bounds[f],
         )
         for f in found.files
     ]
@@ -350,7 +352,7 @@ def apply(
                 raise _fail(f"--output {output} is inside the input tree {given}; choose a folder outside it")
         _copy_tree_skeleton(paths, root, out)
     if dirty:
-        _refuse_dirty_changes([j for j in job_list if j.dirty], plan, jobs)
+        _refuse_dirty_changes(job_list, dirty & modules, plan, jobs, lambda path: _display(path, root))
     if interactive:
         raise typer.Exit(_review(job_list, plan, quiet=quiet))
 
@@ -432,17 +434,33 @@ def apply(
         raise typer.Exit(EXIT_CHANGES)
 
 
-def _refuse_dirty_changes(dirty_jobs, plan, workers) -> None:
+def _refuse_dirty_changes(job_list, dirty_modules, plan, workers, display) -> None:
     """Refuse the whole in-place run, before anything is written, when it would rewrite a file with
     uncommitted changes: a half-migrated tree is worse than none. A dirty file with nothing to migrate is
-    no reason to refuse, so the dirty files are migrated in memory first to see which would change."""
+    no reason to refuse, so the dirty files are migrated in memory first to see which would change. A
+    package's helper module (`dirty_modules`) changes only if the files that may import it need a helper
+    it lacks: those files are migrated in memory too, to see."""
     from dataclasses import replace
 
+    from npu_migrate.helper_location import collect, possible_module_files
     from npu_migrate.pipeline import Mode, Status
     from npu_migrate.runner import run
 
-    dry = replace(plan, mode=Mode.DIFF)
-    blocked = [r.display for r in run(dirty_jobs, dry, workers) if r.status is Status.CHANGED]
+    checked = [
+        job
+        for job in job_list
+        if job.dirty or dirty_modules.intersection(possible_module_files(job.path, job.helper_module))
+    ]
+    blocked, imports = [], {}
+    for job, result in zip(checked, run(checked, replace(plan, mode=Mode.DIFF), workers)):
+        if job.dirty and result.status is Status.CHANGED:
+            blocked.append(result.display)
+        collect(imports, job.path, result.helper_module, result.helper_imports)
+    needed = {path: names for path, names in imports.items() if path in dirty_modules}
+    if needed:
+        from npu_migrate.helper_modules import changes  # the fused rules: only once a file imports helpers
+
+        blocked += [f"{display(c.path)} (the package's fused-op helper module)" for c in changes(needed) if not c.error]
     if blocked:
         listed = "\n".join(f"  {name}" for name in blocked)
         raise _fail(

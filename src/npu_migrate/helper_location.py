@@ -83,6 +83,14 @@ def module_file(path: Path, module: str) -> Path:
     return folder / f"{MODULE}.py"
 
 
+def possible_module_files(path: Path, bound: str | None) -> list[Path]:
+    """Every helper module file the file `path` may import, given `bound` (`helper_module`): the file
+    proves how far up it may go only once migrated (`proven_module`), so each level up to the bound."""
+    if bound is None:
+        return []
+    return [module_file(path, relative_module(level)) for level in range(1, _level(bound) + 1)]
+
+
 def collect(into: dict[Path, set[str]], path: Path, module: str | None, names: Iterable[str]) -> None:
     """Note that the file `path` imports `names` from its helper `module`."""
     if module is not None and names:

@@ -6,7 +6,9 @@ file of no package (a script, a notebook, a namespace package without `__init__.
 The workers only write the import (`Job.helper_module`) and say which names each file imports
 (`FileResult.helper_imports`); the module itself is produced once, by the driver, after every file is
 done, as the union of what the package's files import and what the module already holds: it only ever
-grows, and what is in it (a reviewer's edits too) stays as it is.
+grows, and what is in it (a reviewer's edits too) stays as it is. A helper in it that differs from what
+this version writes is reported when a run reads the module itself (`FusedOpsChecker`, as for any file
+with helpers); deleted, it is written again.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from pathlib import Path
 
 from npu_migrate.pipeline import FileResult, Mode, Plan, Status, unified_diff, write_output
 from npu_migrate.source import SourceError, atomic_write, read_source
-from npu_migrate.transforms.fused import HELPER_NAMES, with_called_helpers
-from npu_migrate.transforms.fused.helpers import PRELUDE, defined_names, kernel_templates, module_text
+from npu_migrate.transforms.fused import HELPER_NAMES, templates_defining
+from npu_migrate.transforms.fused.helpers import defined_names, module_text
 
 
 @dataclass(frozen=True)
@@ -34,26 +36,12 @@ class ModuleChange:
     error: str = ""
 
 
-def _templates(names: Iterable[str]) -> list[str]:
-    """The helper templates that define `names`, with the kernel functions they call and the prelude
-    (every helper calls `_is_npu`), in a fixed order: prelude, kernel functions, the rest by name."""
-    by_name = {name: template for template, name in HELPER_NAMES.items()}
-    # and the helpers they call (`_npu_sdpa` calls `_npu_fusion_sdpa`, which calls `_npu_causal_mask`)
-    wanted = with_called_helpers(sorted(by_name[name] for name in names if name in by_name))
-    kernels = set(kernel_templates().values())
-    return [
-        PRELUDE,
-        *sorted(t for t in wanted if t in kernels),
-        *sorted(t for t in wanted if t not in kernels | {PRELUDE}),
-    ]
-
-
 def changes(imports: Mapping[Path, Iterable[str]]) -> list[ModuleChange]:
     """For each helper module file -> the names files import from it: the module as it must be, where that
     differs from what is on disk."""
     found = []
     for path, names in sorted(imports.items()):
-        templates = _templates(names)
+        templates = templates_defining(names)
         if not path.exists():
             found.append(ModuleChange(path, None, module_text(None, templates)))
             continue

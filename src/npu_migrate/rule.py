@@ -49,8 +49,9 @@ class Example:
     """Code a rule acts on. `tests/test_rule_docs.py` runs it, so the documentation cannot drift from the code.
 
     A rewrite rule's `before` becomes `after` with only the rule (and NPU001, where the rule needs
-    `import torch_npu`) selected; a report-only rule leaves `before` as it is (`after` None) and reports a
-    finding whose message contains `reports`. Analysis rules (tag "analysis") are checked on
+    `import torch_npu`) selected, the fused-op helpers it adds folded into one line
+    (`npu_migrate.rule_examples`); a report-only rule leaves `before` as it is (`after` None)
+    and reports a finding whose message contains `reports`. Analysis rules (tag "analysis") are checked on
     `npu-migrate analyze --mode all` of `before`.
     """
 

@@ -29,7 +29,9 @@ only known at run time, so the call is renamed to a typed wrapper with SDPA's si
 `calls`, `attention.py`).
 
 A second run recognises the branches (`if _is_npu(` opening a body), the renamed calls and the helpers
-by name.
+by name. A helper present is never rewritten (a reviewer's edits stay): one that differs from what this
+version writes (an older release's) is reported, and a deleted one that the file's code calls is written
+again, which is how a user takes this version's.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import ast
 import functools
 import importlib
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import libcst as cst
 
@@ -47,19 +49,25 @@ from npu_migrate.checkers import TreeChecker
 from npu_migrate.helper_location import MODULE, proven_module
 from npu_migrate.layout import fit, line_width
 from npu_migrate.names import Names
+from npu_migrate.rule import Rule
 from npu_migrate.scoped import Source, TreeReport
 from npu_migrate.transforms.common.guarded_import import is_guarded_import
 from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
     CAUSAL_MASK,
     PRELUDE,
+    defined_name,
     defined_names,
+    definition_key,
+    definitions,
     helper_code,
     imported_helpers,
+    kernel_function,
     kernel_templates,
     kernels_called,
     names_in,
     names_in_template,
+    parse_typed,
     rendered,
 )
 from npu_migrate.transforms.fused.idiom import Idiom
@@ -118,6 +126,10 @@ def _identifiers(node: ast.AST) -> set[str]:
             found.add(current.name)
         stack.extend(ast.iter_child_nodes(current))
     return found
+
+
+#: In the text of every file that holds a block of helpers (`_is_npu` is the prelude's).
+_HELPERS_MARKER = "def _is_npu("
 
 
 class _ModuleFunctions(Mapping):
@@ -247,14 +259,46 @@ def _replace_fix(code: str):
 
 
 @functools.cache
-def _own_helpers() -> frozenset[str]:
-    """Every name a helper template defines."""
-    return frozenset(
-        stmt.name
+def helper_definitions() -> dict[str, str]:
+    """Every module-level name a helper template defines -> its definition as this version writes it
+    (`definition_key`): a copy that differs is an older release's, or edited."""
+    return {
+        name: definition_key(stmt)
         for template in HELPER_NAMES
-        for stmt in ast.parse(rendered(template)).body
-        if isinstance(stmt, (*_DEFS, ast.ClassDef))
-    )
+        for name, stmt in definitions(parse_typed(rendered(template))).items()
+    }
+
+
+@functools.cache
+def helper_groups() -> dict[str, tuple[str, ...]]:
+    """Every module-level name a helper template defines -> every name its template defines: they are
+    written together, and so must be deleted together to be written again."""
+    return {
+        name: tuple(names)
+        for template in HELPER_NAMES
+        for names in [list(definitions(ast.parse(rendered(template))))]
+        for name in names
+    }
+
+
+@functools.cache
+def helper_rules() -> dict[str, Rule]:
+    """Every module-level name a helper template defines -> the rule a finding about it is reported under:
+    that of the first idiom, in rule-id order, whose rewrites write it (`_is_npu`: every idiom's)."""
+    found: dict[str, Rule] = {}
+    for idiom in IDIOMS:
+        kernels = [kernel_templates().get(kernel_function(kernel)) for kernel in idiom.kernels]
+        templates = [PRELUDE, *with_called_helpers([*idiom.helpers, *filter(None, kernels)])]
+        for template in templates:
+            for name in definitions(ast.parse(rendered(template))):
+                found.setdefault(name, idiom.rule)
+    return found
+
+
+def is_helper(stmt: ast.stmt) -> bool:
+    """Whether the module-level `stmt` (parsed by `parse_typed`) defines a helper as this version writes it."""
+    name = defined_name(stmt)
+    return name in helper_definitions() and definition_key(stmt) == helper_definitions()[name]
 
 
 def _kernel_helpers(code: str, template: str) -> list[str]:
@@ -336,17 +380,20 @@ def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement, index: i
 
 class FusedOpsChecker(TreeChecker):
     rules = tuple({idiom.rule.id: idiom.rule for idiom in IDIOMS}.values())
-    markers = tuple(dict.fromkeys(marker for idiom in IDIOMS for marker in idiom.markers))
+    # A file holding the helpers (a package's helper module, a migrated file) is looked at for them: one
+    # that differs from what this version writes is reported (`_stale_helpers`). Every block of helpers
+    # defines `_is_npu`, which reads `torch_npu` (the start-up gate's marker).
+    markers = (*dict.fromkeys(marker for idiom in IDIOMS for marker in idiom.markers), "torch_npu")
 
     @classmethod
     def wants_words(cls, words) -> bool:
         # Words of the text, not substrings ("sin" is in "using"): rules out 60% of transformers without
         # an `ast`.
-        return any(idiom.uses_identifiers(words.__contains__) for idiom in IDIOMS)
+        return any(idiom.uses_identifiers(words.__contains__) for idiom in IDIOMS) or "_is_npu" in words
 
     @classmethod
     def wants(cls, index) -> bool:
-        return any(idiom.uses_identifiers(index.uses) for idiom in IDIOMS)
+        return any(idiom.uses_identifiers(index.uses) for idiom in IDIOMS) or index.uses("_is_npu")
 
     def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
         self.source = source
@@ -369,6 +416,8 @@ class FusedOpsChecker(TreeChecker):
         self._walk(tree.body, owner=None)
         self._optional_imports(tree)
         self._prelude(tree)
+        if _HELPERS_MARKER in source.text:
+            self._stale_helpers(tree)
         return self.reports
 
     # -- the walk: defs with their class, and calls ---------------------------------------------------
@@ -387,7 +436,11 @@ class FusedOpsChecker(TreeChecker):
                     + [h.type for h in getattr(node, "handlers", ()) if h.type is not None]
                     + [c.guard for c in getattr(node, "cases", ()) if c.guard is not None],
                 )
-            if isinstance(node, (*_DEFS, ast.ClassDef)) and node.name.startswith("_") and node.name in _own_helpers():
+            if (
+                isinstance(node, (*_DEFS, ast.ClassDef))
+                and node.name.startswith("_")
+                and node.name in helper_definitions()
+            ):
                 continue  # our helpers call SDPA and the kernels themselves
             if isinstance(node, ast.ClassDef):
                 self._walk(node.body, owner=node)
@@ -556,16 +609,26 @@ class FusedOpsChecker(TreeChecker):
     # -- the prelude -----------------------------------------------------------------------------------
 
     def _prelude(self, tree: ast.Module) -> None:
-        if not self.applied:
+        # A file whose code calls a helper it no longer defines (deleted, to take this version's: see
+        # `_stale_helpers`) gets it back, as a file with a new rewrite gets the helpers it calls.
+        called = _helpers_called(tree) if _reads_helpers(self.names) else set()
+        if not self.applied and not called:
             return
+        existing = defined_names(tree) | set(_imported_from_any_level(tree))
         module = proven_module(self.source.helper_module, tree)
         if module is not None and not _runs_as_script(tree):
-            self._import_helpers(tree, module)
+            self._import_helpers(tree, module, sorted(called - existing))
             return
-        templates = [PRELUDE, *dict.fromkeys(h for helpers, _, _ in self.applied for h in helpers)]
+        # With the helpers those call (`_npu_sdpa` calls `_npu_fusion_sdpa`): nothing else writes a file's own.
+        # Only a missing one's: a helper the file keeps calls what its own text calls, which an older
+        # release's may not (`_npu_fusion_sdpa` before `_npu_causal_mask`).
+        absent = called - existing
+        restored = [t for t in templates_defining(absent) if HELPER_NAMES[t] not in existing] if absent else []
+        if not self.applied and not restored:
+            return
+        templates = [PRELUDE, *dict.fromkeys([*(h for helpers, _, _ in self.applied for h in helpers), *restored])]
         kernels = set(kernel_templates().values())
         templates.sort(key=lambda t: (t != PRELUDE, t not in kernels))  # stable: the rest in order of use
-        existing = defined_names(tree) | set(_imported_from_any_level(tree))
         missing = [t for t in templates if HELPER_NAMES[t] not in existing]
         if missing:
             names = ", ".join(f"`{HELPER_NAMES[t]}`" for t in missing)
@@ -576,7 +639,7 @@ class FusedOpsChecker(TreeChecker):
             anchor, after = _prelude_anchor(tree)
             self.reports.append(
                 TreeReport(
-                    self.applied[0][2].rule,
+                    self._helpers_rule(missing),
                     tree,
                     f"fused-op helpers {names}{what} added after the imports",
                     fix=_helpers_fix(helper_code(missing, guarded), after),
@@ -587,10 +650,18 @@ class FusedOpsChecker(TreeChecker):
                 )
             )
 
-    def _import_helpers(self, tree: ast.Module, module: str) -> None:
+    def _helpers_rule(self, templates: list[str]) -> Rule:
+        """The rule the report of added `templates` goes under: that of the rewrites they serve, or, where
+        they only restore deleted helpers, the first helper's (`helper_rules`)."""
+        return self.applied[0][2].rule if self.applied else helper_rules()[HELPER_NAMES[templates[0]]]
+
+    def _import_helpers(self, tree: ast.Module, module: str, unbound: list[str]) -> None:
         """A file of a package imports the helpers its branches call from the package's helper module,
         which the driver writes once for all of them (`npu_migrate.helper_modules`)."""
-        called = dict.fromkeys(t for _, names, _ in self.applied for t in names)
+        by_name = {name: template for template, name in HELPER_NAMES.items()}
+        called = dict.fromkeys([*(t for _, names, _ in self.applied for t in names), *map(by_name.get, unbound)])
+        if not called:
+            return
         existing = defined_names(tree) | set(_imported_from_any_level(tree))
         missing = [HELPER_NAMES[t] for t in called if HELPER_NAMES[t] not in existing]
         if not missing:
@@ -606,7 +677,7 @@ class FusedOpsChecker(TreeChecker):
         listed = ", ".join(f"`{name}`" for name in missing)
         self.reports.append(
             TreeReport(
-                self.applied[0][2].rule,
+                self._helpers_rule([by_name[name] for name in missing]),
                 tree,
                 f"fused-op helpers {listed} imported from `{module}`, the package's helper module",
                 fix=fix,
@@ -615,3 +686,96 @@ class FusedOpsChecker(TreeChecker):
                 data={"fused": "helpers"},
             )
         )
+
+    # -- helpers of another version ----------------------------------------------------------------------
+
+    def _stale_helpers(self, tree: ast.Module) -> None:
+        """Report each helper the file defines (a package's helper module, or a file with its own helpers)
+        that differs from what this version writes, leaving it as it is: an older release's (a fix since
+        then never reaches it, as helpers present are never rewritten) or the user's edit, which must stay.
+        Layout, comments and docstrings do not count."""
+        from npu_migrate import __version__
+
+        for name, stmt in definitions(tree).items():
+            rule = helper_rules().get(name)
+            if (
+                rule is None
+                or rule.id not in self.enabled
+                or _definition_key(self.source.segment(stmt))
+                in (
+                    None,
+                    helper_definitions()[name],
+                )
+            ):
+                continue
+            group = helper_groups()[name]
+            definition = (
+                "its definition"
+                if len(group) == 1
+                else "the definitions of " + " and ".join(f"`{n}`" for n in group) + ", which are written together,"
+            )
+            self.reports.append(
+                TreeReport(
+                    rule,
+                    stmt,
+                    f"fused-op helper `{name}` differs from the one npu-migrate {__version__} writes (an older "
+                    f"release's, or edited): left as it is. To take this version's, delete {definition} and run "
+                    "`npu-migrate apply` again over the files that call it (with --force while the deletion is "
+                    f"uncommitted); to keep it, add `# noqa: {rule.id}` to the line that defines it",
+                    data={"fused": "helpers", "helper": name},
+                )
+            )
+
+
+def templates_defining(names: Iterable[str]) -> list[str]:
+    """The helper templates that define `names`, with the helpers and kernel functions they call and the
+    prelude (every helper calls `_is_npu`), in a fixed order: prelude, kernel functions, the rest by name."""
+    by_name = {name: template for template, name in HELPER_NAMES.items()}
+    # and the helpers they call (`_npu_sdpa` calls `_npu_fusion_sdpa`, which calls `_npu_causal_mask`)
+    wanted = with_called_helpers(sorted(by_name[name] for name in names if name in by_name))
+    kernels = set(kernel_templates().values())
+    return [
+        PRELUDE,
+        *sorted(t for t in wanted if t in kernels),
+        *sorted(t for t in wanted if t not in kernels | {PRELUDE}),
+    ]
+
+
+def _reads_helpers(names: Iterable[str]) -> bool:
+    """Whether a file whose identifiers are `names` may read a helper's name."""
+    return any(name in names for name in HELPER_NAMES.values())
+
+
+def _helpers_called(tree: ast.Module) -> set[str]:
+    """The helpers (by `HELPER_NAMES`) the file's code outside the helpers' definitions reads, where nothing
+    but those definitions binds them (a name the file imports from elsewhere, or binds in another way, is
+    not ours to write). None where a `from ... import *` may bind them."""
+    helpers = set(HELPER_NAMES.values())
+    read, bound = set(), set()
+    for stmt in tree.body:
+        if defined_name(stmt) in helper_definitions():
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name):
+                (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+            elif isinstance(node, (*_DEFS, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, ast.alias):
+                if node.name == "*":
+                    return set()
+                bound.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                bound.update(node.names)
+    return (read & helpers) - bound
+
+
+@functools.lru_cache(maxsize=512)
+def _definition_key(code: str) -> str | None:
+    """`definition_key` of the one statement `code` (a helper is the same in many files: read once), or None
+    where its type comments do not parse."""
+    try:
+        return definition_key(parse_typed(code).body[0])
+    except (SyntaxError, ValueError, IndexError):
+        return None

@@ -26,6 +26,7 @@ compiler reads.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 from importlib import resources
 
@@ -98,6 +99,46 @@ def imported_helpers(tree: ast.Module, module: str) -> list[str]:
         for alias in stmt.names
         if alias.asname is None
     ]
+
+
+def definitions(tree: ast.Module) -> dict[str, ast.stmt]:
+    """The module-level defs, classes and assignments to one name of `tree`, by name: the last one where a
+    name is bound twice, as at run time."""
+    return {name: stmt for stmt in tree.body if (name := defined_name(stmt)) is not None}
+
+
+def defined_name(stmt: ast.stmt) -> str | None:
+    """The name a module-level def, class or assignment to one name binds."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return stmt.name
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+    return targets[0].id if len(targets) == 1 and isinstance(targets[0], ast.Name) else None
+
+
+def parse_typed(code: str) -> ast.Module:
+    """`code` parsed with its type comments, which TorchScript reads: part of what a helper is."""
+    return ast.parse(code, type_comments=True)
+
+
+def definition_key(stmt: ast.stmt) -> str:
+    """What a helper's definition (parsed by `parse_typed`) is, for telling whether two copies differ:
+    its `ast` with type comments, without positions, comments, layout or docstrings."""
+    return ast.dump(_without_docstrings(stmt))
+
+
+def _without_docstrings(stmt: ast.stmt) -> ast.stmt:
+    stripped = copy.deepcopy(stmt)
+    for node in ast.walk(stripped):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body:
+            first = body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+    return stripped
 
 
 def defined_names(tree: ast.Module) -> set[str]:

@@ -75,36 +75,12 @@ RMS_NORM = Rule(
                     variance = x.pow(2).mean(-1, keepdim=True)
                     return self.weight * (x * torch.rsqrt(variance + self.eps))
         """,
-        after='''
+        after="""
             import torch
             from torch import nn
 
 
-            try:
-                import torch_npu
-            except ImportError:  # not an Ascend host: the original code runs
-                torch_npu = None
-
-
-            def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`.
-
-                True where torch_npu imported and `x` is on an NPU.
-                """
-                # Never while TorchScript compiles or FX traces: their graphs keep the
-                # original code.
-                if torch.jit.is_scripting():
-                    return False
-                if torch_npu is None or isinstance(x, torch.fx.Proxy):
-                    return False
-                return x.device.type == "npu"
-
-
-            @torch.jit.unused
-            def _npu_rms_norm(x, gamma, epsilon):
-                # type: (Tensor, Tensor, float) -> Tuple[Tensor, Tensor]
-                """torch_npu.npu_rms_norm, out of TorchScript's reach."""
-                return torch_npu.npu_rms_norm(x, gamma, epsilon=epsilon)
+            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_rms_norm
 
 
             class RMSNorm(nn.Module):
@@ -124,7 +100,7 @@ RMS_NORM = Rule(
                         return _npu_rms_norm(x, self.weight, epsilon=self.eps)[0]
                     variance = x.pow(2).mean(-1, keepdim=True)
                     return self.weight * (x * torch.rsqrt(variance + self.eps))
-        ''',
+        """,
     ),
     fix_safety=FixSafety.NEEDS_REVIEW,
     review="""

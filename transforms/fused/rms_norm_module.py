@@ -59,83 +59,12 @@ RMS_NORM_MODULE = Rule(
                 def forward(self, x):
                     return self.norm(x)
         """,
-        after='''
+        after="""
             import torch
             from torch import nn
 
 
-            try:
-                import torch_npu
-            except ImportError:  # not an Ascend host: the original code runs
-                torch_npu = None
-
-
-            def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`.
-
-                True where torch_npu imported and `x` is on an NPU.
-                """
-                # Never while TorchScript compiles or FX traces: their graphs keep the
-                # original code.
-                if torch.jit.is_scripting():
-                    return False
-                if torch_npu is None or isinstance(x, torch.fx.Proxy):
-                    return False
-                return x.device.type == "npu"
-
-
-            @torch.jit.unused
-            def _npu_rms_norm(x, gamma, epsilon):
-                # type: (Tensor, Tensor, float) -> Tuple[Tensor, Tensor]
-                """torch_npu.npu_rms_norm, out of TorchScript's reach."""
-                return torch_npu.npu_rms_norm(x, gamma, epsilon=epsilon)
-
-
-            # torch before 2.4 has no RMSNorm: the file still imports, and building one
-            # fails there as it did.
-            class _NpuRMSNorm(getattr(torch.nn, "RMSNorm", torch.nn.Module)):
-                """torch.nn.RMSNorm, by torch_npu's npu_rms_norm on NPU tensors.
-
-                Only where the kernel computes the same.
-                """
-
-                def forward(self, x: torch.Tensor) -> torch.Tensor:
-                    # The kernel normalises over the weight's dims in fp32, wants the
-                    # weight in x's dtype and an explicit eps (RMSNorm's default, None, is
-                    # the dtype's machine epsilon), and takes 2 to 8 dims.
-                    # One None test an `if`: TorchScript drops the branches of a module
-                    # built without one statically.
-                    weight, eps = self.weight, self.eps
-                    if eps is not None:
-                        dtypes = (torch.float16, torch.bfloat16, torch.float32)
-                        if _is_npu(x) and x.dtype in dtypes and 2 <= x.dim() <= 8:
-                            if weight is None:
-                                return _npu_rms_norm_unweighted(
-                                    x, self.normalized_shape, eps
-                                )
-                            elif weight.dtype == x.dtype:
-                                return _npu_rms_norm(x, weight, eps)[0]
-                    return torch.nn.functional.rms_norm(
-                        x, self.normalized_shape, self.weight, self.eps
-                    )
-
-
-            _NPU_RMS_NORM_ONES = {}
-
-
-            @torch.jit.unused
-            def _npu_rms_norm_unweighted(x, normalized_shape, eps):
-                # type: (torch.Tensor, Any, float) -> torch.Tensor
-                """npu_rms_norm without a weight: a gamma of ones.
-
-                Made once per shape, dtype and device.
-                """
-                key = (tuple(normalized_shape), x.dtype, x.device)
-                ones = _NPU_RMS_NORM_ONES.get(key)
-                if ones is None:
-                    ones = torch.ones(key[0], dtype=x.dtype, device=x.device)
-                    _NPU_RMS_NORM_ONES[key] = ones
-                return _npu_rms_norm(x, ones, eps)[0]
+            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_rms_norm, _NpuRMSNorm, _npu_rms_norm_unweighted
 
 
             class Block(nn.Module):
@@ -145,7 +74,7 @@ RMS_NORM_MODULE = Rule(
 
                 def forward(self, x):
                     return self.norm(x)
-        ''',
+        """,
     ),
     fix_safety=FixSafety.NEEDS_REVIEW,
     review="""

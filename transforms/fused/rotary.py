@@ -97,89 +97,11 @@ ROTARY = Rule(
             def apply_rotary(q, cos, sin):
                 return q * cos + rotate_half(q) * sin
         """,
-        after='''
+        after="""
             import torch
 
 
-            try:
-                import torch_npu
-            except ImportError:  # not an Ascend host: the original code runs
-                torch_npu = None
-
-
-            def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`.
-
-                True where torch_npu imported and `x` is on an NPU.
-                """
-                # Never while TorchScript compiles or FX traces: their graphs keep the
-                # original code.
-                if torch.jit.is_scripting():
-                    return False
-                if torch_npu is None or isinstance(x, torch.fx.Proxy):
-                    return False
-                return x.device.type == "npu"
-
-
-            @torch.jit.unused
-            def _npu_rotary_mul(x, r1, r2, rotary_mode):
-                # type: (torch.Tensor, torch.Tensor, torch.Tensor, str) -> torch.Tensor
-                """torch_npu.npu_rotary_mul, out of TorchScript's reach."""
-                # torch_npu versions before rotary_mode take no such argument.
-                if rotary_mode == "half":
-                    return torch_npu.npu_rotary_mul(x, r1, r2)
-                return torch_npu.npu_rotary_mul(x, r1, r2, rotary_mode=rotary_mode)
-
-
-            @torch.jit.unused
-            def _npu_rotary_fits(cos, sin, x, mode):
-                # type: (torch.Tensor, torch.Tensor, torch.Tensor, str) -> bool
-                """Whether `npu_rotary_mul(x, cos, sin, mode)` equals the original.
-
-                The original: the broadcast `x * cos + rotate(x) * sin`.
-                """
-                # 4-D tensors of one dtype (the original would promote a mixed one),
-                # cos/sin of one shape that broadcasts into x without growing it, in a
-                # layout the kernel takes, an even head dim below 896.
-                if cos.dim() != 4 or cos.shape != sin.shape or cos.dtype != sin.dtype:
-                    return False
-                if cos.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-                    return False
-                d = x.shape[-1]
-                if (
-                    x.dim() != 4
-                    or x.dtype != cos.dtype
-                    or cos.shape[-1] != d
-                    or d % 2
-                    or d >= 896
-                ):
-                    return False
-                needs_grad = cos.requires_grad or sin.requires_grad
-                # x's (B, N) dims per layout (BNSD, BSND, SBND), and the cos/sin shapes
-                # the kernel takes for it, as which of the first three dims are full-size
-                # (the others are 1): 11SD/B1SD/BNSD, 1S1D/BS1D/BSND, S11D/SB1D/SBND;
-                # "interleave" takes only the first of each.
-                for (b, n), shapes in (
-                    ((0, 1), ((0, 0, 1), (1, 0, 1), (1, 1, 1))),
-                    ((0, 2), ((0, 1, 0), (1, 1, 0), (1, 1, 1))),
-                    ((1, 2), ((1, 0, 0), (1, 1, 0), (1, 1, 1))),
-                ):
-                    if mode == "interleave":
-                        shapes = shapes[:1]
-                        limits = x.shape[b] * x.shape[n] < 1000
-                    else:
-                        limits = x.shape[b] < 1000 and x.shape[n] < 1000
-                    if needs_grad and x.shape[b] * x.shape[n] > 1024:
-                        limits = False
-                    if limits and any(
-                        all(
-                            c == s if full else c == 1
-                            for c, s, full in zip(cos.shape[:3], x.shape[:3], shape)
-                        )
-                        for shape in shapes
-                    ):
-                        return True
-                return False
+            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_rotary_mul, _npu_rotary_fits
 
 
             def rotate_half(x):
@@ -191,7 +113,7 @@ ROTARY = Rule(
                 if _is_npu(q) and _npu_rotary_fits(cos, sin, q, mode="half"):
                     return _npu_rotary_mul(q, cos, sin, rotary_mode="half")
                 return q * cos + rotate_half(q) * sin
-        ''',
+        """,
     ),
     fix_safety=FixSafety.NEEDS_REVIEW,
     review="""

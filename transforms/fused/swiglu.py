@@ -63,53 +63,13 @@ SWIGLU = Rule(
                 def forward(self, x):
                     return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         """,
-        after='''
+        after="""
             import torch
             import torch.nn.functional as F
             from torch import nn
 
 
-            try:
-                import torch_npu
-            except ImportError:  # not an Ascend host: the original code runs
-                torch_npu = None
-
-
-            def _is_npu(x: torch.Tensor) -> bool:
-                """Whether the fused torch_npu kernels may run on `x`.
-
-                True where torch_npu imported and `x` is on an NPU.
-                """
-                # Never while TorchScript compiles or FX traces: their graphs keep the
-                # original code.
-                if torch.jit.is_scripting():
-                    return False
-                if torch_npu is None or isinstance(x, torch.fx.Proxy):
-                    return False
-                return x.device.type == "npu"
-
-
-            @torch.jit.unused
-            def _npu_swiglu(x, dim):
-                # type: (torch.Tensor, int) -> torch.Tensor
-                """torch_npu.npu_swiglu, out of TorchScript's reach."""
-                return torch_npu.npu_swiglu(x, dim=dim)
-
-
-            def _npu_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-                """`silu(gate) * up`, by npu_swiglu on the two concatenated.
-
-                Only where they have one shape and dtype.
-                """
-                # `torch.cat` would neither broadcast them nor keep the dtype a mixed
-                # product promotes to; npu_swiglu takes fp16, bf16 or fp32 in 1 to 8 dims.
-                fits = (
-                    gate.dtype in (torch.float16, torch.bfloat16, torch.float32)
-                    and 1 <= gate.dim() <= 8
-                )
-                if fits and gate.shape == up.shape and gate.dtype == up.dtype:
-                    return _npu_swiglu(torch.cat((gate, up), dim=-1), dim=-1)
-                return torch.nn.functional.silu(gate) * up
+            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_swiglu, _npu_silu_mul
 
 
             class MLP(nn.Module):
@@ -125,7 +85,7 @@ SWIGLU = Rule(
                             _npu_silu_mul(self.gate_proj(x), self.up_proj(x))
                         )
                     return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        ''',
+        """,
     ),
     fix_safety=FixSafety.NEEDS_REVIEW,
     review="""
