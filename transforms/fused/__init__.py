@@ -48,6 +48,7 @@ from npu_migrate.astindex import AstIndex
 from npu_migrate.checkers import TreeChecker
 from npu_migrate.helper_location import MODULE, proven_module
 from npu_migrate.layout import fit, line_width
+from npu_migrate.lines import LINE_BREAK
 from npu_migrate.names import Names
 from npu_migrate.rule import Rule
 from npu_migrate.scoped import Source, TreeReport
@@ -198,6 +199,13 @@ def _helpers_fix(code: str, after: bool):
         return cst.FlattenSentinel([updated, *new] if after else [*new, updated])
 
     return fix
+
+
+def _with_line_breaks(code: str, text: str) -> str:
+    """`code` with the file's line break: libcst writes the statements' own with the file's, but a
+    docstring of several lines keeps the ones it was parsed with."""
+    found = LINE_BREAK.search(text)
+    return code if found is None or found.group() == "\n" else code.replace("\n", found.group())
 
 
 @functools.cache
@@ -642,7 +650,7 @@ class FusedOpsChecker(TreeChecker):
                     self._helpers_rule(missing),
                     tree,
                     f"fused-op helpers {names}{what} added after the imports",
-                    fix=_helpers_fix(helper_code(missing, guarded), after),
+                    fix=_helpers_fix(_with_line_breaks(helper_code(missing, guarded), self.source.text), after),
                     target=anchor,
                     serves=tuple(report for *_, report in self.applied),
                     # Not a site of the idiom: analyze's affinity report counts sites, not this.
