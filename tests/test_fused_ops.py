@@ -331,12 +331,12 @@ def test_sdpa_keyword_path_with_gqa_and_explicit_scale():
 # -- the comparisons above catch wrong generated code -------------------------------------------------
 
 MUTANTS = {
-    "mask polarity not inverted": ("torch.logical_not(attn_mask", "(attn_mask"),
-    "scale left at the kernel's default": ("atten_mask=mask, scale=scale,", "atten_mask=mask,"),
+    "mask polarity not inverted": ("torch.logical_not(expanded)", "(expanded)"),
+    "scale left at the kernel's default": ("atten_mask=mask,\n        scale=scale,\n", "atten_mask=mask,\n"),
     "causal aligned bottom-right": ("sparse_mode = 2", "sparse_mode = 3"),
     "no invalid-row handling": ("inner_precise = 2", "inner_precise = 0"),
     "no causal mask (atten_mask=None is full attention)": (
-        "mask = _NPU_CAUSAL_MASKS.get(query.device)",
+        "mask = _npu_causal_mask(query.device)",
         "return torch_npu.npu_fusion_attention(query, key, value, heads, 'BNSD', scale=1.0 / dim ** 0.5)[0]",
     ),
 }
