@@ -402,3 +402,75 @@ def test_an_import_of_a_cuda_only_package_in_a_try_does_not_keep_its_guard():
     )
     assert "if torch.npu.is_available():" in migrated
     assert "left as is" not in findings[(3, "NPU201")]
+
+
+XOPS = """\
+import torch
+
+try:
+    import xformers.ops as xops
+except ImportError:
+    xops = None
+"""
+
+
+def test_a_guard_calling_into_xformers_through_the_files_functions_stays_at_any_depth():
+    text = XOPS + textwrap.dedent(
+        """
+        def d(x):
+            return xops.memory_efficient_attention(x, x, x)
+
+        def c(x):
+            return d(x)
+
+        def b(x):
+            return c(x)
+
+        def a(x):
+            return b(x)
+
+        def run(x):
+            if torch.cuda.is_available():
+                return a(x)
+            return x
+        """
+    )
+    migrated, findings = _migrate(text)
+    assert "if torch.cuda.is_available():" in migrated
+    assert any("calls `a`" in message and "which calls `d`" in message for message in findings.values())
+
+
+def test_a_method_is_followed_in_its_own_class_and_its_subclasses_only():
+    text = XOPS + textwrap.dedent(
+        """
+        class Fast(torch.nn.Module):
+            def attend(self, x):
+                return xops.memory_efficient_attention(x, x, x)
+
+            def forward(self, x):
+                if torch.cuda.is_available():
+                    return self.attend(x)
+                return x
+
+        class Plain(torch.nn.Module):
+            def attend(self, x):
+                return x.softmax(-1)
+
+            def forward(self, x):
+                if torch.cuda.is_available():
+                    return self.attend(x)
+                return x
+
+        class Child(Fast):
+            def run(self, x):
+                if torch.cuda.is_available():
+                    return self.attend(x)
+                return x
+        """
+    )
+    migrated, _ = _migrate(text)
+    # Fast's and Child's (inherited) guards stay; Plain's own attend runs anywhere, so its guard is flipped.
+    assert migrated.count("if torch.cuda.is_available():") == 2
+    assert migrated.count("if torch.npu.is_available():") == 1
+    plain = migrated.index("class Plain")
+    assert migrated.index("if torch.npu.is_available():") > plain > migrated.index("class Fast")

@@ -235,16 +235,13 @@ def note_module_flags(ctx) -> None:
                     report.message += note
 
 
-#: How many calls deep unsafe code is followed through the file's own functions (`fast` -> `attend` -> xops).
-_CALL_DEPTH = 3
-
-
 def _calls_reaching(tree: _Tree, ctx, unsafe: list[Unsafe], line_of) -> list[Unsafe]:
     """Calls of the file's own functions whose bodies hold unsafe code: a guard that calls `attend(x)`, which
     calls `xops.memory_efficient_attention`, sends an NPU host there as surely as the call written inline.
-    Module-level functions by name, methods as `self.name(...)` within their class. A use of a CUDA-only
+    Module-level functions by name, methods as `self.name(...)` within their class or a subclass of the file. A use of a CUDA-only
     name under an `if` that tests that name (`if xops is not None:`) is the function's own fallback: not
     followed."""
+    # To any depth (`fast` -> `attend` -> xops); each function is flagged once, which also ends cycles.
     functions: dict[str, list[cst.FunctionDef]] = {}
     for statement in ctx.module.body:
         if isinstance(statement, cst.FunctionDef):
@@ -257,27 +254,45 @@ def _calls_reaching(tree: _Tree, ctx, unsafe: list[Unsafe], line_of) -> list[Uns
         return []
     owner = {id(f): name for name, defs in functions.items() for f in defs}
     reached: list[Unsafe] = []
-    flagged: set[str] = set()
+    flagged: set[int] = set()  # by definition: two classes may each have a method of the same name
     frontier = [u for u in unsafe if not _tested_in_place(tree, u.node)]
-    for _ in range(_CALL_DEPTH):
+    while frontier:
         found = []
         for u in frontier:
             function = _enclosing_function(tree, u.node)
             name = owner.get(id(function)) if function is not None else None
-            if name is None or name in flagged:
+            if name is None or id(function) in flagged:
                 continue
-            flagged.add(name)
+            flagged.add(id(function))
             for use in tree.names.get(name, ()):
                 call = tree.parent(use)
                 if not (isinstance(call, cst.Call) and call.func is use) or _enclosing_function(tree, use) is function:
                     continue
-                if name.startswith("self.") and _enclosing_class(tree, use) is not _enclosing_class(tree, function):
-                    continue
+                if name.startswith("self.") and not _finds_method(
+                    _enclosing_class(tree, use), _enclosing_class(tree, function), name.removeprefix("self."), ctx
+                ):
+                    continue  # another class's method of that name
                 shown = name.removeprefix("self.")
                 found.append(Unsafe(use, f"calls `{shown}` (line {line_of(function)}), which {u.why}"))
         reached += found
         frontier = found
     return reached
+
+
+def _finds_method(cls: cst.ClassDef | None, owner: cst.ClassDef | None, method: str, ctx) -> bool:
+    """Whether `self.method` in class `cls` reaches `owner`'s method: `cls` is `owner`, or inherits it from
+    a base of the file that is (a method of `cls`'s own, or of a nearer base, comes first)."""
+    classes = {s.name.value: s for s in ctx.module.body if isinstance(s, cst.ClassDef)}
+    seen: set[int] = set()
+    while cls is not None and id(cls) not in seen:
+        if cls is owner:
+            return True
+        seen.add(id(cls))
+        if any(isinstance(m, cst.FunctionDef) and m.name.value == method for m in cls.body.body):
+            return False
+        bases = [classes.get(b.value.value) for b in cls.bases if isinstance(b.value, cst.Name)]
+        cls = next((b for b in bases if b is not None), None)  # the first base of the file: Python's MRO start
+    return False
 
 
 def _enclosing_function(tree: _Tree, node: cst.CSTNode) -> cst.FunctionDef | None:
