@@ -79,6 +79,17 @@ FLASH_ATTN = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _torch_npu_installed(monkeypatch):
+    """A migrated try-import re-raises without flash-attn unless torch_npu is installed: here, where neither
+    is, it binds None as on an Ascend host, and the names get our model of flash-attn (`_load`) or stay
+    None. (Without this, `test_a_migrated_import_re_raises_off_an_ascend_host`.)"""
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "torch_npu" else real_find_spec(name, *a)
+    )
+
+
 def _load(case: str, *, migrated: bool, npu: bool, flash_attn: bool = True, mutate=()):
     """The fixture's namespace: with flash-attn (our model) bound to its names or absent (None, as the
     fixture's try-import leaves them here), and on a simulated NPU or not."""
@@ -284,3 +295,12 @@ def test_migrated_calls_survive_every_graph_mode_the_original_does(mode, torch_n
         return  # the original does not survive this mode: nothing to keep
     assert migrated_failure is None, f"survives {mode} before migration, not after: {migrated_failure!r}"
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_a_migrated_import_re_raises_off_an_ascend_host(monkeypatch):
+    # No flash-attn and no torch_npu (a CPU host, a CUDA host with a broken flash-attn): the original's
+    # ImportError, which a caller's `try: ... except ImportError:` fallback may be waiting for.
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    text = (CASES / "unconditional_import.out.py").read_text(encoding="utf-8")
+    with pytest.raises(ImportError, match="flash_attn"):
+        exec(compile(text, "unconditional_import", "exec"), {"__name__": "fixture"})

@@ -9,14 +9,20 @@ there (`if flash_attn_func is not None:`), the statement becomes
 
     try:
         from flash_attn import flash_attn_func
-    except ImportError:  # no flash_attn (an NPU host): the calls take the NPU path
-        flash_attn_func = None
+    except ImportError:
+        import importlib.util
 
-and a CUDA host imports exactly what it did. Every other import of the package (any submodule, `import
-flash_attn`, inside a function or not) that an NPU host can run is reported, once per statement, with what
-to do: the package table's advice for what it imports (`third_party.toml`). An import an NPU host never
-runs is left alone: in the body (or `else`) of a `try` whose handler catches ImportError without raising
-again, under `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does not take (a test
+        if importlib.util.find_spec("torch_npu") is None:
+            raise  # not an Ascend host: the original's error
+        flash_attn_func = None  # the calls take torch_npu's kernel
+
+and a CUDA host imports exactly what it did; a host with neither package fails as the original did (a
+caller's `except ImportError:` fallback still runs there). Every other import of the package (any
+submodule, `import flash_attn`, inside a function or not) that an NPU host can run is reported, once per
+statement, with what to do: the package table's advice for what it imports (`third_party.toml`). An
+import an NPU host never runs is left alone: in the body of a `try` whose handler catches ImportError
+without raising again (and its `else`, where the body imports the package), under `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does
+not take (a test
 of the package's presence: `is_flash_attn_2_available()`, `importlib.util.find_spec("flash_attn")`, a flag
 a try-import or such a test sets, a name a try-import binds, `TYPE_CHECKING`, a test of CUDA; the `else`
 of a test for torch_npu: `is_torch_npu_available()`), or after an `if` an NPU host takes that returns or
@@ -162,6 +168,8 @@ def _sites(tree: ast.Module, package: str, flags: dict[str, int]) -> Iterator[_S
                 caught = any(_survives_import_error(handler) for handler in stmt.handlers)
                 if not caught:
                     yield from block(stmt.body, scope, conditions)
+                # The `else` runs where the body imported: never on an NPU host if that was the package.
+                if not caught or not any(_imports(s, package) for s in stmt.body):
                     yield from block(stmt.orelse, scope, conditions)
                 for handler in stmt.handlers:
                     yield from block(handler.body, scope, conditions)
@@ -345,8 +353,11 @@ def _conditional(package: str, names: list[str]):
         code = (
             "try:\n"
             + "".join(f"    {text}\n" if text.strip() else "\n" for text in line.rstrip("\n").split("\n"))
-            + f"except ImportError:  # no {package} (an NPU host): the calls take the NPU path\n"
-            + f"    {' = '.join(names)} = None\n"
+            + "except ImportError:\n"
+            + "    import importlib.util\n\n"
+            + '    if importlib.util.find_spec("torch_npu") is None:\n'
+            + "        raise  # not an Ascend host: the original's error\n"
+            + f"    {' = '.join(names)} = None  # the calls take torch_npu's kernel\n"
         )
         return cst.parse_statement(code).with_changes(leading_lines=updated.leading_lines)
 

@@ -262,10 +262,15 @@ def build_modules(api: NpuApi, rt: npu_runtime.Runtime) -> dict[str, types.Modul
         f"A stand-in torch_npu {version} (npu-migrate's simulated NPU host): no CANN, no device.",
     )
     package.__path__ = []  # a package: `import torch_npu.x` goes to UnmodelledFinder
-    return {
+    modules = {
         "torch_npu": package,
         "torch_npu.npu": npu,
         "torch_npu.npu.amp": amp,
         "torch_npu.npu.mstx": mstx_module,
         "torch_npu.distributed": distributed,
     }
+    # As an installed torch_npu has: `importlib.util.find_spec("torch_npu")` (which migrated flash-attn
+    # imports ask) raises for a module in sys.modules without one.
+    for name, module in modules.items():
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=name == "torch_npu")
+    return modules
