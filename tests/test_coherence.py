@@ -474,3 +474,22 @@ def test_a_method_is_followed_in_its_own_class_and_its_subclasses_only():
     assert migrated.count("if torch.npu.is_available():") == 1
     plain = migrated.index("class Plain")
     assert migrated.index("if torch.npu.is_available():") > plain > migrated.index("class Fast")
+
+
+def test_a_cuda_only_import_in_an_except_handler_keeps_its_guard():
+    # The handler runs where the try's body failed: an NPU host takes it, and apex is not there.
+    migrated, messages = _migrate(
+        """
+        import torch
+
+        try:
+            from fused_norms import RMSNorm
+        except ImportError:
+            if torch.cuda.is_available():
+                from apex.normalization import FusedRMSNorm as RMSNorm
+            else:
+                RMSNorm = torch.nn.LayerNorm
+        """
+    )
+    assert "if torch.cuda.is_available():" in migrated
+    assert "imports apex.normalization" in messages[(6, "NPU201")]

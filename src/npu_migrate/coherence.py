@@ -87,10 +87,16 @@ class _Tree(cst.CSTVisitor):
         self.stack.pop()
 
     def _cuda_only_import(self, node: cst.Import | cst.ImportFrom) -> str | None:
-        """The CUDA-only package an import outside a `try` statement imports: it raises on an NPU host, even
+        """The CUDA-only package an import imports, unless it sits in the body of a `try` that catches the
+        ImportError (in a handler, `else` or `finally` it raises as anywhere): it raises on an NPU host, even
         where nothing after it uses what it binds."""
-        if any(isinstance(parent, cst.Try) for parent in self.stack):
-            return None
+        for parent, child in zip(self.stack, self.stack[1:]):
+            if (
+                isinstance(parent, cst.Try)
+                and child is parent.body
+                and any(map(_catches_import_error, parent.handlers))
+            ):
+                return None
         if isinstance(node, cst.Import):
             names = [get_full_name_for_node(alias.name) for alias in node.names]
         elif node.relative or node.module is None:
@@ -293,6 +299,16 @@ def _finds_method(cls: cst.ClassDef | None, owner: cst.ClassDef | None, method: 
         bases = [classes.get(b.value.value) for b in cls.bases if isinstance(b.value, cst.Name)]
         cls = next((b for b in bases if b is not None), None)  # the first base of the file: Python's MRO start
     return False
+
+
+_IMPORT_ERROR_CATCHERS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def _catches_import_error(handler: cst.ExceptHandler) -> bool:
+    if handler.type is None:
+        return True
+    kinds = [e.value for e in handler.type.elements] if isinstance(handler.type, cst.Tuple) else [handler.type]
+    return any(get_full_name_for_node(kind) in _IMPORT_ERROR_CATCHERS for kind in kinds)
 
 
 def _enclosing_function(tree: _Tree, node: cst.CSTNode) -> cst.FunctionDef | None:
