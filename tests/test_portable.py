@@ -412,3 +412,17 @@ def test_one_target_after_the_other_converges(tmp_path, first, second):
         assert "NPU002" in outputs[1] and "written for torch_npu" in outputs[1]
     imports = [text.count(b"import torch_npu") for text in _tree(twice).values()]
     assert max(imports) == 1, "one import of torch_npu per file, whichever target came first"
+
+
+def test_an_earlier_accelerator_stays_while_the_earlier_device_tests_read_it():
+    # Those tests say True on an MPS host: under the new "cuda" there they would send it to CUDA (review).
+    legacy = (
+        "import torch\n\n"
+        'ACCELERATOR = getattr(torch.accelerator.current_accelerator(), "type", "cuda")\n\n'
+        'device = ACCELERATOR if torch.accelerator.is_available() else "cpu"\ntorch.cuda.empty_cache()\n'
+    )
+    migrated, findings = migrate_text(legacy, target="portable")
+    assert 'ACCELERATOR = getattr(torch.accelerator.current_accelerator(), "type", "cuda")\n' in migrated
+    assert "ACCELERATOR_MODULE.empty_cache()" in migrated
+    assert any("earlier npu-migrate" in f.message and "kept" in f.message for f in findings)
+    assert migrate_text(migrated, target="portable")[0] == migrated

@@ -230,7 +230,10 @@ class TorchNpuImportChecker(Checker):
     def _portable_prelude(self, needs_import: bool) -> None:
         module = self.ctx.module
         legacy = legacy_definition_at(module)
-        if legacy is not None and any(r.applied for r in self.ctx.reports):
+        # The earlier version's device tests (`torch.accelerator.is_available()`) say True on an MPS host: under
+        # the new definition ("cuda" there) they would send it to CUDA. Replaced only where none is left.
+        tests_left = any(f"torch.accelerator.{test}" in self.ctx.text for test in ("is_available", "device_count"))
+        if legacy is not None and any(r.applied for r in self.ctx.reports) and not tests_left:
             width = line_width(self.ctx.text)
             self.report(
                 IMPORT_TORCH_NPU,
@@ -238,6 +241,14 @@ class TorchNpuImportChecker(Checker):
                 '`ACCELERATOR` as an earlier npu-migrate wrote it (the accelerator\'s own type, "mps" on an Apple '
                 'host, where the original fell back to the CPU) now says "cuda" on every host but an Ascend one',
                 fix=lambda updated: definition(width),
+            )
+        elif legacy is not None and any(r.applied for r in self.ctx.reports):
+            self.report(
+                IMPORT_TORCH_NPU,
+                module.body[legacy],
+                '`ACCELERATOR` as an earlier npu-migrate wrote it ("mps" on an Apple host) kept: this file\'s '
+                "`torch.accelerator.is_available()` / `device_count()` go with it; migrate the CUDA original again "
+                "(or write `ACCELERATOR_MODULE.is_available()` there) to get the CPU fallback on such hosts",
             )
         read: set[str] = set()
         for r in self.ctx.reports:
