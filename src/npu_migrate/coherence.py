@@ -30,6 +30,7 @@ from libcst.helpers import get_full_name_for_node
 
 from npu_migrate.api import cuda_package, package_table
 from npu_migrate.findings import Severity
+from npu_migrate.imports import IMPORT_ERRORS
 
 # `ctx` below is the file's `context.FileContext` (which calls `check`), a report its `context.CstReport`.
 
@@ -244,11 +245,12 @@ def note_module_flags(ctx) -> None:
 def _calls_reaching(tree: _Tree, ctx, unsafe: list[Unsafe], line_of) -> list[Unsafe]:
     """Calls of the file's own functions whose bodies hold unsafe code: a guard that calls `attend(x)`, which
     calls `xops.memory_efficient_attention`, sends an NPU host there as surely as the call written inline.
-    Module-level functions by name, methods as `self.name(...)` within their class or a subclass of the file. A use of a CUDA-only
-    name under an `if` that tests that name (`if xops is not None:`) is the function's own fallback: not
-    followed."""
+    Module-level functions by name, methods as `self.name(...)` within their class or a subclass of the
+    file. A use of a CUDA-only name under an `if` that tests that name (`if xops is not None:`) is the
+    function's own fallback: not followed."""
     # To any depth (`fast` -> `attend` -> xops); each function is flagged once, which also ends cycles.
     functions: dict[str, list[cst.FunctionDef]] = {}
+    classes = {s.name.value: s for s in ctx.module.body if isinstance(s, cst.ClassDef)}
     for statement in ctx.module.body:
         if isinstance(statement, cst.FunctionDef):
             functions.setdefault(statement.name.value, []).append(statement)
@@ -265,17 +267,17 @@ def _calls_reaching(tree: _Tree, ctx, unsafe: list[Unsafe], line_of) -> list[Uns
     while frontier:
         found = []
         for u in frontier:
-            function = _enclosing_function(tree, u.node)
+            function = _scope(tree, u.node)
             name = owner.get(id(function)) if function is not None else None
             if name is None or id(function) in flagged:
                 continue
             flagged.add(id(function))
             for use in tree.names.get(name, ()):
                 call = tree.parent(use)
-                if not (isinstance(call, cst.Call) and call.func is use) or _enclosing_function(tree, use) is function:
+                if not (isinstance(call, cst.Call) and call.func is use) or _scope(tree, use) is function:
                     continue
                 if name.startswith("self.") and not _finds_method(
-                    _enclosing_class(tree, use), _enclosing_class(tree, function), name.removeprefix("self."), ctx
+                    _enclosing(tree, use, cst.ClassDef), _enclosing(tree, function, cst.ClassDef), name[5:], classes
                 ):
                     continue  # another class's method of that name
                 shown = name.removeprefix("self.")
@@ -285,10 +287,11 @@ def _calls_reaching(tree: _Tree, ctx, unsafe: list[Unsafe], line_of) -> list[Uns
     return reached
 
 
-def _finds_method(cls: cst.ClassDef | None, owner: cst.ClassDef | None, method: str, ctx) -> bool:
+def _finds_method(
+    cls: cst.ClassDef | None, owner: cst.ClassDef | None, method: str, classes: dict[str, cst.ClassDef]
+) -> bool:
     """Whether `self.method` in class `cls` reaches `owner`'s method: `cls` is `owner`, or inherits it from
-    a base of the file that is (a method of `cls`'s own, or of a nearer base, comes first)."""
-    classes = {s.name.value: s for s in ctx.module.body if isinstance(s, cst.ClassDef)}
+    a base of the file (`classes`) that is (a method of `cls`'s own, or of a nearer base, comes first)."""
     seen: set[int] = set()
     while cls is not None and id(cls) not in seen:
         if cls is owner:
@@ -301,26 +304,21 @@ def _finds_method(cls: cst.ClassDef | None, owner: cst.ClassDef | None, method: 
     return False
 
 
-_IMPORT_ERROR_CATCHERS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
-
-
 def _catches_import_error(handler: cst.ExceptHandler) -> bool:
+    """Whether the handler catches a failed import and goes on (a re-raise fails as the import did)."""
+    body = handler.body.body
+    if body and isinstance(body[-1], cst.SimpleStatementLine) and isinstance(body[-1].body[-1], cst.Raise):
+        return False
     if handler.type is None:
         return True
     kinds = [e.value for e in handler.type.elements] if isinstance(handler.type, cst.Tuple) else [handler.type]
-    return any(get_full_name_for_node(kind) in _IMPORT_ERROR_CATCHERS for kind in kinds)
+    return any((get_full_name_for_node(kind) or "").rsplit(".", 1)[-1] in IMPORT_ERRORS for kind in kinds)
 
 
-def _enclosing_function(tree: _Tree, node: cst.CSTNode) -> cst.FunctionDef | None:
+def _enclosing(tree: _Tree, node: cst.CSTNode, kind: type[cst.CSTNode]):
+    """The nearest node of `kind` around `node` (its function, its class), or None."""
     node = tree.parent(node)
-    while node is not None and not isinstance(node, cst.FunctionDef):
-        node = tree.parent(node)
-    return node
-
-
-def _enclosing_class(tree: _Tree, node: cst.CSTNode) -> cst.ClassDef | None:
-    node = tree.parent(node)
-    while node is not None and not isinstance(node, cst.ClassDef):
+    while node is not None and not isinstance(node, kind):
         node = tree.parent(node)
     return node
 
@@ -584,8 +582,4 @@ def _flag_key(target: cst.BaseExpression) -> str | None:
 
 
 def _scope(tree: _Tree, node: cst.CSTNode) -> cst.CSTNode | None:
-    while node is not None:
-        node = tree.parent(node)
-        if isinstance(node, cst.FunctionDef):
-            return node
-    return None
+    return _enclosing(tree, node, cst.FunctionDef)

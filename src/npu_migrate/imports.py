@@ -18,6 +18,10 @@ import libcst as cst
 
 from npu_migrate.names import split_trusted
 
+#: What a handler catches a failed import with: one that catches these (or everything) and goes on makes the
+#: import in its `try` body optional. Read by the flash_attn import rule and the guard-flip check alike.
+IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
 
 def identifier(name: str) -> str:
     """`name` as Python reads it: identifiers are NFKC-normalized (PEP 3131), so `ｔorch` is `torch`, and

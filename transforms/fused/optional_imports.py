@@ -40,10 +40,10 @@ from dataclasses import dataclass
 import libcst as cst
 
 from npu_migrate.api import cuda_package, package_table
+from npu_migrate.imports import IMPORT_ERRORS
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 #: The exceptions a failed import raises, or a base of them: a handler of one of these survives it.
-_IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
 _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 
 
@@ -202,7 +202,7 @@ def _survives_import_error(handler: ast.ExceptHandler) -> bool:
     if handler.type is None:
         return True
     types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any(_last_name(t) in _IMPORT_ERRORS for t in types)
+    return any(_last_name(t) in IMPORT_ERRORS for t in types)
 
 
 def _suppresses(item: ast.withitem) -> bool:
@@ -211,7 +211,7 @@ def _suppresses(item: ast.withitem) -> bool:
     return (
         isinstance(call, ast.Call)
         and _last_name(call.func) == "suppress"
-        and any(_last_name(arg) in _IMPORT_ERRORS for arg in call.args)
+        and any(_last_name(arg) in IMPORT_ERRORS for arg in call.args)
     )
 
 
