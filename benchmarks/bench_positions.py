@@ -1,4 +1,4 @@
-"""What positions cost: libcst's PositionProvider against `npu_migrate.positions.positions_of`.
+"""What positions cost: libcst's PositionProvider against `npu_migrate.engine.positions.positions_of`.
 
     python benchmarks/bench_positions.py [--files 40] [--repeat 3]
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from npu_migrate.positions import positions_of
+from npu_migrate.engine.positions import positions_of
 
 TREE = Path(__file__).resolve().parent / ".cache" / "transformers-5.24.0" / "transformers"
 

@@ -35,7 +35,7 @@ def commands() -> dict[str, list[str]]:
         "import typer (the CLI framework)": [PYTHON, "-c", "import typer"],
         "import pydantic (typer 0.2x coerces every option through it)": [PYTHON, "-c", "import pydantic"],
         "import libcst": [PYTHON, "-c", "import libcst"],
-        "import npu_migrate.cli": [PYTHON, "-c", "import npu_migrate.cli"],
+        "import npu_migrate.cli.app": [PYTHON, "-c", "import npu_migrate.cli.app"],
         "npu-migrate --version": [PYTHON, "-m", "npu_migrate", "--version"],
         CHECK: [PYTHON, "-m", "npu_migrate", "apply", "--check", "plain.py"],
         "apply --check, one line of CUDA": [PYTHON, "-m", "npu_migrate", "apply", "--check", "cuda.py"],

@@ -136,11 +136,11 @@ def parse_reasons(files: list[Path]) -> dict:
     counted by running that stage here, in this process."""
     import libcst
 
-    from npu_migrate import scoped
-    from npu_migrate.astindex import AstIndex, text_words
-    from npu_migrate.checkers import TreeChecker
-    from npu_migrate.pipeline import migrate_text
-    from npu_migrate.registry import all_checkers
+    from npu_migrate.engine import scoped
+    from npu_migrate.engine.astindex import AstIndex, text_words
+    from npu_migrate.engine.checkers import TreeChecker
+    from npu_migrate.engine.pipeline import migrate_text
+    from npu_migrate.engine.registry import all_checkers
 
     checkers = [c for c in all_checkers() if c.markers]
     by_marker, by_words, by_ast = collections.Counter(), collections.Counter(), collections.Counter()

@@ -20,8 +20,8 @@ import jsonschema
 import pytest
 from conftest import ROOT
 
-from npu_migrate.pipeline import migrate_text
-from npu_migrate.registry import all_rules
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.engine.registry import all_rules
 
 PROJECT = ROOT / "fixtures" / "projects" / "analyze_demo"
 LIBRARY = PROJECT / "site-packages"
@@ -99,9 +99,9 @@ def expected_analysis() -> list[str]:
 
 def engine_findings() -> list:
     """What `apply --diff` reports for each file of the project: the rule half of the report."""
-    from npu_migrate.kinds import kind_of
-    from npu_migrate.pipeline import Job, Mode, Plan, process
-    from npu_migrate.registry import select_rules
+    from npu_migrate.engine.pipeline import Job, Mode, Plan, process
+    from npu_migrate.engine.registry import select_rules
+    from npu_migrate.files.kinds import kind_of
 
     plan = Plan(select_rules(), None, Mode.DIFF)
     found = []
@@ -281,7 +281,7 @@ def test_api_files_feed_the_library_results_back(reports, tmp_path):
 
 
 def test_third_party_table_entries_are_complete():
-    from npu_migrate.api import package_table
+    from npu_migrate.program.api import package_table
 
     table = package_table()
     for name in ("flash_attn", "apex", "xformers", "bitsandbytes", "triton", "deepspeed.ops", "pynvml"):

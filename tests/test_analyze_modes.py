@@ -17,7 +17,7 @@ from test_analyze import PROJECT, run_analyze
 from npu_migrate.analyze import MODES, REGISTRY, core, modes
 from npu_migrate.analyze.cli import MODE_CHOICES
 from npu_migrate.analyze.project import Mode, ModeResult, Project, Settings
-from npu_migrate.registry import select_rules
+from npu_migrate.engine.registry import select_rules
 
 
 def test_each_mode_module_is_named_as_its_mode_and_registered():

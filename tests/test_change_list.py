@@ -9,7 +9,7 @@ import shutil
 from conftest import ROOT
 from test_cli import run_cli
 
-from npu_migrate.report import CHANGE_CELL
+from npu_migrate.output.report import CHANGE_CELL
 
 FUSED = ROOT / "fixtures" / "rules" / "NPU701" / "llama_style.in.py"
 TRAIN = "import torch\n\nx = torch.ones(2).cuda()\nsms = torch.cuda.get_device_properties(0).multi_processor_count\n"

@@ -173,7 +173,7 @@ def test_the_tool_never_imports_torch(project):
         "import sys\n"
         "sys.modules['torch'] = None  # any `import torch` now raises ImportError\n"
         "sys.argv = ['npu-migrate', 'apply', '--diff', 'pkg']\n"
-        "from npu_migrate.cli import main\n"
+        "from npu_migrate.cli.app import main\n"
         "try:\n    main()\nexcept SystemExit as exc:\n    sys.exit(exc.code)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True)
@@ -186,7 +186,7 @@ def test_apply_does_not_load_what_only_analyze_and_verify_run(project):
     code = (
         "import sys\n"
         "sys.argv = ['npu-migrate', 'apply', '--check', 'pkg/plain.py']\n"
-        "from npu_migrate.cli import main\n"
+        "from npu_migrate.cli.app import main\n"
         "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
         "print(sorted(m for m in sys.modules if m.startswith(('npu_migrate.analyze', 'npu_migrate.verify'))))\n"
         "sys.exit(code)\n"
@@ -218,7 +218,7 @@ def test_readme_documents_every_rule_family_and_id_range():
     """The README's rule table is written by hand; this keeps it from falling behind the registry."""
     import re
 
-    from npu_migrate.registry import all_rules
+    from npu_migrate.engine.registry import all_rules
 
     readme = (ROOT / "README.md").read_text()
     ranges = [(int(a), int(b)) for a, b in re.findall(r"NPU(\d{3})-NPU(\d{3})", readme)]

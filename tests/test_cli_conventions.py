@@ -264,7 +264,7 @@ def test_no_progress_when_stderr_is_not_a_terminal(tmp_path):
 def test_importing_the_cli_loads_no_engine_and_no_heavy_library():
     """Every `npu-migrate` run imports the CLI; what a command needs is imported when it runs (start-up)."""
     code = (
-        "import sys, npu_migrate.cli\n"
+        "import sys, npu_migrate.cli.app\n"
         "print(sorted(m for m in ('libcst', 'jinja2', 'pydantic', 'rich', 'torch', 'numpy', 'yaml') "
         "if m in sys.modules))"
     )

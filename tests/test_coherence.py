@@ -1,4 +1,4 @@
-"""Guard flips and the code they guard (`npu_migrate.coherence`, issue #13): a rewrite never sends an NPU
+"""Guard flips and the code they guard (`npu_migrate.program.guards`, issue #13): a rewrite never sends an NPU
 host into code that cannot run there. Every rule is selected, as in a real run; the one-rule cases are
 fixtures under `fixtures/rules/` (NPU103 cuda_only_kernel, NPU104 fp8_path and npu_aware, NPU206)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
-from npu_migrate.pipeline import migrate_text
+from npu_migrate.engine.pipeline import migrate_text
 
 
 def _migrate(source: str) -> tuple[str, dict[tuple[int, str], str]]:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from npu_migrate.discovery import discover
-from npu_migrate.pipeline import Job, Mode, Plan, Status, migrate_text, process, unified_diff
-from npu_migrate.registry import select_rules
-from npu_migrate.source import SourceError, atomic_write
+from npu_migrate.engine.pipeline import Job, Mode, Plan, Status, migrate_text, process, unified_diff
+from npu_migrate.engine.registry import select_rules
+from npu_migrate.files.discovery import discover
+from npu_migrate.files.source import SourceError, atomic_write
 
 PY = lambda path: path.suffix == ".py"  # noqa: E731
 

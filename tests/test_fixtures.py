@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 from conftest import FIXTURES
 
-from npu_migrate.pipeline import migrate_text
-from npu_migrate.registry import all_rules
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.engine.registry import all_rules
 
 RULES_DIR = FIXTURES / "rules"
 CASES = sorted(RULES_DIR.glob("*/*.in.*"))

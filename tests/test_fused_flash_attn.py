@@ -242,7 +242,7 @@ def test_sequence_ends_with_the_leading_zero_are_rejected_as_the_device_rejects_
 
 
 def test_a_call_behind_a_guard_that_is_false_on_an_npu_host_says_so():
-    from npu_migrate.pipeline import migrate_text
+    from npu_migrate.engine.pipeline import migrate_text
 
     source = (CASES / "guarded.in.py").read_text(encoding="utf-8")
     _, findings = migrate_text(source, path="guarded.py", select=["NPU705"])

@@ -16,8 +16,8 @@ import pytest
 from conftest import FIXTURES
 
 import npu_migrate.templates as templates
-from npu_migrate.registry import rules_tagged
-from npu_migrate.rule import Rule
+from npu_migrate.engine.registry import rules_tagged
+from npu_migrate.engine.rule import Rule
 from npu_migrate.transforms import fused
 from npu_migrate.transforms.fused import IDIOMS, FusedOpsChecker, _helper_names
 from npu_migrate.transforms.fused.idiom import Idiom

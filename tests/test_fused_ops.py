@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from conftest import FIXTURES
 
-from npu_migrate.pipeline import migrate_text
+from npu_migrate.engine.pipeline import migrate_text
 from npu_migrate.verify import reference
 
 pytestmark = pytest.mark.integration  # torch: the `integration` extra

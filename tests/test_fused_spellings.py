@@ -519,7 +519,7 @@ def test_qwen_like_block_migrated_with_apply_output(tmp_path, monkeypatch, dtype
 
 
 def test_hand_written_attention_is_reported_once_with_its_true_reason():
-    from npu_migrate.pipeline import migrate_text
+    from npu_migrate.engine.pipeline import migrate_text
 
     case = RULES / "NPU704" / "hand_written_reasons.in.py"
     _, findings = migrate_text(case.read_text(encoding="utf-8"), path="attention.py", select=["NPU704"])
@@ -563,7 +563,7 @@ def test_hand_written_attention_is_reported_once_with_its_true_reason():
     ],
 )
 def test_hand_written_attention_declines_say_why(case, expected):
-    from npu_migrate.pipeline import migrate_text
+    from npu_migrate.engine.pipeline import migrate_text
 
     source = (RULES / "NPU704" / f"{case}.in.py").read_text(encoding="utf-8")
     _, findings = migrate_text(source, path="attention.py", select=["NPU704"])
@@ -574,7 +574,7 @@ def test_hand_written_attention_declines_say_why(case, expected):
 
 
 def test_a_file_with_its_own_npu_attention_path_gets_no_second_one():
-    from npu_migrate.pipeline import migrate_text
+    from npu_migrate.engine.pipeline import migrate_text
 
     case = RULES / "NPU704" / "own_npu_backend.in.py"
     source = case.read_text(encoding="utf-8")

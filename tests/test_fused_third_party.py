@@ -34,7 +34,7 @@ import torch
 from conftest import FIXTURES
 from test_fused_spellings import TORCH_NPU, _compare, _cosine, _perturb, _sites
 
-from npu_migrate.pipeline import migrate_text
+from npu_migrate.engine.pipeline import migrate_text
 from npu_migrate.transforms.fused.symbolic import has_fused_branch
 
 pytestmark = pytest.mark.integration  # needs torch, x-transformers, rotary-embedding-torch: the `integration` extra

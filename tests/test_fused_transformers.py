@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from npu_migrate.helper_location import collect, helper_module
-from npu_migrate.helper_modules import changes
-from npu_migrate.pipeline import helper_imports, migrate_text
+from npu_migrate.engine.pipeline import helper_imports, migrate_text
+from npu_migrate.output.helper_module import changes
+from npu_migrate.program.packages import collect, helper_module
 
 pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra
 

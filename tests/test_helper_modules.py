@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_migrate.helper_location import helper_module
+from npu_migrate.program.packages import helper_module
 
 PROJECT = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "fused_package"
 PACKAGE_FILES = {
@@ -312,7 +312,7 @@ def test_where_the_module_goes(tmp_path):
 
 
 def test_the_module_is_imported_only_as_far_up_as_the_files_own_relative_imports_prove(tmp_path):
-    from npu_migrate.helper_location import proven_module
+    from npu_migrate.program.packages import proven_module
 
     def proven(code: str, bound: str | None = "..._npu_fused") -> str | None:
         return proven_module(bound, ast.parse(textwrap.dedent(code)))

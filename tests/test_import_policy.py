@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from test_cli import run_cli
 
-from npu_migrate.pipeline import migrate_text
+from npu_migrate.engine.pipeline import migrate_text
 
 NORM = """import torch
 from torch import nn

@@ -8,8 +8,8 @@ import ast
 import libcst as cst
 import pytest
 
-from npu_migrate.imports import ImportTable
-from npu_migrate.pipeline import migrate_text
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.program.imports import ImportTable
 
 
 def _migrated(source: str) -> str:

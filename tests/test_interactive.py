@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from npu_migrate.api import NpuApi
-from npu_migrate.interactive import Review, ask, link, prepare, restrict, split_hunks, write_all
-from npu_migrate.pipeline import Job, Mode, Plan
-from npu_migrate.registry import select_rules
-from npu_migrate.source import read_source
+from npu_migrate.engine.pipeline import Job, Mode, Plan
+from npu_migrate.engine.registry import select_rules
+from npu_migrate.files.source import read_source
+from npu_migrate.output.interactive import Review, ask, link, prepare, restrict, split_hunks, write_all
+from npu_migrate.program.api import NpuApi
 
 GAP = "\n" * 8  # more than twice the diff context: the changes below are separate hunks
 TWO_HUNKS = f"import torch\n\nx = torch.ones(1).cuda(){GAP}torch.cuda.synchronize()\n"

@@ -13,7 +13,7 @@ import re
 import pytest
 from conftest import FIXTURES
 
-from npu_migrate.pipeline import migrate_text
+from npu_migrate.engine.pipeline import migrate_text
 
 PROJECT = FIXTURES / "projects" / "ddp_amp"
 FILES = ("train.py", "model.py", "utils/dist.py")

@@ -11,8 +11,8 @@ import sys
 import pytest
 from conftest import FIXTURES
 
-from npu_migrate.layout import NARROWEST, fit, line_width
-from npu_migrate.registry import rule
+from npu_migrate.engine.layout import NARROWEST, fit, line_width
+from npu_migrate.engine.registry import rule
 from npu_migrate.transforms.fused import HELPER_NAMES
 from npu_migrate.transforms.fused.helpers import PRELUDE, helper_code, module_text
 

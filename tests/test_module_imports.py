@@ -31,7 +31,12 @@ def _modules() -> list[str]:
 
 def test_every_module_is_found():
     modules = _modules()
-    assert {"npu_migrate.rule", "npu_migrate.context", "npu_migrate.scoped", "npu_migrate.pipeline"} <= set(modules)
+    assert {
+        "npu_migrate.engine.rule",
+        "npu_migrate.engine.context",
+        "npu_migrate.engine.scoped",
+        "npu_migrate.engine.pipeline",
+    } <= set(modules)
     assert "npu_migrate.transforms.fused" in modules
 
 

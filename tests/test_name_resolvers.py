@@ -20,8 +20,8 @@ from conftest import FIXTURES, ROOT
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from npu_migrate.imports import ImportTable
-from npu_migrate.names import Names
+from npu_migrate.program.imports import ImportTable
+from npu_migrate.program.names import Names
 
 # "ｔorch" is `torch` to Python, which NFKC-normalizes identifiers (PEP 3131).
 LOCALS = ["torch", "th", "cuda", "np", "x", "ｔorch"]

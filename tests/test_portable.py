@@ -23,9 +23,9 @@ import pytest
 from portable_project import PROJECT, apply, migrate, train
 from typer.testing import CliRunner
 
-from npu_migrate.api import ACCELERATOR_TYPE, PortableApi, UnknownVersionError
-from npu_migrate.cli import app
-from npu_migrate.pipeline import migrate_text
+from npu_migrate.cli.app import app
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.program.api import ACCELERATOR_TYPE, PortableApi, UnknownVersionError
 
 ROOT = Path(__file__).resolve().parent.parent
 FLIPPED = ROOT / "fixtures" / "rules" / "NPU102" / "flipped_default.in.py"

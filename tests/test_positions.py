@@ -12,7 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from npu_migrate.positions import positions_of
+from npu_migrate.engine.positions import positions_of
 
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
 

@@ -151,12 +151,12 @@ def test_check_hook_fails_with_diff_then_fix_hook_migrates_staged_file(hook_repo
 
 
 def test_the_hooks_take_exactly_the_files_npu_migrate_reads():
-    """`files` in .pre-commit-hooks.yaml is a regex; it must list the same kinds as `npu_migrate.kinds`."""
+    """`files` in .pre-commit-hooks.yaml is a regex; it must list the same kinds as `npu_migrate.files.kinds`."""
     import re
 
     import yaml
 
-    from npu_migrate.kinds import kind_of
+    from npu_migrate.files.kinds import kind_of
 
     hooks = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     patterns = {hook["files"] for hook in hooks}

@@ -15,10 +15,10 @@ from conftest import FIXTURES
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from npu_migrate import markers
-from npu_migrate.astindex import AstIndex, name_sets, text_words
-from npu_migrate.pipeline import migrate_text
-from npu_migrate.registry import all_checkers
+from npu_migrate.engine import markers
+from npu_migrate.engine.astindex import AstIndex, name_sets, text_words
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.engine.registry import all_checkers
 from npu_migrate.transforms import amp, backends, distributed
 from npu_migrate.transforms.amp import AmpChecker
 from npu_migrate.transforms.backends import BackendsChecker
@@ -63,7 +63,7 @@ def test_the_start_up_gate_lets_through_every_file_some_checker_wants():
         for marker in checker.markers
         if not any(gate in marker for gate in markers.ANY_MARKER)
     ]
-    assert not uncovered, f"add these to npu_migrate.markers.ANY_MARKER: {uncovered}"
+    assert not uncovered, f"add these to npu_migrate.engine.markers.ANY_MARKER: {uncovered}"
 
 
 def test_no_prefilter_really_switches_them_off():

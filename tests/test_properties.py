@@ -12,8 +12,8 @@ from conftest import FIXTURES
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from npu_migrate.pipeline import migrate_text
-from npu_migrate.source import SourceError
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.files.source import SourceError
 
 # Statements a CUDA training script is made of, look-alikes included.
 SNIPPETS = [

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from test_cli import run_cli
 
-from npu_migrate import pipeline, runner
-from npu_migrate.pipeline import Job, Mode, Plan, Status
-from npu_migrate.registry import select_rules
+from npu_migrate.engine import pipeline, runner
+from npu_migrate.engine.pipeline import Job, Mode, Plan, Status
+from npu_migrate.engine.registry import select_rules
 
 CUDA = b"import torch\nx = torch.ones(1).cuda()\n"
 MIGRATED = b"import torch\nimport torch_npu\nx = torch.ones(1).npu()\n"

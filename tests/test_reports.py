@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from npu_migrate import markers, registry, scoped
-from npu_migrate.api import NpuApi
-from npu_migrate.checkers import Checker, TreeChecker
+from npu_migrate.engine import markers, registry, scoped
+from npu_migrate.engine.checkers import Checker, TreeChecker
+from npu_migrate.engine.lines import Suppressions, suppression_comments
+from npu_migrate.engine.pipeline import FileResult, Mode, Plan, Status, migrate_source, migrate_text
+from npu_migrate.engine.registry import all_checkers, select_rules
+from npu_migrate.engine.rule import Example, FixSafety, Rule
+from npu_migrate.engine.sites import TextReport, TreeReport
+from npu_migrate.engine.textfiles import apply_reports
+from npu_migrate.files.source import decode_source
 from npu_migrate.findings import Finding, FindingData, Severity
-from npu_migrate.lines import Suppressions, suppression_comments
-from npu_migrate.pipeline import FileResult, Mode, Plan, Status, migrate_source, migrate_text
-from npu_migrate.registry import all_checkers, select_rules
-from npu_migrate.report import Summary, write_json
-from npu_migrate.reports import TextReport, TreeReport
-from npu_migrate.rule import Example, FixSafety, Rule
-from npu_migrate.source import decode_source
-from npu_migrate.textfiles import apply_reports
+from npu_migrate.output.report import Summary, write_json
+from npu_migrate.program.api import NpuApi
 
 
 def _test_rule(id: str, name: str, **kwargs) -> Rule:

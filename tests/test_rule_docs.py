@@ -17,9 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from npu_migrate.analyze.rules import RULES as ANALYSIS_RULES
-from npu_migrate.cli import app
-from npu_migrate.pipeline import migrate_text
-from npu_migrate.registry import (
+from npu_migrate.cli.app import app
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.engine.registry import (
     TAGS,
     Registry,
     RegistryError,
@@ -31,8 +31,8 @@ from npu_migrate.registry import (
     select_rules,
     text_checkers,
 )
-from npu_migrate.rule import Example, FixSafety
-from npu_migrate.rule_examples import FOLDED_HELPERS, fold_helpers
+from npu_migrate.engine.rule import Example, FixSafety
+from npu_migrate.output.rule_examples import FOLDED_HELPERS, fold_helpers
 from npu_migrate.transforms.fused import FusedOpsChecker
 
 RULES = all_rules()
@@ -105,7 +105,7 @@ def test_apply_accepts_an_analysis_rule_prefix(tmp_path, monkeypatch):
 
 
 def test_sarif_describes_every_rule_of_the_registry():
-    from npu_migrate.report import sarif_document
+    from npu_migrate.output.report import sarif_document
 
     descriptors = sarif_document([])["runs"][0]["tool"]["driver"]["rules"]
     assert [d["id"] for d in descriptors] == [r.id for r in RULES]

@@ -12,7 +12,7 @@ import pathlib
 
 import pytest
 
-from npu_migrate.rule import Rule
+from npu_migrate.engine.rule import Rule
 
 TRANSFORMS = pathlib.Path(importlib.import_module("npu_migrate.transforms").__file__).parent
 # Each family is a module of transforms/ or a package (fused/); `common/` is no family.

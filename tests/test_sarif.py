@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 
 from npu_migrate.findings import Finding, Severity
-from npu_migrate.report import sarif_document
+from npu_migrate.output.report import sarif_document
 
 SCHEMA_PATH = ROOT / "tests" / "data" / "sarif-schema-2.1.0.json"
 FIXABLE_SOURCE = "import torch\nx = torch.ones(1).cuda()\n"

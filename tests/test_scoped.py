@@ -1,4 +1,4 @@
-"""Statement-scoped libcst edits (`npu_migrate.scoped`), which the fused-operator rules use.
+"""Statement-scoped libcst edits (`npu_migrate.engine.scoped`), which the fused-operator rules use.
 
 The oracle: the same fixes applied to the whole module parsed at once, which is what the engine did
 before it parsed only the statements it changes. Every layout the splice could get wrong (CRLF, mixed
@@ -13,11 +13,11 @@ import ast
 import pytest
 from conftest import FIXTURES
 
-from npu_migrate import scoped
-from npu_migrate.checkers import TreeChecker
+from npu_migrate.engine import scoped
+from npu_migrate.engine.checkers import TreeChecker
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.engine.rule import Example, FixSafety, Rule
 from npu_migrate.findings import Severity
-from npu_migrate.pipeline import migrate_text
-from npu_migrate.rule import Example, FixSafety, Rule
 
 FUSED_INPUTS = sorted(
     p for rule in ("NPU701", "NPU702", "NPU703", "NPU704") for p in (FIXTURES / "rules" / rule).glob("*.in.py")
@@ -192,7 +192,7 @@ def test_annotate_puts_a_todo_above_each_open_finding_once():
 def test_fix_pass_walks_only_the_statements_with_fixes_and_falls_back_when_a_fix_is_elsewhere():
     import libcst as cst
 
-    from npu_migrate.fixes import apply_fixes
+    from npu_migrate.engine.fixes import apply_fixes
 
     module = cst.parse_module("a = 1\n\n@dec(x)\ndef f():\n    return b\n")
     decorator_call = module.body[1].decorators[0].decorator
@@ -208,7 +208,7 @@ def test_fix_pass_walks_only_the_statements_with_fixes_and_falls_back_when_a_fix
 def test_module_fixes_apply_after_the_statements_as_in_a_whole_walk():
     import libcst as cst
 
-    from npu_migrate.fixes import apply_fixes
+    from npu_migrate.engine.fixes import apply_fixes
 
     module = cst.parse_module("import torch\nx = 1\ny = torch.cuda\n")
     seen = []

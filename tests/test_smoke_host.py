@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from npu_migrate.api import NpuApi
+from npu_migrate.program.api import NpuApi
 from npu_migrate.verify import reference
 
 pytestmark = pytest.mark.integration  # needs torch (and transformers): the `integration` extra

@@ -12,14 +12,14 @@ import pytest
 import typer
 from typer.main import get_command
 
-from npu_migrate.cli import app
-from npu_migrate.command import _LightCoercion
+from npu_migrate.cli.app import app
+from npu_migrate.cli.command import _LightCoercion
 
-HEAVY = ("libcst", "npu_migrate.registry", "npu_migrate.transforms", "pydantic", "concurrent.futures.process")
+HEAVY = ("libcst", "npu_migrate.engine.registry", "npu_migrate.transforms", "pydantic", "concurrent.futures.process")
 
 PROBE = """
 import sys
-from npu_migrate.cli import main
+from npu_migrate.cli.app import main
 sys.argv = ["npu-migrate", *sys.argv[1:]]
 try:
     main()
@@ -81,7 +81,7 @@ def test_the_light_conversion_returns_what_typer_would(context, param):
 
 ALARM_PROBE = """
 import signal, sys
-from npu_migrate import pipeline
+from npu_migrate.engine import pipeline
 
 def alarm(signum, frame):
     raise SystemExit("the alarm went off during the import")

@@ -22,8 +22,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from npu_migrate.pipeline import migrate_text
-from npu_migrate.templating import render
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.engine.templating import render
 from npu_migrate.verify import VerifyUsageError, compare
 from npu_migrate.verify.cli import verify_command
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from test_cli import run_cli
 
-from npu_migrate.pipeline import migrate_text
+from npu_migrate.engine.pipeline import migrate_text
 
 CUDA = "import torch\n\nx = torch.ones(2).cuda()\ntorch.cuda.synchronize()\n"
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from npu_migrate.api import ACCELERATOR_TYPE, load_table
-from npu_migrate.astindex import name_sets, words_may_name
-from npu_migrate.checkers import NameUseChecker
-from npu_migrate.context import FileContext
+from npu_migrate.engine.astindex import name_sets, words_may_name
+from npu_migrate.engine.checkers import NameUseChecker
+from npu_migrate.engine.context import FileContext
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.findings import Severity
-from npu_migrate.imports import Binding, rebind_import
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.program.api import ACCELERATOR_TYPE, load_table
+from npu_migrate.program.imports import Binding, rebind_import
 from npu_migrate.transforms.common.accelerator import accelerator_type, portable
 from npu_migrate.transforms.common.arguments import argument
 from npu_migrate.transforms.common.devices import device_literal, has_device_literal, rewrite_device_literal

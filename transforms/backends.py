@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from npu_migrate.astindex import name_sets, words_may_name
-from npu_migrate.checkers import NameUseChecker
+from npu_migrate.engine.astindex import name_sets, words_may_name
+from npu_migrate.engine.checkers import NameUseChecker
+from npu_migrate.engine.rule import Example, FixSafety, Rule
 from npu_migrate.findings import Severity
-from npu_migrate.imports import Binding, dotted_node
-from npu_migrate.rule import Example, FixSafety, Rule
+from npu_migrate.program.imports import Binding, dotted_node
 from npu_migrate.transforms.common.qualnames import with_tail
 
 TF32_TO_HF32 = Rule(

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.api import ACCELERATOR_TYPE, Kind
-from npu_migrate.astindex import name_sets, words_may_name
-from npu_migrate.checkers import Checker
+from npu_migrate.engine.astindex import name_sets, words_may_name
+from npu_migrate.engine.checkers import Checker
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.findings import Severity
-from npu_migrate.imports import Binding
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.program.api import ACCELERATOR_TYPE, Kind
+from npu_migrate.program.imports import Binding
 from npu_migrate.transforms.common.accelerator import accelerator_module, portable
 from npu_migrate.transforms.common.qualnames import is_under, with_tail
 

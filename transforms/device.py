@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import libcst as cst
 
-from npu_migrate.api import ACCELERATOR_TYPE
-from npu_migrate.checkers import Checker
+from npu_migrate.engine.checkers import Checker
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.findings import Severity
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.program.api import ACCELERATOR_TYPE
 from npu_migrate.transforms.common.accelerator import accelerator_type, is_accelerator_type, portable
 from npu_migrate.transforms.common.comparisons import LiteralComparisons
 from npu_migrate.transforms.common.devices import (
@@ -228,7 +228,7 @@ ACCELERATOR_STRING = Rule(
     why="""
     The framework, not torch, reads the string: "npu" is not a Lightning accelerator name, and a guard
     flipped in front of `accelerator = "cuda"` makes the framework fail where it used to fall back to CPU.
-    While such a string is left, the guard in front of it is left too (`npu_migrate.coherence`).
+    While such a string is left, the guard in front of it is left too (`npu_migrate.program.guards`).
     """,
     example=Example(
         before="""

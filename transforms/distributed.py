@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.api import ACCELERATOR_TYPE, load_table
-from npu_migrate.astindex import name_sets, words_may_name
-from npu_migrate.checkers import Checker
+from npu_migrate.engine.astindex import name_sets, words_may_name
+from npu_migrate.engine.checkers import Checker
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.findings import Severity
-from npu_migrate.imports import dotted_node
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.program.api import ACCELERATOR_TYPE, load_table
+from npu_migrate.program.imports import dotted_node
 from npu_migrate.transforms.common.accelerator import accelerator_backend, accelerator_type, portable
 from npu_migrate.transforms.common.arguments import argument, keyword
 from npu_migrate.transforms.common.comparisons import LiteralComparisons

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate import kinds
-from npu_migrate.checkers import Checker
+from npu_migrate.engine.checkers import Checker
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.files import kinds
 from npu_migrate.findings import Severity
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.common.accelerator import portable
 from npu_migrate.transforms.common.env_vars import (
     Need,

@@ -11,11 +11,11 @@ import re
 
 import libcst as cst
 
-from npu_migrate import kinds
-from npu_migrate.checkers import Checker, TextChecker
+from npu_migrate.engine.checkers import Checker, TextChecker
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.engine.textfiles import TextReport
+from npu_migrate.files import kinds
 from npu_migrate.findings import Severity
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
-from npu_migrate.textfiles import TextReport
 from npu_migrate.transforms.common.strings import string_value
 
 CUDA_KERNEL = Rule(

@@ -1,7 +1,7 @@
 """Launch scripts, Dockerfiles, .env and YAML configs: the environment-variable table and `nvidia-smi`.
 
 Options a launcher passes to the training script (`--backend nccl`, `--device cuda:0`) follow the
-Python rules' ids (NPU301, NPU102). These files are not Python, so they are read line by line (`npu_migrate.textfiles`): names are matched
+Python rules' ids (NPU301, NPU102). These files are not Python, so they are read line by line (`npu_migrate.engine.textfiles`): names are matched
 as whole tokens and never inside comments. Variables follow the same table as Python code
 (`data/env_vars.toml`, rules NPU601-NPU604), so one place says what `CUDA_VISIBLE_DEVICES` becomes.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 
-from npu_migrate import kinds
-from npu_migrate.checkers import TextChecker
+from npu_migrate.engine.checkers import TextChecker
+from npu_migrate.engine.rule import Example, FixSafety, Rule
+from npu_migrate.engine.textfiles import TextReport, is_prose, split_lines, token
+from npu_migrate.files import kinds
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Example, FixSafety, Rule
-from npu_migrate.textfiles import TextReport, is_prose, split_lines, token
 from npu_migrate.transforms.common.env_vars import NAMED, PREFIXES, both_spellings, verdict, visible_devices_problem
 
 # The rules of other families whose ids findings in launch scripts carry (declarations, not helpers).

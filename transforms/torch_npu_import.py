@@ -16,10 +16,10 @@ import ast
 
 import libcst as cst
 
-from npu_migrate.checkers import Checker
-from npu_migrate.imports import add_module_import, dotted_name, insertion_index
-from npu_migrate.layout import line_width
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.engine.checkers import Checker
+from npu_migrate.engine.layout import line_width
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.program.imports import add_module_import, dotted_name, insertion_index
 from npu_migrate.transforms.common.accelerator import (
     ACCELERATOR_NAME,
     MODULE_NAME,

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.api import ACCELERATOR_TYPE, DEVICE_MODULE, LEGACY_ACCELERATOR_TYPES, PortableApi
-from npu_migrate.context import FileContext
-from npu_migrate.imports import dotted_name
+from npu_migrate.engine.context import FileContext
+from npu_migrate.program.api import ACCELERATOR_TYPE, DEVICE_MODULE, LEGACY_ACCELERATOR_TYPES, PortableApi
+from npu_migrate.program.imports import dotted_name
 from npu_migrate.transforms.common.qualnames import module_alias
 from npu_migrate.transforms.common.strings import string_value
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from npu_migrate.checkers import Checker
+from npu_migrate.engine.checkers import Checker
+from npu_migrate.engine.rule import Rule
 from npu_migrate.findings import Severity
-from npu_migrate.rule import Rule
 
 _EQUALITY = (cst.Equal, cst.NotEqual, cst.In, cst.NotIn)
 
@@ -33,7 +33,7 @@ class LiteralComparisons:
     rewritten: str
     #: The message of a comparison reported for review; `{other}` is the other side's code.
     unsure: str
-    #: The rewrite flips a test of CUDA into a test of the NPU (`npu_migrate.coherence`).
+    #: The rewrite flips a test of CUDA into a test of the NPU (`npu_migrate.program.guards`).
     guard: bool = False
 
     def check(self, checker: Checker, node: cst.Comparison, leave: Callable[[str], str | None] | None = None) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from enum import Enum
 
-from npu_migrate import kinds
-from npu_migrate.api import load_table
+from npu_migrate.files import kinds
+from npu_migrate.program.api import load_table
 
 _TABLE = load_table("env_vars.toml")
 _RENAME: dict[str, str] = _TABLE["rename"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.context import FileContext
+from npu_migrate.engine.context import FileContext
 
 
 def is_under(qualname: str | None, module: str) -> bool:

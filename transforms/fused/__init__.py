@@ -15,7 +15,7 @@ and the file gets, once, the helpers after its imports (`helpers.py`): a guarded
 the file imports it unconditionally), `_is_npu(x)`, true only when torch_npu imported and `x` is on an NPU,
 and a typed function `_npu_<kernel>` per kernel the branches call, the one place that reaches
 `torch_npu.npu_<kernel>`. A file of a package (`Source.helper_module`) imports the helpers it calls from
-the package's helper module instead, which the driver writes once (`npu_migrate.helper_modules`), as
+the package's helper module instead, which the driver writes once (`npu_migrate.output.helper_module`), as
 far up as the file's own relative imports prove it is imported in a package (`proven_module`). Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
 working: `_is_npu` is False while TorchScript compiles (an early `torch.jit.is_scripting()` return) and
 for FX proxies, and the kernel functions are `@torch.jit.unused`, compiled as stubs. A test (or
@@ -44,14 +44,14 @@ from collections.abc import Iterable, Mapping
 
 import libcst as cst
 
-from npu_migrate.astindex import AstIndex
-from npu_migrate.checkers import TreeChecker
-from npu_migrate.helper_location import MODULE, proven_module
-from npu_migrate.layout import fit, line_width
-from npu_migrate.lines import LINE_BREAK
-from npu_migrate.names import Names
-from npu_migrate.rule import Rule
-from npu_migrate.scoped import Source, TreeReport
+from npu_migrate.engine.astindex import AstIndex
+from npu_migrate.engine.checkers import TreeChecker
+from npu_migrate.engine.layout import fit, line_width
+from npu_migrate.engine.lines import LINE_BREAK
+from npu_migrate.engine.rule import Rule
+from npu_migrate.engine.scoped import Source, TreeReport
+from npu_migrate.program.names import Names
+from npu_migrate.program.packages import MODULE, proven_module
 from npu_migrate.transforms.common.guarded_import import is_guarded_import
 from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
@@ -571,7 +571,7 @@ class FusedOpsChecker(TreeChecker):
         # it calls); a branch, those its code names.
         called = _entry_helpers(outcome.helpers)
         if fix is None:
-            from npu_migrate.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
+            from npu_migrate.engine.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
 
             code = self._laid_out(node, render(outcome.template, **outcome.context))
             kernels = _kernel_helpers(code, outcome.template)
@@ -665,7 +665,7 @@ class FusedOpsChecker(TreeChecker):
 
     def _import_helpers(self, tree: ast.Module, module: str, unbound: list[str]) -> None:
         """A file of a package imports the helpers its branches call from the package's helper module,
-        which the driver writes once for all of them (`npu_migrate.helper_modules`)."""
+        which the driver writes once for all of them (`npu_migrate.output.helper_module`)."""
         by_name = {name: template for template, name in HELPER_NAMES.items()}
         called = dict.fromkeys([*(t for _, names, _ in self.applied for t in names), *map(by_name.get, unbound)])
         if not called:

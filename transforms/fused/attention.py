@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.fused import attention_eager
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Function, Outcome

@@ -30,7 +30,7 @@ import ast
 
 import libcst as cst
 
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import Outcome
 

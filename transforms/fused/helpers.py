@@ -56,7 +56,7 @@ def kernel_templates() -> dict[str, str]:
 
 @functools.cache
 def rendered(template: str, import_torch_npu: bool = False) -> str:
-    from npu_migrate.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
+    from npu_migrate.engine.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
 
     return render(template, import_torch_npu=import_torch_npu).strip() + "\n"
 

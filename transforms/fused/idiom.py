@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     import libcst as cst
 
-    from npu_migrate.rule import Rule
+    from npu_migrate.engine.rule import Rule
     from npu_migrate.transforms.fused.symbolic import Function, Outcome
 
 

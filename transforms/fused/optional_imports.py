@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from npu_migrate.api import cuda_package, package_table
-from npu_migrate.imports import IMPORT_ERRORS
+from npu_migrate.program.api import cuda_package, package_table
+from npu_migrate.program.imports import IMPORT_ERRORS
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 #: The exceptions a failed import raises, or a base of them: a handler of one of these survives it.

@@ -18,8 +18,8 @@ from __future__ import annotations
 import ast
 import re
 
-from npu_migrate.api import load_table
-from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.program.api import load_table
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import (
     Function,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from npu_migrate.rule import Rule
+    from npu_migrate.engine.rule import Rule
 
 
 @dataclass

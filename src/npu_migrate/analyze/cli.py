@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from npu_migrate.analyze import MODES
-from npu_migrate.command import CONTEXT_SETTINGS, Command, examples, run
+from npu_migrate.cli.command import CONTEXT_SETTINGS, Command, examples, run
 
 EXIT_OK, EXIT_ERROR = 0, 2
 
@@ -114,10 +114,10 @@ def analyze_command(
     from npu_migrate.analyze.core import analyse
     from npu_migrate.analyze.output import render, summary_lines, write_reports
     from npu_migrate.analyze.project import AnalysisError, Project, Settings
-    from npu_migrate.api import NpuApi, UnknownVersionError
-    from npu_migrate.config import ConfigError, discover_config, split_codes
-    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules
-    from npu_migrate.runner import Progress
+    from npu_migrate.cli.config import ConfigError, discover_config, split_codes
+    from npu_migrate.engine.registry import SelectionError, fused_rule_names, select_rules
+    from npu_migrate.engine.runner import Progress
+    from npu_migrate.program.api import NpuApi, UnknownVersionError
 
     chosen = split_codes(mode) or ["torch_apis"]
     unknown = [m for m in chosen if m not in MODE_CHOICES]

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from npu_migrate import runner
 from npu_migrate.analyze import REGISTRY
 from npu_migrate.analyze.project import (
     WORKER_DIED,
@@ -30,11 +29,12 @@ from npu_migrate.analyze.project import (
     parse,
     relative,
 )
-from npu_migrate.discovery import discover
-from npu_migrate.kinds import kind_of
-from npu_migrate.pipeline import Job, Plan, Status, process
-from npu_migrate.pipeline import Mode as PipelineMode
-from npu_migrate.source import SourceError
+from npu_migrate.engine import runner
+from npu_migrate.engine.pipeline import Job, Plan, Status, process
+from npu_migrate.engine.pipeline import Mode as PipelineMode
+from npu_migrate.files.discovery import discover
+from npu_migrate.files.kinds import kind_of
+from npu_migrate.files.source import SourceError
 
 
 def scan_file(task: Task, context: Context) -> FileScan:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from npu_migrate import __version__
 from npu_migrate.analyze.project import Analysis, Table
+from npu_migrate.engine.registry import all_rules as documented_rules
+from npu_migrate.engine.registry import family_of as category
 from npu_migrate.findings import Finding
-from npu_migrate.registry import all_rules as documented_rules
-from npu_migrate.registry import family_of as category
-from npu_migrate.report import format_finding, sarif_document
+from npu_migrate.output.report import format_finding, sarif_document
 
 JSON_SCHEMA_VERSION = 1
 #: Rows of one table shown in the markdown and HTML reports; the CSV and report.json have them all.
@@ -185,7 +185,7 @@ def _context(analysis: Analysis) -> dict:
 
 
 def markdown(analysis: Analysis) -> str:
-    from npu_migrate.templating import environment
+    from npu_migrate.engine.templating import environment
 
     def cell(value) -> str:
         return str(value).replace("|", "\\|").replace("\n", " ")
@@ -196,7 +196,7 @@ def markdown(analysis: Analysis) -> str:
 
 
 def html(analysis: Analysis) -> str:
-    from npu_migrate.templating import environment
+    from npu_migrate.engine.templating import environment
 
     env = environment().overlay(autoescape=True)
     env.filters["acted_on"] = lambda table: [r for r in table.rows if table.routine is None or not table.routine(r)]

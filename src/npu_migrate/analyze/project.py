@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from npu_migrate.api import NpuApi
+from npu_migrate.files.source import parse_python, read_source
 from npu_migrate.findings import Finding
-from npu_migrate.names import Names
-from npu_migrate.source import parse_python, read_source
+from npu_migrate.program.api import NpuApi
+from npu_migrate.program.names import Names
 
 #: Why a file that killed its worker process (`runner.run_each` retries it alone to find it) is not analysed.
 WORKER_DIED = "the worker process died while analysing this file (a crash in the parser?)"

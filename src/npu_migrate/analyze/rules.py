@@ -4,7 +4,7 @@ NPU9xx is the analysis range: NPU0xx-NPU8xx belong to the codemod's rule familie
 
 They are report-only and found by the analysis modes, not by the codemod's checkers (`apply` would run
 them for nothing): each carries the tag "analysis", and its family is the mode that reports it. They are
-rules of the one registry (`npu_migrate.registry`) all the same: `npu-migrate rules NPU941` documents
+rules of the one registry (`npu_migrate.engine.registry`) all the same: `npu-migrate rules NPU941` documents
 them, `--select` / `--ignore` accept their ids, and every finding of an analysis report links to one.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from npu_migrate.engine.rule import Example, FixSafety, Rule
 from npu_migrate.findings import Finding, FindingData, Severity
-from npu_migrate.rule import Example, FixSafety, Rule
 
 _ANALYSIS = frozenset({"analysis"})
 

@@ -17,10 +17,10 @@ import ast
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.engine.scoped import position_map
+from npu_migrate.files.source import SourceError, read_source
 from npu_migrate.findings import Finding
-from npu_migrate.pipeline import migrate_text
-from npu_migrate.scoped import position_map
-from npu_migrate.source import SourceError, read_source
 
 
 @dataclass(frozen=True)

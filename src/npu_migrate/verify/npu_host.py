@@ -40,7 +40,7 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")  # torch would impor
 
 import torch  # noqa: E402
 
-from npu_migrate.api import NpuApi, UnknownVersionError, available_versions  # noqa: E402
+from npu_migrate.program.api import NpuApi, UnknownVersionError, available_versions  # noqa: E402
 from npu_migrate.verify import npu_device, npu_runtime, npu_serialization, npu_surface  # noqa: E402
 
 NOT_COMPILED = "Torch not compiled with CUDA enabled"

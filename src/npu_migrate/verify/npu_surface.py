@@ -30,7 +30,7 @@ import types
 
 import torch
 
-from npu_migrate.api import NpuApi, load_table
+from npu_migrate.program.api import NpuApi, load_table
 from npu_migrate.verify import npu_device, npu_runtime, reference
 from npu_migrate.verify.reference import NotModelledError
 

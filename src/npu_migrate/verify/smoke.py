@@ -176,7 +176,7 @@ def run(
     timeout: float | None = None,
 ) -> SmokeReport:
     """Run one entry of the migrated tree on a simulated NPU host; see the module docstring."""
-    from npu_migrate.api import NpuApi, UnknownVersionError
+    from npu_migrate.program.api import NpuApi, UnknownVersionError
 
     started = time.monotonic()
     migrated = Path(migrated)

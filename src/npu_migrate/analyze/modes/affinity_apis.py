@@ -15,7 +15,7 @@ import functools
 
 from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
-from npu_migrate.registry import rule
+from npu_migrate.engine.registry import rule
 from npu_migrate.transforms.fused import IDIOMS
 
 

@@ -31,9 +31,9 @@ from npu_migrate.analyze.project import (
     location_key,
     relative,
 )
-from npu_migrate.discovery import discover
+from npu_migrate.engine.registry import family_of
+from npu_migrate.files.discovery import discover
 from npu_migrate.findings import Severity
-from npu_migrate.registry import family_of
 
 CUDA_SUFFIXES = frozenset({".cu", ".cuh"})
 CPP_SUFFIXES = frozenset({".cpp", ".cc", ".cxx", ".c", ".h", ".hpp", ".hh"})

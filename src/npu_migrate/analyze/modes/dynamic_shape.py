@@ -24,7 +24,7 @@ from pathlib import Path
 
 from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.project import AnalysisError, Context, Mode, ModeResult, Project, Source, Table, finding_key
-from npu_migrate.source import SourceError, read_source
+from npu_migrate.files.source import SourceError, read_source
 
 DATA_DEPENDENT = ("nonzero", "argwhere", "unique", "unique_consecutive", "masked_select")
 RECORDER_MODULE = "_npu_migrate_shapes"
@@ -233,8 +233,8 @@ def instrument(project: Project, out: Path) -> list[str]:
     """Write the instrumented copy of the analysed tree into `out`; returns the files instrumented."""
     import libcst as cst
 
-    from npu_migrate.discovery import is_skipped_dir
-    from npu_migrate.templating import render
+    from npu_migrate.engine.templating import render
+    from npu_migrate.files.discovery import is_skipped_dir
 
     root = project.root
     out = out.resolve()
@@ -284,7 +284,7 @@ def instrument(project: Project, out: Path) -> list[str]:
 def _instrument_text(cst, text: str, display: str, sites: list, prelude: str) -> str:
     from libcst.metadata import MetadataWrapper, PositionProvider
 
-    from npu_migrate.imports import insertion_index
+    from npu_migrate.program.imports import insertion_index
 
     module = cst.parse_module(text)
     wrapper = MetadataWrapper(module)

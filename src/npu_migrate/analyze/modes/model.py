@@ -22,7 +22,7 @@ from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.modes.affinity_apis import fused_rule_targets, is_fused_site
 from npu_migrate.analyze.modes.torch_apis import UNSUPPORTED
 from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
-from npu_migrate.api import cuda_package, package_table
+from npu_migrate.program.api import cuda_package, package_table
 
 _NN = "torch.nn."
 _F = "torch.nn.functional."

@@ -24,7 +24,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npu_migrate import runner
 from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.modes.torch_apis import UNSUPPORTED, classify
 from npu_migrate.analyze.project import (
@@ -40,9 +39,10 @@ from npu_migrate.analyze.project import (
     parse,
     relative,
 )
-from npu_migrate.api import cuda_package, package_table
-from npu_migrate.discovery import discover
-from npu_migrate.source import SourceError
+from npu_migrate.engine import runner
+from npu_migrate.files.discovery import discover
+from npu_migrate.files.source import SourceError
+from npu_migrate.program.api import cuda_package, package_table
 from npu_migrate.transforms.fused.flash_attn import DECLINED, FLASH_ATTN, QUALIFIED
 
 API_FILE_HEADER = ["function", "kind", "location", "reason", "via"]

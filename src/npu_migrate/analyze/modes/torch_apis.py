@@ -18,9 +18,9 @@ from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.modes.affinity_apis import is_fused_rule, is_fused_site
 from npu_migrate.analyze.modes.custom_kernels import is_kernel_rule
 from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
-from npu_migrate.api import Kind
+from npu_migrate.engine.registry import rules_tagged
 from npu_migrate.findings import Finding, Severity
-from npu_migrate.registry import rules_tagged
+from npu_migrate.program.api import Kind
 
 SUPPORTED, UNSUPPORTED, UNKNOWN = "supported", "unsupported", "unknown"
 

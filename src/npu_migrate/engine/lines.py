@@ -19,7 +19,7 @@ import libcst as cst
 if TYPE_CHECKING:
     from libcst.metadata import CodeRange
 
-    from npu_migrate.fixes import Fix
+    from npu_migrate.engine.fixes import Fix
 
 #: The line breaks `ast` and libcst count: `\r\n`, `\r` and `\n`, never the form feeds, `\x1c`, `\u2028` ...
 #: that `str.splitlines` also breaks at and that can sit inside a line of code.

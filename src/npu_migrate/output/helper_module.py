@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from npu_migrate.pipeline import FileResult, Mode, Plan, Status, unified_diff, write_output
-from npu_migrate.source import SourceError, atomic_write, read_source
+from npu_migrate.engine.pipeline import FileResult, Mode, Plan, Status, unified_diff, write_output
+from npu_migrate.files.source import SourceError, atomic_write, read_source
 from npu_migrate.transforms.fused import HELPER_NAMES, templates_defining
 from npu_migrate.transforms.fused.helpers import defined_names, module_text
 

@@ -17,18 +17,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from npu_migrate import kinds, markers, notebooks
-from npu_migrate.api import DEFAULT_TARGET, NpuApi, PortableApi
+from npu_migrate.engine import markers
+from npu_migrate.files import kinds, notebooks
+from npu_migrate.files.source import SourceError, SourceFile, atomic_write, decode_source, parse_python, read_source
 from npu_migrate.findings import Finding
-from npu_migrate.helper_location import MODULE, proven_module
-from npu_migrate.source import SourceError, SourceFile, atomic_write, decode_source, parse_python, read_source
+from npu_migrate.program.api import DEFAULT_TARGET, NpuApi, PortableApi
+from npu_migrate.program.packages import MODULE, proven_module
 
 # The rules, libcst and what works on its trees are imported where a file first needs them: a file no
 # checker may want (`markers.may_match`) is answered without them (start-up of `apply --check`, #16).
 if TYPE_CHECKING:
     import libcst as cst
 
-    from npu_migrate.checkers import Checker
+    from npu_migrate.engine.checkers import Checker
 
 
 class Status(str, enum.Enum):
@@ -86,7 +87,7 @@ class Plan:
     def enabled_for(self, job_ignore: tuple[str, ...]) -> frozenset[str]:
         enabled = self.enabled
         if enabled is None:
-            from npu_migrate.registry import select_rules
+            from npu_migrate.engine.registry import select_rules
 
             enabled = select_rules(target=self.target)
         if not job_ignore:
@@ -94,7 +95,12 @@ class Plan:
         return frozenset(r for r in enabled if not any(r.startswith(code) for code in job_ignore))
 
 
-_ENGINE = ("npu_migrate.registry", "npu_migrate.scoped", "npu_migrate.context", "npu_migrate.textfiles")
+_ENGINE = (
+    "npu_migrate.engine.registry",
+    "npu_migrate.engine.scoped",
+    "npu_migrate.engine.context",
+    "npu_migrate.engine.textfiles",
+)
 
 
 def _import_engine() -> None:
@@ -113,7 +119,7 @@ def _import_engine() -> None:
 
 
 def _checkers(enabled: frozenset[str]) -> list[type[Checker]]:
-    from npu_migrate.registry import all_checkers
+    from npu_migrate.engine.registry import all_checkers
 
     return [c for c in all_checkers() if any(r.id in enabled for r in c.rules)]
 
@@ -150,9 +156,9 @@ def migrate_source(
     if not markers.may_match(text):
         return text, [], False
     _import_engine()
-    from npu_migrate import scoped
-    from npu_migrate.astindex import AstIndex, text_words
-    from npu_migrate.checkers import TreeChecker
+    from npu_migrate.engine import scoped
+    from npu_migrate.engine.astindex import AstIndex, text_words
+    from npu_migrate.engine.checkers import TreeChecker
 
     enabled = plan.enabled_for(job_ignore)
     # The prefilter: a checker whose markers are all absent cannot match, so the file is not parsed for it.
@@ -204,10 +210,10 @@ def _migrate_cst(
     """The libcst checkers' part: parse, visit, decide, fix, all on the whole module."""
     import libcst as cst
 
-    from npu_migrate.context import FileContext
-    from npu_migrate.fixes import apply_fixes, node_code
-    from npu_migrate.lines import StatementIndex, Suppressions, line_of, source_lines, todo_edits
-    from npu_migrate.positions import positions_of
+    from npu_migrate.engine.context import FileContext
+    from npu_migrate.engine.fixes import apply_fixes, node_code
+    from npu_migrate.engine.lines import StatementIndex, Suppressions, line_of, source_lines, todo_edits
+    from npu_migrate.engine.positions import positions_of
 
     try:
         module = cst.parse_module(text)
@@ -281,7 +287,7 @@ def _migrate_cst(
 def _skip_unfixed(module: cst.Module, fixes, positions):
     """The fix pass's `skip`: top-level statements (their positions are known) with no fixed node inside.
     A fix of the module itself (an added import) is applied when the walk leaves it, whatever is skipped."""
-    from npu_migrate.fixes import skip_statements_apart
+    from npu_migrate.engine.fixes import skip_statements_apart
 
     spans = []
     for node, _ in fixes:
@@ -309,8 +315,8 @@ def migrate_file(
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
         _import_engine()
-        from npu_migrate.registry import text_checkers
-        from npu_migrate.textfiles import apply_reports
+        from npu_migrate.engine.registry import text_checkers
+        from npu_migrate.engine.textfiles import apply_reports
 
         enabled = plan.enabled_for(job_ignore)
         reports = [
@@ -486,7 +492,7 @@ def migrate_text(
     """Migrate text in memory: the Python API used by tests, `analyze` and editors. `path` (its name)
     decides the file kind: Python unless it names a notebook, a launch script or another known kind. With
     `helper_module` (`helper_modules.helper_module`), fused-op helpers are imported from there."""
-    from npu_migrate.registry import select_rules
+    from npu_migrate.engine.registry import select_rules
 
     plan = Plan(
         select_rules(select, ignore, target),

@@ -14,12 +14,12 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from npu_migrate.command import CONTEXT_SETTINGS, Command, Group, examples, run
-from npu_migrate.config import split_codes
+from npu_migrate.cli.command import CONTEXT_SETTINGS, Command, Group, examples, run
+from npu_migrate.cli.config import split_codes
 
 app = typer.Typer(
     name="npu-migrate",
@@ -137,23 +137,23 @@ def apply(
         ),
     ] = False,
     output: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option(
             "--output", "-o", metavar="DIR", help="Write a migrated copy of the tree here (plus change_list.csv)."
         ),
     ] = None,
     select: Annotated[
-        Optional[list[str]],
+        list[str] | None,
         typer.Option("--select", metavar="RULES", help="Rule ids or prefixes to run, comma-separated (default: ALL)."),
     ] = None,
     ignore: Annotated[
-        Optional[list[str]], typer.Option("--ignore", metavar="RULES", help="Rule ids or prefixes to skip.")
+        list[str] | None, typer.Option("--ignore", metavar="RULES", help="Rule ids or prefixes to skip.")
     ] = None,
     exclude: Annotated[
-        Optional[list[str]], typer.Option("--exclude", metavar="GLOB", help="Glob of paths to skip (repeatable).")
+        list[str] | None, typer.Option("--exclude", metavar="GLOB", help="Glob of paths to skip (repeatable).")
     ] = None,
     fail_on: Annotated[
-        Optional[FailOn],
+        FailOn | None,
         typer.Option(
             "--fail-on",
             help="Also exit 1 when an open finding of this severity or worse remains: `error` or `warning` "
@@ -182,7 +182,7 @@ def apply(
         ),
     ] = False,
     stdin_filename: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--stdin-filename",
             metavar="NAME",
@@ -190,16 +190,16 @@ def apply(
         ),
     ] = None,
     jobs: Annotated[
-        Optional[int], typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")
+        int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes (default: all cores).")
     ] = None,
     torch_npu_version: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--torch-npu-version", metavar="VERSION", help="torch_npu version to target (default: newest known)."
         ),
     ] = None,
     target: Annotated[
-        Optional[Target],
+        Target | None,
         typer.Option(
             "--target",
             help="What to migrate to: `npu` (torch_npu code for Ascend) or `portable` (device-generic "
@@ -208,7 +208,7 @@ def apply(
         ),
     ] = None,
     torch_version: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--torch-version",
             metavar="VERSION",
@@ -224,7 +224,7 @@ def apply(
         bool, typer.Option("--force", help="Rewrite files in place even if they have uncommitted git changes.")
     ] = False,
     config_file: Annotated[
-        Optional[Path],
+        Path | None,
         typer.Option("--config", metavar="FILE", help="pyproject.toml to read (default: found from PATHS upwards)."),
     ] = None,
     no_gitignore: Annotated[bool, typer.Option("--no-gitignore", help="Also migrate files git ignores.")] = False,
@@ -240,8 +240,8 @@ def apply(
     Exit 1 when --check finds a file that would change, or when an open finding at or above --fail-on
     remains (findings only a human can act on never fail by default); exit 2 on an error.
     """
-    from npu_migrate.discovery import GitStateUnknown, discover, uncommitted
-    from npu_migrate.helper_location import collect, helper_module, possible_module_files
+    from npu_migrate.files.discovery import GitStateUnknown, discover, uncommitted
+    from npu_migrate.program.packages import collect, helper_module, possible_module_files
 
     def _uncommitted(paths, files):
         try:
@@ -249,8 +249,9 @@ def apply(
         except GitStateUnknown as exc:
             raise _fail(f"{exc}; commit or stash first, or pass --force") from None
 
-    from npu_migrate.pipeline import Job, Mode, Plan, Status
-    from npu_migrate.report import (
+    from npu_migrate.engine.pipeline import Job, Mode, Plan, Status
+    from npu_migrate.engine.runner import Progress, run
+    from npu_migrate.output.report import (
         Summary,
         colour_diff,
         format_finding,
@@ -260,7 +261,6 @@ def apply(
         write_change_list,
         write_json,
     )
-    from npu_migrate.runner import Progress, run
 
     if output is not None and (diff or check):
         raise _fail("--output cannot be combined with --diff or --check")
@@ -407,7 +407,7 @@ def apply(
         return _absolute(output) / _absolute(path).relative_to(root) if output is not None else None
 
     if helper_imports:
-        from npu_migrate.helper_modules import written  # the fused rules: only once a file imports helpers
+        from npu_migrate.output.helper_module import written  # the fused rules: only once a file imports helpers
 
         for result in written(helper_imports, plan, lambda path: _display(path, root), module_destination):
             show(result)
@@ -442,9 +442,9 @@ def _refuse_dirty_changes(job_list, dirty_modules, plan, workers, display) -> No
     it lacks: those files are migrated in memory too, to see."""
     from dataclasses import replace
 
-    from npu_migrate.helper_location import collect, possible_module_files
-    from npu_migrate.pipeline import Mode, Status
-    from npu_migrate.runner import run
+    from npu_migrate.engine.pipeline import Mode, Status
+    from npu_migrate.engine.runner import run
+    from npu_migrate.program.packages import collect, possible_module_files
 
     checked = [
         job
@@ -458,7 +458,7 @@ def _refuse_dirty_changes(job_list, dirty_modules, plan, workers, display) -> No
         collect(imports, job.path, result.helper_module, result.helper_imports)
     needed = {path: names for path, names in imports.items() if path in dirty_modules}
     if needed:
-        from npu_migrate.helper_modules import changes  # the fused rules: only once a file imports helpers
+        from npu_migrate.output.helper_module import changes  # the fused rules: only once a file imports helpers
 
         blocked += [f"{display(c.path)} (the package's fused-op helper module)" for c in changes(needed) if not c.error]
     if blocked:
@@ -470,10 +470,10 @@ def _refuse_dirty_changes(job_list, dirty_modules, plan, workers, display) -> No
 
 
 def _review(job_list, plan, *, quiet: bool) -> int:
-    """`apply --interactive`: see `npu_migrate.interactive`."""
-    from npu_migrate.api import NpuApi
-    from npu_migrate.interactive import Quit, ask, helper_module_changes, prepare, write_all
-    from npu_migrate.source import SourceError
+    """`apply --interactive`: see `npu_migrate.output.interactive`."""
+    from npu_migrate.files.source import SourceError
+    from npu_migrate.output.interactive import Quit, ask, helper_module_changes, prepare, write_all
+    from npu_migrate.program.api import NpuApi
 
     def ask_line(prompt: str) -> str:
         sys.stdout.write(prompt)
@@ -537,10 +537,19 @@ def _apply_stdin(
     """`apply -`: one file from stdin. The migrated text (or with --diff the patch; with --check nothing)
     goes to stdout, findings to stderr. On an error the input is echoed unchanged, so an editor that replaces
     its buffer with stdout loses nothing."""
-    from npu_migrate import kinds
-    from npu_migrate.pipeline import FileResult, Mode, Plan, Status, api_for, migrate_file, unified_diff, validate
-    from npu_migrate.report import Summary, format_finding
-    from npu_migrate.source import SourceError, decode_source
+    from npu_migrate.engine.pipeline import (
+        FileResult,
+        Mode,
+        Plan,
+        Status,
+        api_for,
+        migrate_file,
+        unified_diff,
+        validate,
+    )
+    from npu_migrate.files import kinds
+    from npu_migrate.files.source import SourceError, decode_source
+    from npu_migrate.output.report import Summary, format_finding
 
     raw = sys.stdin.buffer.read()
     display = name if name != "-" else "<stdin>"
@@ -577,8 +586,8 @@ def _settings(
     """Configuration file merged with the command line (which wins), validated; exits 2 on any error.
     `every_rule_lazily`: when nothing selects or ignores a rule, `enabled` is None (every rule of the target,
     see `Plan`), and the rules are not imported here: a run whose files no rule may want never imports them."""
-    from npu_migrate.api import NpuApi, PortableApi, UnknownVersionError
-    from npu_migrate.config import ConfigError, discover_config
+    from npu_migrate.cli.config import ConfigError, discover_config
+    from npu_migrate.program.api import NpuApi, PortableApi, UnknownVersionError
 
     try:
         config = discover_config(paths, config_file)
@@ -600,7 +609,7 @@ def _settings(
 
 
 def _selected(config, chosen_select: list[str], chosen_ignore: list[str], target: str) -> frozenset[str]:
-    from npu_migrate.registry import SelectionError, fused_rule_names, select_rules, with_torch_npu_import
+    from npu_migrate.engine.registry import SelectionError, fused_rule_names, select_rules, with_torch_npu_import
 
     try:
         chosen_ignore = chosen_ignore + config.fused_ignores(fused_rule_names())
@@ -610,14 +619,14 @@ def _selected(config, chosen_select: list[str], chosen_ignore: list[str], target
 
 
 def _migratable(path: Path) -> bool:
-    from npu_migrate.kinds import kind_of
+    from npu_migrate.files.kinds import kind_of
 
     return kind_of(path) is not None
 
 
 def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
     """Copy the files npu-migrate does not read into the output tree, so that it is a complete copy."""
-    from npu_migrate.discovery import is_skipped_dir
+    from npu_migrate.files.discovery import is_skipped_dir
 
     for given in paths:
         if given.is_file():
@@ -645,19 +654,19 @@ def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
 )
 def rules(
     rule_id: Annotated[
-        Optional[str], typer.Argument(help="Show the documentation of this rule (id or name).", metavar="RULE")
+        str | None, typer.Argument(help="Show the documentation of this rule (id or name).", metavar="RULE")
     ] = None,
     config_file: Annotated[
-        Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from here upwards).")
+        Path | None, typer.Option("--config", help="pyproject.toml to read (default: found from here upwards).")
     ] = None,
     target: Annotated[
-        Optional[Target],
+        Target | None,
         typer.Option("--target", help="Say which rules are on for this target (default: the configuration's)."),
     ] = None,
 ) -> None:
     """List every rule (whether the current configuration enables it, and the targets it acts in), or show one
     rule's documentation."""
-    from npu_migrate.registry import all_rules, rule
+    from npu_migrate.engine.registry import all_rules, rule
 
     config, enabled, _ = _settings([Path.cwd()], config_file, None, None, None, target.value if target else None)
     if rule_id is None:

@@ -23,13 +23,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from npu_migrate import kinds, registry
-from npu_migrate.api import NpuApi
+from npu_migrate.engine import registry
+from npu_migrate.engine.pipeline import _GIT_LINE, Job, Plan, helper_imports, migrate_file, unified_diff, validate
+from npu_migrate.files import kinds
+from npu_migrate.files.source import SourceError, SourceFile, atomic_write, read_source
 from npu_migrate.findings import Finding
-from npu_migrate.helper_location import collect
-from npu_migrate.helper_modules import ModuleChange, changes
-from npu_migrate.pipeline import _GIT_LINE, Job, Plan, helper_imports, migrate_file, unified_diff, validate
-from npu_migrate.source import SourceError, SourceFile, atomic_write, read_source
+from npu_migrate.output.helper_module import ModuleChange, changes
+from npu_migrate.program.api import NpuApi
+from npu_migrate.program.packages import collect
 from npu_migrate.transforms.fused import HELPER_NAMES
 from npu_migrate.transforms.fused.helpers import defined_names
 

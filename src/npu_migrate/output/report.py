@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TextIO
 
 from npu_migrate import __version__
+from npu_migrate.engine.pipeline import FileResult, Status
 from npu_migrate.findings import Finding, Severity
-from npu_migrate.pipeline import FileResult, Status
 
 JSON_SCHEMA_VERSION = 1
 
@@ -77,7 +77,7 @@ class Summary:
 
 def statistics_lines(summary: Summary) -> list[str]:
     """`--statistics`: one line per rule with its count, instead of one line per finding."""
-    from npu_migrate.registry import rule
+    from npu_migrate.engine.registry import rule
 
     rows = [(n, rule_id, "fixed") for rule_id, n in summary.fixes_by_rule.items()]
     rows += [(n, rule_id, "open") for rule_id, n in summary.open_by_rule.items()]
@@ -156,7 +156,7 @@ _GITHUB_LEVEL = {"error": "error", "warning": "warning", "info": "notice"}
 def sarif_document(findings: list[Finding]) -> dict:
     """SARIF 2.1.0, so code-scanning UIs show the findings inline; its rules are the registry's, `apply`'s
     and `analyze`'s alike."""
-    from npu_migrate.registry import all_rules
+    from npu_migrate.engine.registry import all_rules
 
     rules = all_rules()
     index = {rule.id: i for i, rule in enumerate(rules)}

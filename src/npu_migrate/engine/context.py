@@ -6,7 +6,7 @@ import is rewritten too, and the import may only be rewritten if *every* use thr
 unmappable use vetoes the binding, and all fixes that required it fall back to findings.
 
 A fix that flips a `guard` (a test of whether CUDA is there) stands only if the code the test guards can
-run on an NPU once it does: `npu_migrate.coherence` decides, after the import decisions, from the reports
+run on an NPU once it does: `npu_migrate.program.guards` decides, after the import decisions, from the reports
 that leave code which `crashes` there.
 """
 
@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from npu_migrate import coherence
+from npu_migrate.engine.fixes import Fix
+from npu_migrate.engine.rule import Rule
+from npu_migrate.engine.sites import Report
 from npu_migrate.findings import Severity
-from npu_migrate.fixes import Fix
-from npu_migrate.imports import Binding, ImportTable, rebind_import
-from npu_migrate.reports import Report
-from npu_migrate.rule import Rule
+from npu_migrate.program import guards as coherence
+from npu_migrate.program.imports import Binding, ImportTable, rebind_import
 
 if TYPE_CHECKING:
-    from npu_migrate.api import NpuApi
+    from npu_migrate.program.api import NpuApi
 
 
 class CstReport(Report):

@@ -18,12 +18,12 @@ import libcst as cst
 if TYPE_CHECKING:
     import ast
 
-    from npu_migrate.api import NpuApi
-    from npu_migrate.astindex import AstIndex
-    from npu_migrate.context import FileContext
-    from npu_migrate.lines import Source
-    from npu_migrate.reports import TextReport, TreeReport
-    from npu_migrate.rule import Rule
+    from npu_migrate.engine.astindex import AstIndex
+    from npu_migrate.engine.context import FileContext
+    from npu_migrate.engine.lines import Source
+    from npu_migrate.engine.rule import Rule
+    from npu_migrate.engine.sites import TextReport, TreeReport
+    from npu_migrate.program.api import NpuApi
 
 
 class BaseChecker:
@@ -117,7 +117,7 @@ class NameUseChecker(Checker):
 class TreeChecker(PythonChecker):
     """A checker that decides on the `ast` tree every file is vetted with, and never needs the whole file
     in libcst: its fixes are libcst fixes of the few statements it changes, which the engine parses
-    alone (`npu_migrate.scoped`). For rules that must look at many files and change few (the fused-op
+    alone (`npu_migrate.engine.scoped`). For rules that must look at many files and change few (the fused-op
     idioms), where a libcst parse and walk of every candidate file would cost ten times the `ast`.
 
     It runs after the libcst checkers of the same file, on their result: what they rewrote, it sees
@@ -134,9 +134,9 @@ class TreeChecker(PythonChecker):
 
 
 class TextChecker(BaseChecker):
-    """Base class of the checkers for files without a Python syntax tree (see `npu_migrate.textfiles`).
+    """Base class of the checkers for files without a Python syntax tree (see `npu_migrate.engine.textfiles`).
 
-    `kinds` names the file kinds it reads (`npu_migrate.kinds`); `check` returns reports, each with an
+    `kinds` names the file kinds it reads (`npu_migrate.files.kinds`); `check` returns reports, each with an
     optional span edit, for the whole text.
     """
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 
-from npu_migrate.lines import first_line
+from npu_migrate.engine.lines import first_line
 from npu_migrate.transforms.common.guarded_import import is_guarded_import
 from npu_migrate.transforms.fused import is_helper
 from npu_migrate.transforms.fused.helpers import parse_typed

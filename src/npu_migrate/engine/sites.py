@@ -1,6 +1,6 @@
 """What a checker reports at one site (`Report`), whatever kind of file it reads.
 
-Every kind of checker (`npu_migrate.checkers`: the libcst `Checker`, the `ast` `TreeChecker`, the
+Every kind of checker (`npu_migrate.engine.checkers`: the libcst `Checker`, the `ast` `TreeChecker`, the
 `TextChecker` of files without a Python syntax tree) reports a `Report`; the engine of its kind locates the
 site, decides whether the fix is applied, and makes the `Finding` (`Report.finding`).
 """
@@ -15,8 +15,8 @@ from npu_migrate.findings import Finding, FindingData, Severity
 if TYPE_CHECKING:
     import ast
 
-    from npu_migrate.fixes import Fix
-    from npu_migrate.rule import Rule
+    from npu_migrate.engine.fixes import Fix
+    from npu_migrate.engine.rule import Rule
 
 
 class Report:
@@ -79,7 +79,7 @@ class Report:
 
 class TreeReport(Report):
     """A `TreeChecker`'s report: the site is an `ast` node (an `ast.Module` reports at line 1); `fix` is a
-    libcst fix of the twin of `target`, or of `node` (`npu_migrate.scoped`)."""
+    libcst fix of the twin of `target`, or of `node` (`npu_migrate.engine.scoped`)."""
 
     node: ast.AST
     #: What `fix` rewrites when it is not `node`: a def or class (found by name and line), a call (by

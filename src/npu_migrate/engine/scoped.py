@@ -5,7 +5,7 @@ A libcst parse, and above all a walk over its tree in Python, costs ten to twent
 fused-operator idioms, looked for in 800 of transformers' 2,900 files and rewritten in 260 of them)
 report `ast` nodes, and give their fixes as libcst fixes of those nodes. The engine then parses with
 libcst only the top-level statements that hold a node to fix, finds each node's libcst twin by its
-position, applies the fixes there in one pass (`npu_migrate.fixes`), and puts the regenerated
+position, applies the fixes there in one pass (`npu_migrate.engine.fixes`), and puts the regenerated
 statements back in place of their lines. The rest of the file is never parsed by libcst and is kept
 byte for byte; libcst's round trip keeps the parsed statements so too, apart from the fixes.
 """
@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING
 
 import libcst as cst
 
-from npu_migrate.astindex import AstIndex
-from npu_migrate.checkers import TreeChecker
-from npu_migrate.findings import Finding
-from npu_migrate.fixes import Fix, apply_fixes, node_code, skip_statements_apart
-from npu_migrate.lines import (
+from npu_migrate.engine.astindex import AstIndex
+from npu_migrate.engine.checkers import TreeChecker
+from npu_migrate.engine.fixes import Fix, apply_fixes, node_code, skip_statements_apart
+from npu_migrate.engine.lines import (
     LINE_BREAK,
     Source,
     StatementIndex,
@@ -32,11 +31,12 @@ from npu_migrate.lines import (
     source_lines,
     todo_edits,
 )
-from npu_migrate.positions import positions_of
-from npu_migrate.reports import TreeReport  # with `Source`, what tree checkers import from here
+from npu_migrate.engine.positions import positions_of
+from npu_migrate.engine.sites import TreeReport  # with `Source`, what tree checkers import from here
+from npu_migrate.findings import Finding
 
 if TYPE_CHECKING:
-    from npu_migrate.api import NpuApi
+    from npu_migrate.program.api import NpuApi
 
 _COMPOUND = (
     ast.FunctionDef,

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from npu_migrate.pipeline import FileResult, Job, Plan, Status, process
+from npu_migrate.engine.pipeline import FileResult, Job, Plan, Status, process
 
 if TYPE_CHECKING:  # the pool (multiprocessing, sockets ...) is imported only by a run that starts one
     from concurrent.futures import ProcessPoolExecutor

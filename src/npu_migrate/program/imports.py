@@ -5,7 +5,7 @@ imported names of a file refer to. `ImportTable` walks the statements once (neve
 every import binding (`import torch as th`, `from torch import cuda`, `from torch.cuda import
 synchronize as sync`) and every other way the file binds a name (assignments, parameters, loops, defs,
 `with ... as`, `except ... as`, match captures). A name that is both imported and rebound is not
-trusted: the rules leave code through it alone. `npu_migrate.names.Names` does the same on the `ast`
+trusted: the rules leave code through it alone. `npu_migrate.program.names.Names` does the same on the `ast`
 and agrees with this table on every file (tests/test_name_resolvers.py).
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from npu_migrate.names import split_trusted
+from npu_migrate.program.names import split_trusted
 
 #: What a handler catches a failed import with: one that catches these (or everything) and goes on makes the
 #: import in its `try` body optional. Read by the flash_attn import rule and the guard-flip check alike.

@@ -3,7 +3,7 @@
 A `Rule` is a declaration: a stable id (`NPU101`), a name, a family, tags, a severity, and its user
 documentation in one fixed shape (what it does, why, an example, how far its fix can be trusted), as ruff
 documents its rules. `npu-migrate rules NPU101` prints it, and the example runs as a test. The checkers
-that find a rule's sites are in `npu_migrate.checkers`; what they report, in `npu_migrate.reports`.
+that find a rule's sites are in `npu_migrate.engine.checkers`; what they report, in `npu_migrate.engine.sites`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import inspect
 import textwrap
 from dataclasses import dataclass
 
-from npu_migrate.api import TARGETS
 from npu_migrate.findings import Severity
+from npu_migrate.program.api import TARGETS
 
 #: `Rule.targets` of a rule whose meaning is the same in every target.
 EVERY_TARGET = frozenset(TARGETS)
@@ -50,7 +50,7 @@ class Example:
 
     A rewrite rule's `before` becomes `after` with only the rule (and NPU001, where the rule needs
     `import torch_npu`) selected, the fused-op helpers it adds folded into one line
-    (`npu_migrate.rule_examples`); a report-only rule leaves `before` as it is (`after` None)
+    (`npu_migrate.output.rule_examples`); a report-only rule leaves `before` as it is (`after` None)
     and reports a finding whose message contains `reports`. Analysis rules (tag "analysis") are checked on
     `npu-migrate analyze --mode all` of `before`.
     """

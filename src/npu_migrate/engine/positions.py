@@ -24,8 +24,8 @@ from libcst._nodes.internal import CodegenState
 # libcst.metadata re-exports these; importing it loads every metadata provider (20 ms of start-up).
 from libcst._position import CodePosition, CodeRange
 
-from npu_migrate.fixes import STATEMENT_TYPES
-from npu_migrate.lines import LINE_BREAK  # the line breaks libcst's position providers count
+from npu_migrate.engine.fixes import STATEMENT_TYPES
+from npu_migrate.engine.lines import LINE_BREAK  # the line breaks libcst's position providers count
 
 
 class _State(CodegenState):

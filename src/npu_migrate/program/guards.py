@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.helpers import get_full_name_for_node
 
-from npu_migrate.api import cuda_package, package_table
 from npu_migrate.findings import Severity
-from npu_migrate.imports import IMPORT_ERRORS
+from npu_migrate.program.api import cuda_package, package_table
+from npu_migrate.program.imports import IMPORT_ERRORS
 
 # `ctx` below is the file's `context.FileContext` (which calls `check`), a report its `context.CstReport`.
 

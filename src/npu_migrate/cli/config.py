@@ -25,7 +25,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from npu_migrate.api import DEFAULT_TARGET, TARGETS
+from npu_migrate.program.api import DEFAULT_TARGET, TARGETS
 
 SECTION = "npu-migrate"
 

@@ -13,9 +13,9 @@ import functools
 from collections.abc import Iterable
 
 from npu_migrate.analyze.rules import RULES as ANALYSIS_RULES
-from npu_migrate.api import DEFAULT_TARGET
-from npu_migrate.checkers import Checker, TextChecker
-from npu_migrate.rule import FixSafety, Rule
+from npu_migrate.engine.checkers import Checker, TextChecker
+from npu_migrate.engine.rule import FixSafety, Rule
+from npu_migrate.program.api import DEFAULT_TARGET
 from npu_migrate.transforms import CHECKERS, TEXT_CHECKERS
 from npu_migrate.transforms.torch_npu_import import IMPORT_TORCH_NPU
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from npu_migrate.engine.lines import Suppressions, source_lines
+from npu_migrate.engine.sites import TextReport  # what text checkers import from here, with the line helpers
 from npu_migrate.findings import Finding
-from npu_migrate.lines import Suppressions, source_lines
-from npu_migrate.reports import TextReport  # what text checkers import from here, with the line helpers
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 `analyze` reads every Python file of a tree (the `transformers` package: 2,900 files), most of which the
 rules' prefilter never parses, and the fused-operator rules decide on the `ast` alone; `ast` parses an
 order of magnitude faster than libcst. The rules for trusting a name are those of
-`npu_migrate.imports.ImportTable` (`split_trusted`, shared), so a name resolves here exactly as the libcst
+`npu_migrate.program.imports.ImportTable` (`split_trusted`, shared), so a name resolves here exactly as the libcst
 rules resolve it: an imported name that the file also binds another way is not trusted. Both tables see
 the same statements, and tests/test_name_resolvers.py checks that they agree. Relative imports resolve
 when the file's package is known (a library tree given to `third_party`); the libcst table, which has no

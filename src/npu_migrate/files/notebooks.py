@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 
-from npu_migrate.source import SourceError
+from npu_migrate.files.source import SourceError
 
 CELL_MARKER = "# <npu-migrate cell {}>"
 _MARKER = re.compile(r"^# <npu-migrate cell (\d+)>\n", re.M)
