@@ -143,3 +143,42 @@ def test_color_always_and_never(project):
     never = subprocess.run([*args, "--color", "never"], cwd=project, capture_output=True, text=True, env=env)
     assert "\x1b[" in always.stdout and "+import torch_npu" in always.stdout
     assert "\x1b[" not in never.stdout and "+import torch_npu" in never.stdout
+
+
+# -- analyze ------------------------------------------------------------------------------------------------
+
+
+def test_analyze_with_output_prints_the_summary_not_the_report(project):
+    shown = run_cli("analyze", ".", cwd=project)
+    assert "declined.py" in shown.stdout, "without --output the report is the output"
+    written = run_cli("analyze", ".", "-o", "rep", cwd=project)
+    assert written.returncode == 0 and written.stdout == ""
+    assert "reports written to rep" in written.stderr and (project / "rep" / "report.json").is_file()
+    asked = run_cli("analyze", ".", "-o", "rep", "--format", "json", cwd=project)
+    assert json.loads(asked.stdout)["summary"]
+    quiet = run_cli("analyze", ".", "-q", cwd=project)
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+
+
+def test_analyze_reports_name_code_not_rules_and_set_code_as_code(project):
+    assert run_cli("analyze", ".", "--mode", "all", "-o", "rep", "-q", cwd=project).returncode == 0
+    rows = (project / "rep" / "affinity_api_call.csv").read_text().splitlines()
+    declined = [row for row in rows if ",declined," in row]
+    # Before: `declined.py:4:1,4,function,NPU701,...`: the rule id in the code's column.
+    assert declined and declined[0].startswith('declined.py:4:1,4,function,"def rms(x, eps=1e-6)",'), rows
+    import re
+
+    page = (project / "rep" / "report.html").read_text()
+    outside_docs = re.sub(r"<pre>.*?</pre>", "", page, flags=re.S)
+    assert "`" not in outside_docs, "raw backticks in the HTML report"
+    assert "<code>.cuda()</code> not rewritten" in page
+
+
+def test_rules_with_a_prefix_lists_that_family(project):
+    family = run_cli("rules", "NPU9", cwd=project)
+    assert family.returncode == 0
+    ids = [line.split()[0] for line in family.stdout.splitlines()]
+    assert ids and all(i.startswith("NPU9") for i in ids) and "NPU901" in ids and "NPU951" in ids
+    one = run_cli("rules", "NPU101", cwd=project)
+    assert one.stdout.startswith("NPU101 (cuda-method)")
+    assert run_cli("rules", "NPUX", cwd=project).returncode == 2

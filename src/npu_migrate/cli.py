@@ -709,7 +709,10 @@ def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
 )
 def rules(
     rule_id: Annotated[
-        Optional[str], typer.Argument(help="Show the documentation of this rule (id or name).", metavar="RULE")
+        Optional[str],
+        typer.Argument(
+            help="Show the documentation of this rule (id or name), or list a prefix's rules (NPU9).", metavar="RULE"
+        ),
     ] = None,
     config_file: Annotated[
         Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from here upwards).")
@@ -724,10 +727,16 @@ def rules(
     from npu_migrate.registry import all_rules, rule
 
     config, enabled, _ = _settings([Path.cwd()], config_file, None, None, None, target.value if target else None)
+    listed = all_rules()
+    if rule_id is not None and rule_id.upper() not in {r.id for r in listed}:
+        # A prefix (`NPU9`, `NPU70`) lists that family, as --select takes it; a name or id shows one rule.
+        family = [r for r in listed if r.id.startswith(rule_id.upper())]
+        if family and rule_id[:3].upper() == "NPU":
+            listed, rule_id = family, None
     if rule_id is None:
         if config.path is not None:
             typer.echo(f"configuration: {config.path}")
-        for known in all_rules():
+        for known in listed:
             state = "on" if known.id in enabled else "off"
             targets = ",".join(sorted(known.targets))
             typer.echo(
