@@ -39,7 +39,7 @@ def test_a_file_no_rule_may_want_costs_no_heavy_import(tmp_path):
     (tmp_path / "plain.py").write_text("x = 1\n")
     result = _run(tmp_path, "apply", "--check", "plain.py")
     assert "exit: 0" in result.stdout and "heavy: []" in result.stdout, result.stdout + result.stderr
-    assert "1 files scanned, 0 would change" in result.stderr
+    assert "1 file scanned, 0 would change" in result.stderr
 
 
 def test_a_file_with_cuda_still_gets_the_rules(tmp_path):

@@ -19,6 +19,7 @@ import libcst as cst
 from npu_migrate.engine.checkers import Checker
 from npu_migrate.engine.layout import line_width
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
+from npu_migrate.findings import Severity
 from npu_migrate.program.imports import add_module_import, dotted_name, insertion_index
 from npu_migrate.transforms.common.accelerator import (
     ACCELERATOR_NAME,
@@ -116,6 +117,8 @@ NPU_CODE = Rule(
         """,
     ),
     fix_safety=FixSafety.REPORT_ONLY,
+    # The user asked for code for every host and this file still runs on Ascend only: a human must act.
+    severity=Severity.WARNING,
     needs_torch_npu=False,
     targets=frozenset({"portable"}),
 )

@@ -8,9 +8,28 @@ from dataclasses import dataclass, field
 
 
 class Severity(str, enum.Enum):
-    ERROR = "error"  # will fail on NPU unless a human acts
-    WARNING = "warning"  # may behave differently on NPU
-    INFO = "info"  # rewritten, or worth knowing
+    """What the user must do about an open finding: `error`, the code will fail on an NPU unless a human
+    acts; `warning`, it may behave differently there, or a rewrite was declined and the CUDA code is still
+    in place (a human checks it); `info`, nothing is required: a rewrite made, a fact worth knowing, or
+    an optional fused kernel that was not used (the code runs unfused as it is)."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        """0 for info, 1 warning, 2 error: `--min-severity` shows the findings at or above one."""
+        return _RANK[self]
+
+    def at_least(self, other: Severity) -> bool:
+        return self.rank >= other.rank
+
+
+_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+
+#: The severities, weakest first (the `--min-severity` choices).
+SEVERITIES = tuple(s.value for s in _RANK)
 
 
 class FindingData(Mapping[str, str | int]):

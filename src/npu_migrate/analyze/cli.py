@@ -76,8 +76,16 @@ def analyze_command(
         ),
     ] = None,
     output_format: Annotated[
-        ReportFormat, typer.Option("--format", help="What to print on stdout.")
-    ] = ReportFormat.text,
+        Optional[ReportFormat],
+        typer.Option(
+            "--format",
+            help="What to print on stdout (default text; with --output nothing, unless --format is given).",
+            show_default=False,
+        ),
+    ] = None,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print errors only: no report on stdout, no summary, no progress.")
+    ] = False,
     torch_npu_version: Annotated[
         Optional[str],
         typer.Option("--torch-npu-version", help="torch_npu version to judge support against (default: newest known)."),
@@ -154,7 +162,7 @@ def analyze_command(
     excludes = [(pattern, config.root) for pattern in config.exclude] + [
         (pattern, Path.cwd()) for pattern in split_codes(exclude)
     ]
-    bar = Progress(0, "analysing")
+    bar = Progress(0, "analysing", enabled=not quiet)
 
     def progress(done: int, total: int) -> None:
         bar.total = total
@@ -193,12 +201,17 @@ def analyze_command(
     except OSError as exc:
         raise _fail(f"{exc.filename or output}: {exc.strerror or exc}") from None
 
-    sys.stdout.write(render(analysis, output_format.value))
-    # With a machine-readable format stdout is the document alone; the summary goes to stderr.
-    for line in summary_lines(analysis):
-        typer.echo(line, err=output_format is not ReportFormat.text)
-    if output is not None:
-        typer.echo(f"reports written to {output}", err=True)
+    # With --output the reports are in the folder: the terminal gets the summary, not the report again
+    # (4,000 lines on a large tree), unless a --format asks for it on stdout.
+    shown = output_format or (None if output is not None else ReportFormat.text)
+    if shown is not None and not quiet:
+        sys.stdout.write(render(analysis, shown.value))
+    if not quiet:
+        # With a machine-readable format stdout is the document alone; the summary goes to stderr.
+        for line in summary_lines(analysis):
+            typer.echo(line, err=shown is not ReportFormat.text)
+        if output is not None:
+            typer.echo(f"reports written to {output}", err=True)
     if analysis.errors:
         raise typer.Exit(EXIT_ERROR)
 

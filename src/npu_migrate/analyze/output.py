@@ -195,10 +195,21 @@ def markdown(analysis: Analysis) -> str:
     return env.get_template("report/report.md.j2").render(**_context(analysis))
 
 
+def code_spans(text) -> str:
+    """Text for the HTML report: escaped, and the `backticked` code of messages and summaries set as
+    <code>, as the Markdown report shows it (raw backticks read as noise in a browser)."""
+    import re
+
+    from markupsafe import Markup, escape
+
+    return Markup(re.sub(r"`([^`\n]+)`", r"<code>\1</code>", str(escape(text))))
+
+
 def html(analysis: Analysis) -> str:
     from npu_migrate.engine.templating import environment
 
     env = environment().overlay(autoescape=True)
+    env.filters["code"] = code_spans
     env.filters["acted_on"] = lambda table: [r for r in table.rows if table.routine is None or not table.routine(r)]
     return env.get_template("report/report.html.j2").render(**_context(analysis))
 

@@ -107,6 +107,27 @@ class Target(str, enum.Enum):
     portable = "portable"
 
 
+class MinSeverity(str, enum.Enum):
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class Color(str, enum.Enum):
+    auto = "auto"
+    always = "always"
+    never = "never"
+
+
+def _colour(choice: Color | None) -> bool:
+    """`--color`: auto colours a terminal unless NO_COLOR is set (https://no-color.org), as ruff and git do."""
+    if choice is Color.always:
+        return True
+    if choice is Color.never:
+        return False
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+
+
 class FailOn(str, enum.Enum):
     rewrite = "rewrite"
     error = "error"
@@ -170,6 +191,23 @@ def apply(
     statistics: Annotated[
         bool, typer.Option("--statistics", help="Print a count per rule instead of every finding.")
     ] = False,
+    min_severity: Annotated[
+        MinSeverity | None,
+        typer.Option(
+            "--min-severity",
+            "--severity",
+            help="Print the open findings of this severity or worse: `error` (fails on an NPU), `warning` (a "
+            "human checks it), `info` (also the notes: optional fused kernels not used). Default: warning for "
+            "text and github, info for json and sarif (config: min-severity). The summary counts all.",
+            show_default=False,
+        ),
+    ] = None,
+    color: Annotated[
+        Color | None,
+        typer.Option(
+            "--color", help="Colour the diff: auto (a terminal without NO_COLOR), always, never.", show_default=False
+        ),
+    ] = None,
     show_fixes: Annotated[
         bool, typer.Option("--show-fixes", help="Also list each rewrite made (or, with --diff/--check, proposed).")
     ] = False,
@@ -264,6 +302,8 @@ def apply(
 
     if output is not None and (diff or check):
         raise _fail("--output cannot be combined with --diff or --check")
+    if output is not None and output.exists() and not output.is_dir():
+        raise _fail(f"--output {output} is an existing file; --output takes a folder to write the migrated tree in")
     if interactive and (diff or check or output is not None or output_format is not OutputFormat.text):
         raise _fail("--interactive rewrites in place; it cannot be combined with --diff, --check, --output or --format")
     stdin = [p for p in paths if str(p) == "-"]
@@ -289,6 +329,10 @@ def apply(
         "torch_version": torch_version or config.torch_version,
     }
     threshold = (fail_on.value if fail_on is not None else None) or config.fail_on
+    from npu_migrate.findings import Severity
+
+    machine = output_format in (OutputFormat.json, OutputFormat.sarif)
+    shown = Severity(min_severity.value if min_severity else config.min_severity or ("info" if machine else "warning"))
 
     if stdin:
         code = _apply_stdin(
@@ -300,6 +344,7 @@ def apply(
             check=check,
             annotate=annotate,
             fail_on=threshold,
+            shown=shown,
             **plan_target,
         )
         if code == EXIT_CHANGES and exit_zero:
@@ -310,6 +355,10 @@ def apply(
     found = discover(paths, _migratable, excludes=excludes, respect_gitignore=not no_gitignore)
     for path, reason in found.errors:
         typer.echo(f"{path}: error: {reason}", err=True)
+    for path, reason in sorted(found.skipped):
+        typer.echo(f"{path}: warning: {reason}", err=True)
+    if not found.files and found.errors:
+        raise typer.Exit(EXIT_ERROR)  # the errors above say it all; a "0 files scanned" summary would not
     if not found.files and not found.errors:
         # Nothing to do is not a failure (a pre-commit run whose files are all excluded must pass), but a
         # silent "0 files scanned" hides a wrong path or a .gitignore that swallowed the tree.
@@ -351,6 +400,17 @@ def apply(
             if given.is_dir() and (out == g or g in out.parents):
                 raise _fail(f"--output {output} is inside the input tree {given}; choose a folder outside it")
         _copy_tree_skeleton(paths, root, out)
+    if mode is Mode.IN_PLACE and not quiet:
+        from npu_migrate.files.discovery import in_git_work_tree
+
+        outside = [f for f in found.files if not in_git_work_tree(f)]
+        if outside:
+            where = _display(outside[0], root) + (f" and {len(outside) - 1} more are" if len(outside) > 1 else " is")
+            typer.echo(
+                f"npu-migrate: warning: {where} not in a git repository: nothing can undo an in-place migration "
+                "there; --output DIR writes a migrated copy, --diff a patch",
+                err=True,
+            )
     if dirty:
         _refuse_dirty_changes(job_list, dirty & modules, plan, jobs, lambda path: _display(path, root))
     if interactive:
@@ -359,7 +419,7 @@ def apply(
     summary = Summary()
     results, all_findings = [], []
     text = output_format is OutputFormat.text
-    colour = text and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    colour = text and _colour(color)
     # With --diff the patch owns stdout (so it can be saved and `git apply`-ed); findings go to stderr.
     findings_err = mode is Mode.DIFF
     progress = Progress(len(job_list), "migrating" if mode is not Mode.DIFF else "checking", enabled=text and not quiet)
@@ -376,7 +436,8 @@ def apply(
             say(f"{result.display}: error: {result.error}", err=True)
         if output_format is OutputFormat.github:
             for finding in result.findings:
-                typer.echo(github_annotation(finding))
+                if finding.fixed or finding.severity.at_least(shown):
+                    typer.echo(github_annotation(finding))
             return
         if not text:
             return
@@ -392,8 +453,8 @@ def apply(
         if statistics:
             return
         for finding in result.findings:
-            if not finding.fixed or show_fixes:
-                say(format_finding(finding), err=findings_err)
+            if show_fixes if finding.fixed else finding.severity.at_least(shown):
+                say(format_finding(finding, written=mode is not Mode.DIFF), err=findings_err)
 
     helper_imports: dict[Path, set[str]] = {}
     for job, result in zip(job_list, run(job_list, plan, jobs)):
@@ -421,11 +482,11 @@ def apply(
         json.dump(sarif_document(all_findings), sys.stdout, indent=2)
         sys.stdout.write("\n")
     if statistics and text:
-        for line in statistics_lines(summary):
+        for line in statistics_lines(summary, written=mode is not Mode.DIFF):
             typer.echo(line, err=findings_err)
     if output_format is not OutputFormat.json and not quiet:
         # --statistics already gave the per-rule counts; the summary keeps only its file counts then.
-        for line in summary.lines(dry_run=mode is Mode.DIFF)[: 1 if statistics else None]:
+        for line in summary.lines(dry_run=mode is Mode.DIFF, min_severity=shown)[: 1 if statistics else None]:
             typer.echo(line, err=True)
 
     if found.errors or summary.failed:
@@ -531,6 +592,7 @@ def _apply_stdin(
     check: bool,
     annotate: bool,
     fail_on: str,
+    shown,
     target: str,
     torch_version: str | None,
 ) -> int:
@@ -568,9 +630,11 @@ def _apply_stdin(
             sys.stdout.buffer.write(raw)
         return EXIT_ERROR
     for finding in findings:
-        if not finding.fixed:
+        if not finding.fixed and finding.severity.at_least(shown):
             typer.echo(format_finding(finding), err=True)
     changed = new_text != source.text
+    if check and changed:
+        typer.echo(f"would migrate {display}", err=True)  # as --check says of a file, so exit 1 is explained
     if diff:
         sys.stdout.write(unified_diff(display, source.text, new_text))
     elif not check:
@@ -654,7 +718,10 @@ def _copy_tree_skeleton(paths: list[Path], root: Path, out: Path) -> None:
 )
 def rules(
     rule_id: Annotated[
-        str | None, typer.Argument(help="Show the documentation of this rule (id or name).", metavar="RULE")
+        str | None,
+        typer.Argument(
+            help="Show the documentation of this rule (id or name), or list a prefix's rules (NPU9).", metavar="RULE"
+        ),
     ] = None,
     config_file: Annotated[
         Path | None, typer.Option("--config", help="pyproject.toml to read (default: found from here upwards).")
@@ -669,10 +736,16 @@ def rules(
     from npu_migrate.engine.registry import all_rules, rule
 
     config, enabled, _ = _settings([Path.cwd()], config_file, None, None, None, target.value if target else None)
+    listed = all_rules()
+    if rule_id is not None and rule_id.upper() not in {r.id for r in listed}:
+        # A prefix (`NPU9`, `NPU70`) lists that family, as --select takes it; a name or id shows one rule.
+        family = [r for r in listed if r.id.startswith(rule_id.upper())]
+        if family and rule_id[:3].upper() == "NPU":
+            listed, rule_id = family, None
     if rule_id is None:
         if config.path is not None:
             typer.echo(f"configuration: {config.path}")
-        for known in all_rules():
+        for known in listed:
             state = "on" if known.id in enabled else "off"
             targets = ",".join(sorted(known.targets))
             typer.echo(

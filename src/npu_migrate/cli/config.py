@@ -15,6 +15,7 @@ errors that name the file and the key, never silently ignored.
     per-file-ignores = { "tests/*" = ["NPU1"] }
     require-clean-git = true         # in-place apply refuses files with uncommitted changes (--force)
     fail-on = "rewrite"              # or "error" / "warning": what else makes `apply` exit 1 (--fail-on)
+    min-severity = "warning"         # or "error" / "info": the open findings `apply` prints (--min-severity)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from npu_migrate.findings import SEVERITIES
 from npu_migrate.program.api import DEFAULT_TARGET, TARGETS
 
 SECTION = "npu-migrate"
@@ -50,6 +52,8 @@ class Config:
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
     require_clean_git: bool = True
     fail_on: str = "rewrite"
+    #: The open findings `apply` prints, this severity or worse; None: the format's default (`--min-severity`).
+    min_severity: str | None = None
     path: Path | None = None  # the pyproject.toml it came from
 
     @property
@@ -121,6 +125,7 @@ def load_config(path: Path | None) -> Config:
         "per-file-ignores",
         "require-clean-git",
         "fail-on",
+        "min-severity",
     }
     for key in data:
         if key not in known:
@@ -148,6 +153,9 @@ def load_config(path: Path | None) -> Config:
     fail_on = data.get("fail-on", "rewrite")
     if fail_on not in FAIL_ON:
         raise ConfigError(f"{path}: [tool.{SECTION}] fail-on: expected one of {', '.join(map(repr, FAIL_ON))}")
+    min_severity = data.get("min-severity")
+    if min_severity is not None and min_severity not in SEVERITIES:
+        raise ConfigError(f"{path}: [tool.{SECTION}] min-severity: expected one of {', '.join(map(repr, SEVERITIES))}")
     return Config(
         select=_strings(path, "select", data["select"]) if "select" in data else None,
         ignore=_strings(path, "ignore", data.get("ignore", [])),
@@ -159,6 +167,7 @@ def load_config(path: Path | None) -> Config:
         per_file_ignores={k: _strings(path, f"per-file-ignores.{k}", v) for k, v in per_file.items()},
         require_clean_git=clean,
         fail_on=fail_on,
+        min_severity=min_severity,
         path=path,
     )
 

@@ -45,6 +45,8 @@ class Report:
     ) -> None:
         self.rule = rule
         self.message = message
+        #: Whether the checker chose the severity for this site (else the rule's: see `finding`).
+        self.chosen_severity = severity is not None
         self.severity = severity or rule.severity
         self.fix = fix
         self.applied = applied
@@ -54,6 +56,18 @@ class Report:
     def actionable(self) -> bool:
         """Left open, and more than information: a human must act (what `--annotate` marks with a TODO)."""
         return not self.applied and self.severity is not Severity.INFO
+
+    def open_severity(self) -> Severity:
+        """The severity the finding is reported with. A rewrite rule's severity is `info` (a rewrite
+        needs nothing from the user), but where its checker declined the rewrite and chose no severity for
+        the site, the CUDA code is still in place (`.cuda()` not rewritten fails on an NPU): a human must
+        look, `warning`. A declined fused rewrite (tag "fused") stays `info`: the fused kernel is optional,
+        and the code runs unfused as it is."""
+        rule = self.rule
+        declined = not self.applied and rule.fixable and not self.chosen_severity
+        if declined and self.severity is Severity.INFO and "fused" not in rule.tags:
+            return Severity.WARNING
+        return self.severity
 
     def finding(
         self, path: str, line: int, col: int, *, changed: bool, original: str = "", replacement: str = ""
@@ -66,7 +80,7 @@ class Report:
             line=line,
             col=col,
             message=self.message,
-            severity=self.severity,
+            severity=self.open_severity(),
             fixed=self.applied and changed,
             original=original,
             replacement=replacement,

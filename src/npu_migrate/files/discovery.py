@@ -48,6 +48,9 @@ class Discovery:
     errors: list[tuple[str, str]] = field(default_factory=list)  # (path, reason)
     git_ignored: int = 0  # files left out because git ignores them (--no-gitignore takes them)
     excluded: int = 0  # files and folders left out by an exclude glob
+    #: (path, reason) of files met while walking and left out for a reason the user should hear: a
+    #: broken symbolic link or a symlink loop under a name npu-migrate reads (`train.py` -> nowhere).
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def nothing_found(self, paths: list[Path]) -> str:
         """Why a run found no file, and how to include what it left out."""
@@ -114,6 +117,12 @@ def _git_ignored(files: list[Path]) -> set[Path]:
 
 
 def _in_git_work_tree(path: Path) -> bool:
+    return in_git_work_tree(path)
+
+
+def in_git_work_tree(path: Path) -> bool:
+    """Whether `path` is inside a git work tree (a `.git` folder or file in it or above it)."""
+    path = Path(os.path.abspath(path))
     for parent in [path, *path.parents]:
         if (parent / ".git").exists():
             return True
@@ -161,8 +170,12 @@ def discover(
             result.excluded += len(kept) - len(dirnames)
             for name in filenames:
                 candidate = folder / name
-                if not accepts(candidate) or candidate.is_symlink():
-                    continue  # a symlink may lead out of the tree; never read or written through
+                if not accepts(candidate):
+                    continue
+                if candidate.is_symlink():  # a symlink may lead out of the tree; never read or written through
+                    if not os.path.exists(candidate):  # a link to a file is a copy; a broken one is news
+                        result.skipped.append((str(candidate), "broken symbolic link (or a symlink loop); skipped"))
+                    continue
                 if _excluded(candidate, excludes):
                     result.excluded += 1
                 else:

@@ -28,6 +28,9 @@ class Summary:
     open_by_rule: Counter = field(default_factory=Counter)
     open_errors: int = 0  # open findings of severity "error": code that will fail on NPU as it is
     open_warnings: int = 0
+    #: Open findings of severity info, by rule: nothing is required (an optional fused kernel not used,
+    #: a fact worth knowing); `open_by_rule` counts them too.
+    notes_by_rule: Counter = field(default_factory=Counter)
 
     def add(self, result: FileResult) -> None:
         self.scanned += 1
@@ -39,6 +42,8 @@ class Summary:
             (self.fixes_by_rule if f.fixed else self.open_by_rule)[f.rule_id] += 1
             self.open_errors += not f.fixed and f.severity is Severity.ERROR
             self.open_warnings += not f.fixed and f.severity is Severity.WARNING
+            if not f.fixed and f.severity is Severity.INFO:
+                self.notes_by_rule[f.rule_id] += 1
 
     def fails(self, fail_on: str, *, check: bool) -> bool:
         """Whether the run exits 1 under the `--fail-on` threshold (see `config.FAIL_ON`): with --check a file
@@ -51,16 +56,32 @@ class Summary:
             return self.open_errors + self.open_warnings > 0
         return False
 
-    def lines(self, *, dry_run: bool) -> list[str]:
+    @property
+    def open_notes(self) -> int:
+        return sum(self.notes_by_rule.values())
+
+    def lines(self, *, dry_run: bool, min_severity: Severity = Severity.INFO) -> list[str]:
+        """The summary. `min_severity`: the open findings below it were not printed, which it says with
+        the option that shows them."""
         verb = "would change" if dry_run else "changed"
         out = [
-            f"{self.scanned} files scanned, {self.changed} {verb}, {self.failed} failed "
+            f"{_count(self.scanned, 'file')} scanned, {self.changed} {verb}, {self.failed} failed "
             f"({self.parsed} parsed; the rest had nothing to migrate)"
         ]
         if self.fixes_by_rule:
             out.append("rewrites: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(self.fixes_by_rule.items())))
-        if self.open_by_rule:
-            out.append("needs a human: " + ", ".join(f"{rule} x{n}" for rule, n in sorted(self.open_by_rule.items())))
+        human = self.open_by_rule - self.notes_by_rule
+        if human:
+            counts = f"{_count(self.open_errors, 'error')}, {_count(self.open_warnings, 'warning')}"
+            out.append(f"needs a human ({counts}): " + ", ".join(f"{r} x{n}" for r, n in sorted(human.items())))
+        if self.notes_by_rule:
+            hidden = not Severity.INFO.at_least(min_severity)
+            why = "; not shown, --min-severity info lists them" if hidden else ""
+            out.append(
+                f"notes, nothing required ({_count(self.open_notes, 'info finding')}: optional fused kernels not "
+                f"used, facts worth knowing{why}): "
+                + ", ".join(f"{r} x{n}" for r, n in sorted(self.notes_by_rule.items()))
+            )
         return out
 
     def to_dict(self) -> dict:
@@ -72,19 +93,31 @@ class Summary:
             "findings": self.findings,
             "fixes_by_rule": dict(sorted(self.fixes_by_rule.items())),
             "open_by_rule": dict(sorted(self.open_by_rule.items())),
+            "open_by_severity": {
+                "error": self.open_errors,
+                "warning": self.open_warnings,
+                "info": self.open_notes,
+            },
         }
 
 
-def statistics_lines(summary: Summary) -> list[str]:
-    """`--statistics`: one line per rule with its count, instead of one line per finding."""
+def _count(n: int, noun: str) -> str:
+    """`1 file`, `2 files`: the summary reads as a sentence."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def statistics_lines(summary: Summary, *, written: bool = True) -> list[str]:
+    """`--statistics`: one line per rule with its count, instead of one line per finding. A rewrite is
+    `[fixed]` where the run wrote it, `[fixable]` where it did not (`--diff`, `--check`), as in
+    `format_finding`."""
     from npu_migrate.engine.registry import rule
 
-    rows = [(n, rule_id, "fixed") for rule_id, n in summary.fixes_by_rule.items()]
+    rows = [(n, rule_id, "fixed" if written else "fixable") for rule_id, n in summary.fixes_by_rule.items()]
     rows += [(n, rule_id, "open") for rule_id, n in summary.open_by_rule.items()]
     rows.sort(key=lambda row: (-row[0], row[1], row[2]))
     width = len(str(rows[0][0])) if rows else 1
     return [
-        f"{n:>{width}}  {rule_id}  [{state}]{' ' * (6 - len(state))}{rule(rule_id).summary}"
+        f"{n:>{width}}  {rule_id}  [{state}]{' ' * (8 - len(state))}{rule(rule_id).summary}"
         for n, rule_id, state in rows
     ]
 

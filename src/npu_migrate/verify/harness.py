@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -167,9 +168,10 @@ def compare(
     if original.resolve() == migrated.resolve():
         raise VerifyUsageError("--original and --migrated are the same directory")
 
+    _need_torch()
     before, after = _run_pair(original, migrated, factory, dtype, seed, mode, timeout)
     report = VerifyReport(mode=after.get("mode", "?"), dtype=dtype, seed=seed, min_cosine=min_cosine)
-    report.warnings.extend(before.get("warnings", []))
+    report.warnings.extend(before.get("warnings", []) + after.get("warnings", []))
     report.modules = [
         ModuleReport(name=name, file=info["file"], sites=dict(info["sites"]), calls=dict(info["calls"]))
         for name, info in after.get("modules", {}).items()
@@ -211,6 +213,36 @@ def _describe(error: dict, side: str) -> str:
     return f"{error['where']}: {error['type']}: {error['message']} ({stage}, {side})"
 
 
+#: What installs what verify runs with: torch (and the models' packages) come with the `integration` extra.
+INSTALL_HINT = "pip install 'npu-migrate[integration]' (or pip install torch)"
+
+
+def _need_torch() -> None:
+    """verify runs the user's model in workers of this interpreter: without torch they die before they can
+    report anything, so say so here, with the command that installs it."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise VerifyUsageError(f"verify runs your model and needs torch, which is not installed here: {INSTALL_HINT}")
+
+
+#: A line `import torch_npu` at the top level of a file: what NPU001 writes, unguarded.
+_TOP_LEVEL_TORCH_NPU = re.compile(r"^(import torch_npu\b|from torch_npu\b)", re.MULTILINE)
+
+
+def imports_torch_npu(tree: Path) -> bool:
+    """Whether a file of the migrated tree imports torch_npu unguarded at module level (as `apply` writes
+    it next to other rewrites): without torch_npu, that tree imports only on the simulated NPU host."""
+    for path in tree.rglob("*.py"):
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        if "torch_npu" in text and _TOP_LEVEL_TORCH_NPU.search(text):
+            return True
+    return False
+
+
 def _run_pair(original: Path, migrated: Path, factory: Path, dtype: str, seed: int, mode: str, timeout):
     """Both sides at once: each is a fresh interpreter, mostly spent importing, so they overlap well."""
     import npu_migrate
@@ -242,6 +274,8 @@ def _run_pair(original: Path, migrated: Path, factory: Path, dtype: str, seed: i
                 "--out",
                 str(out),
             ]
+            if role == "migrated" and imports_torch_npu(tree):
+                cmd.append("--stand-in")
             # A file, not a pipe, takes the user's prints: a full pipe would stall the side not being read.
             with open(log, "wb") as sink:
                 procs[role] = (subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT), out, log)
@@ -254,6 +288,12 @@ def _run_pair(original: Path, migrated: Path, factory: Path, dtype: str, seed: i
                     raise VerifyUsageError(f"the {role} side did not finish within {timeout:g}s") from None
                 if proc.returncode != 0 or not out.is_file():
                     tail = log.read_text(encoding="utf-8", errors="replace")[-4000:]
+                    missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", tail)
+                    if missing and missing.group(1).split(".")[0] in ("torch", "numpy"):
+                        raise VerifyUsageError(
+                            f"the {role} worker could not start: {missing.group(1)} is not installed: {INSTALL_HINT}",
+                            tail,
+                        )
                     raise VerifyUsageError(
                         f"the {role} worker exited with status {proc.returncode} without a result", tail
                     )

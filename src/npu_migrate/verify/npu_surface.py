@@ -79,6 +79,39 @@ class Unmodelled:
         raise self._error()
 
 
+class _UnmodelledClass(type):
+    """The metaclass of a stand-in class: reading an attribute of the class itself (a classmethod, a
+    constant) is a use, and raises as `Unmodelled` does."""
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise not_modelled(f"{cls._qualname}.{name}", cls._version)
+
+    def __repr__(cls) -> str:
+        return f"<class {cls._qualname}: not modelled by the simulated NPU host>"
+
+
+def _unmodelled_class(qualname: str, version: str) -> type:
+    """A name that is a class in torch_npu (`torch.npu.NPUGraph`, `torch.npu.Stream`): a real class, so
+    what a program does with a class without using it works as on a device, in annotations
+    (`torch.npu.NPUGraph | None`), `isinstance` tests (False: no object is one) and subclasses; making
+    one, or reading the class's attributes, raises NotModelledError."""
+
+    def __new__(cls, *args, **kwargs):
+        raise not_modelled(qualname, version)
+
+    name = qualname.rpartition(".")[2]
+    namespace = {"__new__": __new__, "_qualname": qualname, "_version": version, "__module__": "torch_npu"}
+    return _UnmodelledClass(name, (), namespace)
+
+
+def _is_class_name(name: str) -> bool:
+    """torch_npu spells its classes in CamelCase (`NPUGraph`, `Event`) and nothing else so: constants are
+    UPPER_CASE, functions lower."""
+    return name[:1].isupper() and not name.isupper()
+
+
 class SurfaceModule(types.ModuleType):
     """A module whose public names are `public`: those in `modelled` work, the others are `Unmodelled`."""
 
@@ -97,6 +130,10 @@ class SurfaceModule(types.ModuleType):
 
     def __getattr__(self, name: str):
         if not name.startswith("__") and self._has(name):
+            if _is_class_name(name):
+                made = _unmodelled_class(f"{self._label}.{name}", self._version)
+                setattr(self, name, made)  # one class per name: `isinstance` and annotations see the same
+                return made
             return Unmodelled(f"{self._label}.{name}", self._version)
         raise AttributeError(
             f"module '{self._label}' has no attribute '{name}'"

@@ -195,6 +195,14 @@ def run(
     except UnknownVersionError as exc:
         raise SmokeUsageError(str(exc)) from None
     kind, entry = _entry(factory, module, script)
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # the worker would die before it could report anything
+        from npu_migrate.verify.harness import INSTALL_HINT
+
+        raise SmokeUsageError(
+            f"verify --smoke runs your program and needs torch, which is not installed here: {INSTALL_HINT}"
+        )
     described = {"factory": f"factory {factory}", "module": f"module {module}", "script": f"script {script}"}[kind]
     if args:
         described += " " + " ".join(args)

@@ -295,7 +295,10 @@ def _where(exc: BaseException, user_files: list[str], root: str) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
-def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str) -> dict:
+def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str, stand_in: bool = False) -> dict:
+    """One side's forward pass. `stand_in`: the migrated tree imports torch_npu at module level (as
+    `apply` writes it), so where no torch_npu imports, the simulated NPU host of `verify --smoke` is
+    installed before the factory imports anything: the tool's own output runs on any host."""
     root, factory = os.path.abspath(root), os.path.abspath(factory)
     # The tree first, then the factory's folder; the caller's cwd is dropped so both sides see the same
     # path apart from their tree.
@@ -308,6 +311,14 @@ def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str) ->
         real_npu = _try_npu() if role == "migrated" and mode in ("auto", "npu") else None
         if mode == "npu" and real_npu is None and role == "migrated":
             raise RuntimeError("--mode npu: torch_npu did not import or no NPU is available")
+        if role == "migrated" and real_npu is None and stand_in and "torch_npu" not in sys.modules:
+            from npu_migrate.verify import npu_host
+
+            npu_host.install()
+            result["warnings"].append(
+                "the migrated tree imports torch_npu, which is not installed: it ran on the simulated NPU host "
+                "(verify --smoke's stand-in, installed before it imported)"
+            )
         generator = torch.Generator().manual_seed(seed)
         if role == "migrated":
             result["mode"] = "npu" if real_npu is not None else "reference"
@@ -402,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--mode", choices=("auto", "reference", "npu"), default="auto")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--stand-in", action="store_true", help="install the simulated NPU host first")
     args = parser.parse_args(argv)
-    result = run(args.dir, args.factory, args.role, args.dtype, args.seed, args.mode)
+    result = run(args.dir, args.factory, args.role, args.dtype, args.seed, args.mode, args.stand_in)
     torch.save(result, args.out)
     return 0
 

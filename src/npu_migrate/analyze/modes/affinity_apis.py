@@ -283,8 +283,21 @@ def scan(source: Source, context: Context) -> dict | None:
     return {"rows": matcher.rows, "findings": matcher.findings}
 
 
+def _site_line(project: Project, finding, cache: dict[str, list[str]]) -> str:
+    """The line a declined finding points at (`def forward(self, x)`): it has no rewritten code to quote."""
+    if finding.path not in cache:
+        try:
+            text = (project.root / finding.path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            text = ""
+        cache[finding.path] = text.splitlines()
+    lines = cache[finding.path]
+    return lines[finding.line - 1].strip().rstrip(":") if 0 < finding.line <= len(lines) else ""
+
+
 def collect(project: Project, result: ModeResult) -> None:
     rows = []
+    lines: dict[str, list[str]] = {}
     for finding in project.rule_findings:
         if not is_fused_rule(finding.rule_id):
             continue
@@ -293,7 +306,8 @@ def collect(project: Project, result: ModeResult) -> None:
             continue
         target = fused_rule_targets().get(finding.rule_id, "torch_npu fused operator")
         status = "applied" if finding.fixed else "declined"
-        name = (finding.original.splitlines() or [finding.rule_id])[0].rstrip(":")
+        # api_call_name names the site's code, never the rule (which has its own column)
+        name = finding.original.splitlines()[0].rstrip(":") if finding.original else _site_line(project, finding, lines)
         rows.append(
             [finding.location(), finding.line, "function", name, target, status, finding.rule_id, finding.message]
         )
