@@ -22,6 +22,7 @@ tests for "npu" too): its rewrites are dropped (`FileContext.keep_cuda`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -35,7 +36,12 @@ from npu_migrate.imports import IMPORT_ERRORS
 # `ctx` below is the file's `context.FileContext` (which calls `check`), a report its `context.CstReport`.
 
 #: torch ops that call cuBLAS / CUDA-only kernels and have no NPU implementation.
-CUDA_ONLY_TORCH_OPS = frozenset({"torch._scaled_mm", "torch._scaled_grouped_mm", "torch._cslt_sparse_mm"})
+CUDA_ONLY_TORCH_OPS = frozenset(
+    {"torch._scaled_mm", "torch._scaled_grouped_mm", "torch._cslt_sparse_mm", "torch.ops.aten._weight_int4pack_mm"}
+)
+#: Calls that fetch a prebuilt kernel from the Hugging Face hub (the `kernels` package): the builds are
+#: CUDA (or ROCm / Metal) ones, none for an Ascend NPU, so the probe fails or loads code that cannot run.
+KERNEL_HUB_CALLS = frozenset({"kernels.get_kernel", "kernels.get_local_kernel", "kernels.load_kernel"})
 
 _NEGATING = (cst.NotEqual, cst.NotIn, cst.IsNot)
 
@@ -82,6 +88,12 @@ class _Tree(cst.CSTVisitor):
                 qualname = self.ctx.qualname(node)
                 if qualname in CUDA_ONLY_TORCH_OPS:
                     self.unsafe.append(Unsafe(node, f"calls `{qualname}`, a CUDA-only torch op"))
+        if isinstance(node, cst.Call) and self._ops:
+            qualname = self.ctx.qualname(node.func)
+            if qualname in KERNEL_HUB_CALLS:
+                self.unsafe.append(
+                    Unsafe(node, f"calls `{qualname}`, which fetches a prebuilt kernel the hub has no NPU build of")
+                )
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
@@ -98,6 +110,11 @@ class _Tree(cst.CSTVisitor):
                 and any(map(_catches_import_error, parent.handlers))
             ):
                 return None
+        return self.cuda_only_package(node)
+
+    @staticmethod
+    def cuda_only_package(node: cst.Import | cst.ImportFrom) -> str | None:
+        """The CUDA-only package an import imports, wherever it is."""
         if isinstance(node, cst.Import):
             names = [get_full_name_for_node(alias.name) for alias in node.names]
         elif node.relative or node.module is None:
@@ -149,8 +166,9 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     if not guards and not guard_imports and not kept:
         return False
     cuda_only = _cuda_only_bindings(ctx)
-    crashing = [r for r in ctx.reports if r.crashes and not r.applied]
-    if not kept and not crashing and not cuda_only and not _mentions_ops(ctx.text) and _PRESENCE not in ctx.text:
+    crashing = [r for r in ctx.reports if _does_not_run(r)]
+    tests_packages = cuda_only or _PACKAGE_TEST_TEXT.search(ctx.text) is not None
+    if not kept and not crashing and not tests_packages and not _mentions_ops(ctx.text) and _PRESENCE not in ctx.text:
         return False
     tree = _Tree(ctx, cuda_only)
     ctx.module.visit(tree)
@@ -159,15 +177,26 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
         # The rule that kept a branch says so once, at its test; nothing inside it is rewritten or reported.
         for report in [r for r in ctx.reports if id(r.node) not in regions and tree.inside(r.node, regions)]:
             ctx.drop(report)
-    unsafe = [Unsafe(r.node, _crash_why(ctx, r)) for r in ctx.reports if r.crashes and not r.applied]
+    unsafe = [Unsafe(r.node, _crash_why(ctx, r)) for r in ctx.reports if _does_not_run(r)]
     unsafe += tree.unsafe
-    if not unsafe and _PRESENCE not in ctx.text:  # nor a fast path only tested for presence
+    if not unsafe and _PRESENCE not in ctx.text and not tests_packages:  # nor a fast path tested for presence
         return False
     unsafe += _calls_reaching(tree, ctx, unsafe, line_of)
+    presence = _presence_names(ctx, tree, cuda_only)
     for guard in guards:
-        blocking = _blocking(tree, guard.node, ctx, unsafe)
         what = _guard_code(tree, guard.node, ctx)
-        if blocking is not None:
+        package_test = _tests_presence(tree, guard.node, presence)
+        blocking = _blocking(tree, guard.node, ctx, unsafe) if package_test is None else None
+        if package_test is not None:
+            # Whatever the code behind it does: the test asks whether a CUDA-only package's kernel may
+            # take these tensors. Flipped, it hands NPU tensors to that kernel wherever the package imports.
+            guard.message = (
+                f"`{what}` left as is: it decides, with `{ctx.code(package_test).strip()}` (line "
+                f"{line_of(package_test)}), whether a CUDA-only package's kernel runs, and that kernel never "
+                "takes NPU tensors; on an NPU host the code's own fallback runs (NPU705 gives flash-attn calls "
+                "an NPU path)"
+            )
+        elif blocking is not None:
             guard.message = (
                 f"`{what}` left as is: the code it guards at line {line_of(blocking.node)} {blocking.why}; "
                 "migrate that code, then this test"
@@ -336,10 +365,15 @@ def _tested_in_place(tree: _Tree, node: cst.CSTNode) -> bool:
     return False
 
 
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+_DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+def _walk(node: cst.CSTNode, skip: tuple[type[cst.CSTNode], ...] = ()) -> Iterator[cst.CSTNode]:
+    """`node` and all below it, except inside the nodes of the kinds `skip` names."""
     yield node
     for child in node.children:
-        yield from _walk(child)
+        if not isinstance(child, skip):
+            yield from _walk(child, skip)
 
 
 def _blocking(tree: _Tree, guard: cst.CSTNode, ctx, unsafe: list[Unsafe]) -> Unsafe | None:
@@ -379,6 +413,80 @@ def _fast_path_calls(tree: _Tree, guard: cst.CSTNode) -> Iterator[Unsafe]:
                 yield Unsafe(node, f"calls `{name}`, a fast path the original runs only on CUDA tensors")
 
 
+#: Functions that test whether a CUDA-only package is installed (transformers' and diffusers' utilities).
+_PACKAGE_TESTS = re.compile(r"^_?is_(flash_attn|xformers|apex|bitsandbytes)")
+_PACKAGE_TEST_TEXT = re.compile(r"\b_?is_(flash_attn|xformers|apex|bitsandbytes)")
+#: Values that only test: a flag assigned one of these from a presence test is a presence test itself.
+_TESTS = (cst.Name, cst.Comparison, cst.BooleanOperation, cst.UnaryOperation, cst.Call)
+
+
+def _presence_names(ctx, tree: _Tree, cuda_only: dict[str, str]) -> set[str]:
+    """The names whose truth says whether a CUDA-only package imported: the names it binds
+    (`flash_attn_func`, None where the import failed), the flags a try-import of it sets (`HAS_FLASH = True`
+    in its body, `= False` in its handler), and the names assigned a test of those (`use_flash =
+    HAS_FLASH`), at module level or in a function."""
+    names = set(cuda_only)
+    for node in _walk(ctx.module):
+        if isinstance(node, cst.Try) and any(
+            isinstance(n, (cst.Import, cst.ImportFrom)) and tree.cuda_only_package(n) for n in _walk(node.body)
+        ):
+            for part in (node.body, *(handler.body for handler in node.handlers)):
+                for assign in _walk(part, _DEFINITIONS):
+                    if isinstance(assign, (cst.Assign, cst.AnnAssign)):
+                        names.update(t.value for t in _targets(assign) if isinstance(t, cst.Name))
+    assigns = [n for n in _walk(ctx.module) if isinstance(n, cst.Assign) and isinstance(n.value, _TESTS)]
+    grown = True
+    while grown:
+        grown = False
+        for assign in assigns:
+            targets = {t.value for t in _targets(assign) if isinstance(t, cst.Name)} - names
+            if targets and _presence_node(assign.value, names) is not None:
+                names |= targets
+                grown = True
+    return names
+
+
+def _presence_node(test: cst.BaseExpression, names: set[str]) -> cst.CSTNode | None:
+    """The part of `test` that reads a presence name or calls a package test (`is_flash_attn_2_available()`)."""
+    if isinstance(test, cst.Call) and not isinstance(test.func, (cst.Name, cst.Attribute)):
+        return None
+    for node in _walk(test, (cst.Lambda,)):
+        if isinstance(node, cst.Name) and node.value in names:
+            return node
+        if isinstance(node, cst.Call):
+            callee = get_full_name_for_node(node.func) or ""
+            if _PACKAGE_TESTS.match(callee.rsplit(".", 1)[-1]):
+                return node
+    return None
+
+
+def _tests_presence(tree: _Tree, guard: cst.CSTNode, names: set[str]) -> cst.CSTNode | None:
+    """The test of a CUDA-only package's presence that the guard goes with, if any: a conjunct of the
+    `and` it is part of (`flash_attn_func is not None and q.is_cuda`), or the test of an `if` around it
+    (`if HAS_FLASH:` ... `if q.is_cuda:`)."""
+    child, node = guard, tree.parent(guard)
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+            other = node.right if child is node.left else node.left
+            found = _presence_node(other, names)
+            if found is not None:
+                return _conjunct_of(found, other, tree)
+        elif isinstance(node, (cst.If, cst.While, cst.IfExp)) and child is not node.test:
+            found = _presence_node(node.test, names)
+            if found is not None:
+                return _conjunct_of(found, node.test, tree)
+        child, node = node, tree.parent(node)
+    return None
+
+
+def _conjunct_of(node: cst.CSTNode, test: cst.BaseExpression, tree: _Tree) -> cst.CSTNode:
+    """The conjunct of `test` that holds `node` (`flash_attn_func is not None`, not only its name)."""
+    for conjunct in _conjuncts(test):
+        if tree.inside(node, {id(conjunct)}):
+            return conjunct
+    return node
+
+
 def _conjuncts(test: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
         yield from _conjuncts(test.left)
@@ -388,7 +496,7 @@ def _conjuncts(test: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
 
 
 def _mentions_ops(text: str) -> bool:
-    return not text or any(op.rsplit(".", 1)[1] in text for op in CUDA_ONLY_TORCH_OPS)
+    return not text or any(op.rsplit(".", 1)[1] in text for op in (*CUDA_ONLY_TORCH_OPS, *KERNEL_HUB_CALLS))
 
 
 def _cuda_only_bindings(ctx) -> dict[str, str]:
@@ -402,6 +510,27 @@ def _cuda_only_bindings(ctx) -> dict[str, str]:
         if hit is not None:
             found[local] = hit[0]
     return found
+
+
+#: The families whose findings on code left as it is say it does not run on an NPU as written (device,
+#: torch.cuda API, distributed, AMP): `nn.DataParallel` reported unsupported at a line a flipped guard sends an
+#: NPU host to is a crash the tool itself announced. Not the backend settings (`cudnn.benchmark` is read and
+#: ignored there), nor the fused families (a declined fusion runs the original code).
+_NOT_RUNNING_FAMILIES = ("NPU1", "NPU2", "NPU3", "NPU4")
+
+
+def _does_not_run(report) -> bool:
+    """A report on code that is left as it is and fails on an NPU host: marked `crashes`, or a warning or
+    error of a family above (not a guard's own finding: a test left as it is only keeps its CUDA side)."""
+    if report.applied:
+        return False
+    if report.crashes:
+        return True
+    return (
+        not report.guard
+        and report.severity in (Severity.WARNING, Severity.ERROR)
+        and report.rule.id.startswith(_NOT_RUNNING_FAMILIES)
+    )
 
 
 def _crash_why(ctx, report) -> str:
@@ -453,6 +582,11 @@ def _guarded(
         elif isinstance(parent, cst.IfExp) and parent.test is current:
             yield parent.body if positive else parent.orelse
             return
+        elif isinstance(parent, cst.Assert) and parent.test is current:
+            # `assert torch.cuda.is_available(), "needs CUDA"` stopped an NPU host; flipped, what follows runs.
+            if positive:
+                yield from _after_exit(tree, parent, cst.Raise())
+            return
         elif isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
             yield from _flag_tests(tree, parent, ctx, seen, (positive,))
             return
@@ -492,15 +626,18 @@ def _branch(tree: _Tree, statement: cst.If | cst.While, positive: bool, ctx, see
     if isinstance(last, (cst.Return, cst.Raise, cst.Continue, cst.Break)):
         yield from _after_exit(tree, statement, last)
         return
-    if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
-        return
-    assignments = [x for s in body for x in s.body]
-    if not all(isinstance(x, (cst.Assign, cst.AnnAssign)) for x in assignments):
-        return
     # Flags set where CUDA is missing: flipped, they keep their other value, so what changes is the code
     # that tests them, not all that follows (`x = 1` then CUDA-only code that never reads `x`). A flag we
-    # cannot follow (`args.fp8 = False`) may be read anywhere after: all that follows counts.
+    # cannot follow (`args.fp8 = False`) may be read anywhere after: all that follows counts. Whatever
+    # else the branch does (`warnings.warn("--fp8 needs CUDA, ignored")`) only stops happening: the
+    # assignments in it, at any depth, are what decide the code after it.
+    assignments = [
+        x for x in _walk(statement.body, _DEFINITIONS) if isinstance(x, (cst.Assign, cst.AnnAssign, cst.AugAssign))
+    ]
     for assign in assignments:
+        if isinstance(assign, cst.AugAssign):
+            yield from _after_exit(tree, statement, None)
+            continue
         if all(_flag_key(target) is not None for target in _targets(assign)):
             yield from _flag_tests(tree, assign, ctx, seen, _flipped_sides(assign.value))
         else:
