@@ -254,3 +254,50 @@ def test_is_cuda_without_a_package_test_is_still_flipped():
         """
     )
     assert "if use_pin and x.is_npu:" in migrated
+
+
+# -- item 4: code that already supports the NPU --------------------------------------------------------------
+
+
+def test_a_flag_of_npu_aware_code_keeps_the_cuda_branch_it_guards_whole():
+    source = """
+        import torch
+
+        class Prefetcher:
+            def __init__(self, loader, device):
+                self.device = device
+                if device.type == "npu":
+                    self.stream = torch.npu.Stream()
+                self.is_cuda = device.type == "cuda" and torch.cuda.is_available()
+                if self.is_cuda:
+                    self.stream = torch.cuda.Stream()
+
+            def next(self, batch):
+                if self.is_cuda:
+                    with torch.cuda.stream(self.stream):
+                        batch = batch.to(self.device, non_blocking=True)
+                return batch
+        """
+    migrated, findings = _migrate(source)
+    # Neither half-migrated (`... and torch.npu.is_available()` in front of CUDA streams) nor silent.
+    assert migrated == textwrap.dedent(source).lstrip()
+    assert findings[(8, "NPU104")].startswith(
+        '`device.type == "cuda"` left as is: `device.type` is also compared with "npu" here'
+    )
+    assert not [key for key in findings if key[1] == "NPU201"]
+
+
+def test_a_cuda_test_beside_no_npu_branch_still_migrates_its_code():
+    migrated, _ = _migrate(
+        """
+        import torch
+
+        class Prefetcher:
+            def __init__(self, device):
+                self.is_cuda = device.type == "cuda" and torch.cuda.is_available()
+                if self.is_cuda:
+                    self.stream = torch.cuda.Stream()
+        """
+    )
+    assert 'self.is_cuda = device.type == "npu" and torch.npu.is_available()' in migrated
+    assert "self.stream = torch.npu.Stream()" in migrated

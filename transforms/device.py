@@ -635,7 +635,8 @@ class DeviceChecker(Checker):
                 )
         comparisons = replace(_COMPARISONS, visibly=lambda code: _visibly_device(code) or self._travelling(code))
         for node in self._comparisons:
-            comparisons.check(self, node, self._already_tells_npu)
+            if not self._keep_npu_aware(node):
+                comparisons.check(self, node, self._already_tells_npu)
         for callee, arg in self._wrapper_calls:
             self._check_wrapper_call(callee, arg)
         for tested, literal in self._prefix_tests:
@@ -744,6 +745,29 @@ class DeviceChecker(Checker):
                     severity=Severity.INFO,
                 )
         return True
+
+    def _keep_npu_aware(self, node: cst.Comparison) -> bool:
+        """`device.type == "cuda"` where `device.type` is also compared with "npu": the CUDA side of code that
+        already supports the NPU. The test stays, and so does all it guards (`self.is_cuda = device.type ==
+        "cuda" and torch.cuda.is_available()`, then `torch.cuda.Stream()` under `if self.is_cuda:`), whole:
+        a half-migrated CUDA branch would neither run as before nor take the code's own NPU branch."""
+        operands = [node.left, *(target.comparator for target in node.comparisons)]
+        for index, target in enumerate(node.comparisons):
+            if not isinstance(target.operator, cst.Equal):
+                continue
+            for literal_side, other in ((operands[index], operands[index + 1]), (operands[index + 1], operands[index])):
+                code = self.ctx.code(other)
+                if _device_literals(literal_side) and code in self._npu_tested:
+                    self.ctx.keep_cuda(node)
+                    self.report(
+                        DEVICE_COMPARISON,
+                        node,
+                        f'`{self.ctx.code(node)}` left as is: `{code}` is also compared with "npu" here, the code '
+                        "already supports it; the CUDA code this test guards is left as it is too",
+                        severity=Severity.INFO,
+                    )
+                    return True
+        return False
 
     def _already_tells_npu(self, other: str) -> str | None:
         if other in self._npu_tested:

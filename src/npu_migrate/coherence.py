@@ -174,6 +174,11 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     ctx.module.visit(tree)
     if kept:
         regions = {id(node) for node in kept}
+        for node in kept:
+            if isinstance(node, cst.Comparison):
+                # A CUDA test kept as it is: what it guards, and the tests beside it in an `and`, stay too.
+                regions |= {id(n) for n in _guarded(tree, node, ctx)}
+                regions |= {id(n) for n in _and_mates(tree, node)}
         # The rule that kept a branch says so once, at its test; nothing inside it is rewritten or reported.
         for report in [r for r in ctx.reports if id(r.node) not in regions and tree.inside(r.node, regions)]:
             ctx.drop(report)
@@ -193,8 +198,7 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
             guard.message = (
                 f"`{what}` left as is: it decides, with `{ctx.code(package_test).strip()}` (line "
                 f"{line_of(package_test)}), whether a CUDA-only package's kernel runs, and that kernel never "
-                "takes NPU tensors; on an NPU host the code's own fallback runs (NPU705 gives flash-attn calls "
-                "an NPU path)"
+                "takes NPU tensors; on an NPU host the code's own fallback runs"
             )
         elif blocking is not None:
             guard.message = (
@@ -485,6 +489,14 @@ def _conjunct_of(node: cst.CSTNode, test: cst.BaseExpression, tree: _Tree) -> cs
         if tree.inside(node, {id(conjunct)}):
             return conjunct
     return node
+
+
+def _and_mates(tree: _Tree, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """The other operands of the `and`s `node` is an operand of (`a == "cuda" and torch.cuda.is_available()`)."""
+    child, parent = node, tree.parent(node)
+    while isinstance(parent, cst.BooleanOperation) and isinstance(parent.operator, cst.And):
+        yield parent.right if child is parent.left else parent.left
+        child, parent = parent, tree.parent(parent)
 
 
 def _conjuncts(test: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
