@@ -421,6 +421,7 @@ class FusedOpsChecker(TreeChecker):
             idiom.rule.id in self.enabled and index.uses(name.rsplit(".", 1)[-1]) for name, idiom in CALL_IDIOMS.items()
         )
         self._guards: list[ast.expr] = []  # the tests of the `if`s, in the function, whose body is walked
+        self.optional_modules: set[str] = set()  # `import flash_attn` made conditional (`optional_imports`)
         self._walk(tree.body, owner=None)
         self._optional_imports(tree)
         self._prelude(tree)
@@ -511,6 +512,9 @@ class FusedOpsChecker(TreeChecker):
             )
             outcome.template = None
         context, laid_out = outcome.context, self._call_layout(node)
+        if idiom.optional_package is not None:
+            # Filled by `_optional_imports`, read when the fix runs: the modules imported conditionally.
+            context = {**context, "optional": self.optional_modules}
         self._decide(node, outcome, fix=lambda call: laid_out(idiom.wrap_call(call, **context)))
 
     def _call_layout(self, node: ast.Call):
@@ -602,6 +606,7 @@ class FusedOpsChecker(TreeChecker):
                 continue
             wrapped = [r.node for *_, r in self.applied if r.rule is idiom.rule and isinstance(r.node, ast.Call)]
             for decision in optional_imports.decide(tree, package, wrapped, self._alone):
+                self.optional_modules.update(decision.modules)
                 # Not a site of the idiom: analyze's affinity report counts sites, not this.
                 self.reports.append(
                     TreeReport(
