@@ -42,9 +42,9 @@ def test_a_branch_that_warns_and_clears_a_flag_guards_the_flags_later_use():
     )
     # device_type is "npu" on an NPU host, so `!= "cuda"` keeps switching fp8 off there.
     assert 'if args.fp8 and device_type != "cuda":' in migrated
-    assert findings[(6, "NPU104")].startswith(
-        '`device_type != "cuda"` left as is: the code it guards at line 10 calls `torch._scaled_mm`'
-    )
+    assert findings[(6, "NPU104")].startswith('`device_type != "cuda"` left as is: the code it guards at line 10 ')
+    assert "torch._scaled_mm" in findings[(6, "NPU104")]
+    assert "is a CUDA-only torch op" in findings[(10, "NPU203")]
 
 
 def test_an_assert_of_cuda_guards_what_follows_it():

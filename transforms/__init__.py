@@ -9,6 +9,7 @@ kernels.
 from npu_migrate.transforms.amp import AmpChecker
 from npu_migrate.transforms.backends import BackendsChecker
 from npu_migrate.transforms.cuda_api import CudaApiChecker
+from npu_migrate.transforms.cuda_only_ops import CudaOnlyOpChecker
 from npu_migrate.transforms.device import DeviceChecker
 from npu_migrate.transforms.distributed import DistributedChecker
 from npu_migrate.transforms.environment import EnvironmentChecker
@@ -21,6 +22,7 @@ CHECKERS = (
     TorchNpuImportChecker,
     DeviceChecker,
     CudaApiChecker,
+    CudaOnlyOpChecker,
     DistributedChecker,
     AmpChecker,
     BackendsChecker,

@@ -35,10 +35,38 @@ from npu_migrate.imports import IMPORT_ERRORS
 
 # `ctx` below is the file's `context.FileContext` (which calls `check`), a report its `context.CstReport`.
 
-#: torch ops that call cuBLAS / CUDA-only kernels and have no NPU implementation.
-CUDA_ONLY_TORCH_OPS = frozenset(
-    {"torch._scaled_mm", "torch._scaled_grouped_mm", "torch._cslt_sparse_mm", "torch.ops.aten._weight_int4pack_mm"}
+# torch ops that call cuBLAS / CUDA-only kernels and have no NPU implementation; NPU203 reports them too
+# (`transforms/cuda_only_ops.py`), where it is selected.
+_QUANTISED = (
+    "torch_npu's quantised matmuls take int4 and int8 weights: torch_npu.npu_weight_quant_batchmatmul, with "
+    "the weight packed by torch_npu.npu_convert_weight_to_int4pack (their layouts and scales differ from "
+    "tinygemm's: requantise from the float weight)"
 )
+
+#: The op (as `torch.X`) -> what it is and what to do on an NPU.
+CUDA_ONLY_OPS = {
+    "torch._scaled_mm": "an fp8 matmul on cuBLASLt; on an NPU keep the bf16 / fp16 matmul, or use "
+    "torch_npu.npu_quant_matmul for int8",
+    "torch._scaled_grouped_mm": "a grouped fp8 matmul on cuBLASLt; on an NPU keep the bf16 / fp16 grouped "
+    "matmul (torch_npu.npu_grouped_matmul)",
+    "torch._cslt_sparse_mm": "a 2:4 sparse matmul on cuSPARSELt; on an NPU use the dense matmul",
+    "torch._weight_int4pack_mm": f"tinygemm's int4 packed matmul (CUDA and MPS only); {_QUANTISED}",
+    "torch._convert_weight_to_int4pack": f"the packing of tinygemm's int4 matmul (CUDA and MPS only); {_QUANTISED}",
+}
+
+
+def cuda_only_op(qualname: str | None) -> str | None:
+    """The `torch.X` name of a CUDA-only op reached as `torch.X`, `torch.ops.aten.X` or `torch.ops.aten.X.<overload>`."""
+    if not qualname:
+        return None
+    parts = qualname.split(".")
+    if parts[:3] == ["torch", "ops", "aten"] and len(parts) in (4, 5):
+        parts = ["torch", parts[3]]
+    name = ".".join(parts)
+    return name if name in CUDA_ONLY_OPS else None
+
+
+CUDA_ONLY_TORCH_OPS = frozenset(CUDA_ONLY_OPS)
 #: Calls that fetch a prebuilt kernel from the Hugging Face hub (the `kernels` package): the builds are
 #: CUDA (or ROCm / Metal) ones, none for an Ascend NPU, so the probe fails or loads code that cannot run.
 KERNEL_HUB_CALLS = frozenset({"kernels.get_kernel", "kernels.get_local_kernel", "kernels.load_kernel"})
@@ -85,9 +113,9 @@ class _Tree(cst.CSTVisitor):
             if isinstance(node.value, cst.Name) and node.value.value == "self":
                 self.names.setdefault(f"self.{node.attr.value}", []).append(node)
             if self._ops:
-                qualname = self.ctx.qualname(node)
-                if qualname in CUDA_ONLY_TORCH_OPS:
-                    self.unsafe.append(Unsafe(node, f"calls `{qualname}`, a CUDA-only torch op"))
+                op = cuda_only_op(self.ctx.qualname(node))
+                if op is not None:
+                    self.unsafe.append(Unsafe(node, f"calls `{op}`, a CUDA-only torch op"))
         if isinstance(node, cst.Call) and self._ops:
             qualname = self.ctx.qualname(node.func)
             if qualname in KERNEL_HUB_CALLS:
