@@ -16,6 +16,7 @@ from npu_migrate.transforms.environment import EnvironmentChecker
 from npu_migrate.transforms.fused import FusedOpsChecker
 from npu_migrate.transforms.kernels import CudaExtensionChecker, CudaSourceChecker
 from npu_migrate.transforms.launch import LaunchChecker
+from npu_migrate.transforms.requirements import RequiredPackageChecker
 from npu_migrate.transforms.torch_npu_import import NpuCodeChecker, TorchNpuImportChecker
 
 CHECKERS = (
@@ -29,6 +30,7 @@ CHECKERS = (
     EnvironmentChecker,
     FusedOpsChecker,
     CudaExtensionChecker,
+    RequiredPackageChecker,
     NpuCodeChecker,
 )
 

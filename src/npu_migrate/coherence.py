@@ -215,7 +215,7 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     if not unsafe and _PRESENCE not in ctx.text and not tests_packages:  # nor a fast path tested for presence
         return False
     unsafe += _calls_reaching(tree, ctx, unsafe, line_of)
-    presence = _presence_names(ctx, tree, cuda_only)
+    presence = presence_names(ctx)
     for guard in guards:
         what = _guard_code(tree, guard.node, ctx)
         package_test = _tests_presence(tree, guard.node, presence)
@@ -452,30 +452,44 @@ _PACKAGE_TEST_TEXT = re.compile(r"\b_?is_(flash_attn|xformers|apex|bitsandbytes)
 _TESTS = (cst.Name, cst.Comparison, cst.BooleanOperation, cst.UnaryOperation, cst.Call)
 
 
-def _presence_names(ctx, tree: _Tree, cuda_only: dict[str, str]) -> set[str]:
-    """The names whose truth says whether a CUDA-only package imported: the names it binds
-    (`flash_attn_func`, None where the import failed), the flags a try-import of it sets (`HAS_FLASH = True`
-    in its body, `= False` in its handler), and the names assigned a test of those (`use_flash =
+def presence_names(ctx) -> dict[str, str]:
+    """The names whose truth says whether a CUDA-only package imported, with the package: the names it
+    binds (`flash_attn_func`, None where the import failed), the flags a try-import of it sets (`HAS_FLASH =
+    True` in its body, `= False` in its handler), and the names assigned a test of those (`use_flash =
     HAS_FLASH`), at module level or in a function."""
-    names = set(cuda_only)
+    names = dict(_cuda_only_bindings(ctx))
     for node in _walk(ctx.module):
-        if isinstance(node, cst.Try) and any(
-            isinstance(n, (cst.Import, cst.ImportFrom)) and tree.cuda_only_package(n) for n in _walk(node.body)
-        ):
-            for part in (node.body, *(handler.body for handler in node.handlers)):
-                for assign in _walk(part, _DEFINITIONS):
-                    if isinstance(assign, (cst.Assign, cst.AnnAssign)):
-                        names.update(t.value for t in _targets(assign) if isinstance(t, cst.Name))
+        if not isinstance(node, cst.Try):
+            continue
+        imported = [n for n in _walk(node.body) if isinstance(n, (cst.Import, cst.ImportFrom))]
+        package = next((p for n in imported if (p := _Tree.cuda_only_package(n)) is not None), None)
+        if package is None:
+            continue
+        for part in (node.body, *(handler.body for handler in node.handlers)):
+            for assign in _walk(part, _DEFINITIONS):
+                if isinstance(assign, (cst.Assign, cst.AnnAssign)):
+                    for target in _targets(assign):
+                        if isinstance(target, cst.Name):
+                            names.setdefault(target.value, package)
     assigns = [n for n in _walk(ctx.module) if isinstance(n, cst.Assign) and isinstance(n.value, _TESTS)]
     grown = True
     while grown:
         grown = False
         for assign in assigns:
-            targets = {t.value for t in _targets(assign) if isinstance(t, cst.Name)} - names
-            if targets and _presence_node(assign.value, names) is not None:
-                names |= targets
+            targets = {t.value for t in _targets(assign) if isinstance(t, cst.Name)} - names.keys()
+            found = _presence_node(assign.value, names) if targets else None
+            if found is not None:
+                names.update(dict.fromkeys(targets, presence_package(found, names)))
                 grown = True
     return names
+
+
+def presence_package(node: cst.CSTNode, names: dict[str, str]) -> str:
+    """The package a presence test (`_presence_node`) asks about."""
+    if isinstance(node, cst.Name):
+        return names[node.value]
+    callee = (get_full_name_for_node(node.func) or "").rsplit(".", 1)[-1]
+    return _PACKAGE_TESTS.match(callee).group(1)
 
 
 def _presence_node(test: cst.BaseExpression, names: set[str]) -> cst.CSTNode | None:

@@ -40,6 +40,10 @@ ANY_MARKER = (
     "_scaled_grouped_mm",
     "_cslt_sparse_mm",
     "int4pack",
+    # a required CUDA-only package (`transforms/requirements.py`; "flash_attn" is below)
+    "xformers",
+    "apex",
+    "bitsandbytes",
     # the fused-operator idioms (`transforms/fused/*`, `Idiom.markers`)
     "sqrt",
     "rms_norm",
