@@ -13,8 +13,7 @@ import libcst as cst
 
 from npu_migrate.api import package_table
 from npu_migrate.checkers import Checker
-from npu_migrate.coherence import presence_names, presence_package
-from npu_migrate.coherence import _presence_node as presence_node
+from npu_migrate.coherence import cuda_only_package, presence_names, presence_node, presence_package
 from npu_migrate.findings import Severity
 from npu_migrate.imports import IMPORT_ERRORS
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
@@ -159,13 +158,11 @@ def _raises(block: cst.BaseSuite) -> bool:
 
 def _imported_package(node: cst.Try, names: dict[str, str]) -> str | None:
     """The CUDA-only package the try's body imports."""
-    from npu_migrate.coherence import _Tree
-
     for statement in node.body.body:
         if isinstance(statement, cst.SimpleStatementLine):
             for small in statement.body:
                 if isinstance(small, (cst.Import, cst.ImportFrom)):
-                    package = _Tree.cuda_only_package(small)
+                    package = cuda_only_package(small)
                     if package is not None:
                         return package
     return None

@@ -184,6 +184,9 @@ class _Tree(cst.CSTVisitor):
         return False
 
 
+cuda_only_package = _Tree.cuda_only_package
+
+
 def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     """Leave as they are the guard flips whose guarded code cannot run on an NPU, and drop the rewrites in
     the CUDA branches of code that already supports the NPU. Returns whether an import rewrite was vetoed
@@ -477,7 +480,7 @@ def presence_names(ctx) -> dict[str, str]:
         grown = False
         for assign in assigns:
             targets = {t.value for t in _targets(assign) if isinstance(t, cst.Name)} - names.keys()
-            found = _presence_node(assign.value, names) if targets else None
+            found = presence_node(assign.value, names) if targets else None
             if found is not None:
                 names.update(dict.fromkeys(targets, presence_package(found, names)))
                 grown = True
@@ -485,14 +488,14 @@ def presence_names(ctx) -> dict[str, str]:
 
 
 def presence_package(node: cst.CSTNode, names: dict[str, str]) -> str:
-    """The package a presence test (`_presence_node`) asks about."""
+    """The package a presence test (`presence_node`) asks about."""
     if isinstance(node, cst.Name):
         return names[node.value]
     callee = (get_full_name_for_node(node.func) or "").rsplit(".", 1)[-1]
     return _PACKAGE_TESTS.match(callee).group(1)
 
 
-def _presence_node(test: cst.BaseExpression, names: set[str]) -> cst.CSTNode | None:
+def presence_node(test: cst.BaseExpression, names: set[str]) -> cst.CSTNode | None:
     """The part of `test` that reads a presence name or calls a package test (`is_flash_attn_2_available()`)."""
     if isinstance(test, cst.Call) and not isinstance(test.func, (cst.Name, cst.Attribute)):
         return None
@@ -514,11 +517,11 @@ def _tests_presence(tree: _Tree, guard: cst.CSTNode, names: set[str]) -> cst.CST
     while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
         if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
             other = node.right if child is node.left else node.left
-            found = _presence_node(other, names)
+            found = presence_node(other, names)
             if found is not None:
                 return _conjunct_of(found, other, tree)
         elif isinstance(node, (cst.If, cst.While, cst.IfExp)) and child is not node.test:
-            found = _presence_node(node.test, names)
+            found = presence_node(node.test, names)
             if found is not None:
                 return _conjunct_of(found, node.test, tree)
         child, node = node, tree.parent(node)
