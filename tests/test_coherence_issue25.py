@@ -47,6 +47,27 @@ def test_a_branch_that_warns_and_clears_a_flag_guards_the_flags_later_use():
     assert "is a CUDA-only torch op" in findings[(10, "NPU203")]
 
 
+def test_an_fp8_switch_whose_else_converts_to_torchao_float8_keeps_its_device_test():
+    migrated, findings = _migrate(
+        """
+        import torch
+
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+
+        def setup(model, fp8):
+            if fp8:
+                if device_type != "cuda":
+                    print("Warning: FP8 training requires CUDA, ignoring --fp8 flag")
+                else:
+                    from torchao.float8 import convert_to_float8_training
+                    convert_to_float8_training(model)
+            return model
+        """
+    )
+    assert 'if device_type != "cuda":' in migrated
+    assert "imports torchao.float8, which only runs on NVIDIA GPUs" in findings[(7, "NPU104")]
+
+
 def test_an_assert_of_cuda_guards_what_follows_it():
     migrated, findings = _migrate(
         """
