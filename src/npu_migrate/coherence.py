@@ -9,15 +9,23 @@ or the guard stays as it is and its finding names the line that blocks it.
 
 What a guard guards: the branch of an `if` / `elif` / `while` / conditional expression that now runs (for
 `!=` and `not`, the `else` side; when that branch leaves by `return` / `raise` / `continue` / `break`,
-what follows it up to the function, `try` or loop it leaves, through `with` and `if` blocks; when it only
-sets flags, the tests of those flags), the right operand of `and` / `or`, and the tests of a variable or
+what follows it up to the function, `try` or loop it leaves, through `with` and `if` blocks; otherwise
+the tests of the flags it sets, whatever else it does, as `warnings.warn(...)` then `fp8 = False`), what
+follows an `assert` of it, the right operand of `and` / `or`, and the tests of a variable or
 attribute assigned from the guard (`HAS_GPU = torch.cuda.is_available()`, then every test of `HAS_GPU` in
-the function or module, on the side the flipped value takes). Code
-that cannot run there: the reports marked `crashes` whose fix does not stand, uses of a package that only
-runs on NVIDIA GPUs (`transforms/data/third_party.toml`) and CUDA-only torch ops (`torch._scaled_mm`).
+the function or module, on the side the flipped value takes). Code that cannot run there: the reports
+marked `crashes` whose fix does not stand, the tool's own warnings and errors of the device, torch.cuda,
+distributed and AMP families left unfixed (`nn.DataParallel`, reported unsupported), uses of a package
+that only runs on NVIDIA GPUs (`transforms/data/third_party.toml`), CUDA-only torch ops
+(`torch._scaled_mm`, `CUDA_ONLY_OPS`) and prebuilt kernels fetched from the hub (`kernels.get_kernel`).
+
+A guard that goes with a test of a CUDA-only package's presence (`flash_attn_func is not None and
+q.is_cuda`, a flag its try-import sets, `is_flash_attn_2_available()`, an `if` around it) is never
+flipped: whatever the code behind it is, it is where that package's kernel takes the tensors.
 
 The same walk also leaves alone the CUDA branch of code that already supports the NPU (an if-chain that
-tests for "npu" too): its rewrites are dropped (`FileContext.keep_cuda`).
+tests for "npu" too, a comparison of a value also compared with "npu" and all it guards): its rewrites
+are dropped (`FileContext.keep_cuda`).
 """
 
 from __future__ import annotations

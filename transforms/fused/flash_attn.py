@@ -98,9 +98,12 @@ FLASH_ATTN = Rule(
     flash-attn does not install on an NPU host, so its imports are looked at in every file: an import
     of the wrapped functions, at module level or inside a function, becomes a try-import with a
     fallback of None when the wrapped calls (and tests such as `if flash_attn_func is not None:`) are
-    all that read its names in the scope it binds them in. Every other import of flash_attn an NPU host
-    would run (`flash_attn.bert_padding`, `flash_attn.ops.rms_norm`, `flash_attn.layers.rotary`,
-    `import flash_attn`, a function's own import) is reported, once per statement, with the advice of
+    all that read its names in the scope it binds them in; so does `import flash_attn` read only by
+    wrapped calls through the module, which then pass `flash_attn and flash_attn.<function>` (None on an
+    NPU host, where reading the attribute would fail before the wrapper runs). FlashAttention-3's calls
+    (`flash_attn_interface`: other arguments, another return value) are reported with the port. Every
+    other import of flash_attn an NPU host would run (`flash_attn.bert_padding`, `flash_attn.ops.rms_norm`,
+    `flash_attn.layers.rotary`, a function's own import) is reported, once per statement, with the advice of
     `npu-migrate analyze` for what it imports. Imports an NPU host does not run are left alone: in a
     `try` whose handler catches ImportError (or a base of it) without raising again, under
     `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does not take (a test of

@@ -17,8 +17,10 @@ there (`if flash_attn_func is not None:`), the statement becomes
         flash_attn_func = None  # the calls take torch_npu's kernel
 
 and a CUDA host imports exactly what it did; a host with neither package fails as the original did (a
-caller's `except ImportError:` fallback still runs there). Every other import of the package (any
-submodule, `import flash_attn`, inside a function or not) that an NPU host can run is reported, once per
+caller's `except ImportError:` fallback still runs there). `import flash_attn` read only by wrapped calls
+through the module (and tests of it) is made conditional the same way, its calls passing `flash_attn and
+flash_attn.<function>` (`Decision.modules`). Every other import of the package (any
+submodule, `import flash_attn` read otherwise, inside a function or not) that an NPU host can run is reported, once per
 statement, with what to do: the package table's advice for what it imports (`third_party.toml`). An
 import an NPU host never runs is left alone: in the body of a `try` whose handler catches ImportError
 without raising again (and its `else`, where the body imports the package), under `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does
