@@ -93,8 +93,8 @@ def test_guards_project_keeps_the_guards_it_cannot_make_safe(guards):
     kernels = (migrated / "gates" / "kernels.py").read_text()
     assert "if x.is_cuda and flash_rms_norm is not None:" in kernels
     assert 'if x.device.type != "cuda":' in kernels
-    assert "line 11 uses `flash_rms_norm` from flash_attn.ops" in output
-    assert "line 21 calls `torch._scaled_mm`, a CUDA-only torch op" in output
+    assert "kernels.py:10:8: NPU103 `x.is_cuda` left as is: it decides, with `flash_rms_norm is not None`" in output
+    assert "the code it guards at line 21 has `torch._scaled_mm`, which is not migrated (NPU203)" in output
     # xformers reached through the module's own functions: that guard stays; one whose callee tests for
     # xformers itself is flipped.
     mixing = (migrated / "gates" / "mixing.py").read_text()

@@ -9,24 +9,28 @@ kernels.
 from npu_migrate.transforms.amp import AmpChecker
 from npu_migrate.transforms.backends import BackendsChecker
 from npu_migrate.transforms.cuda_api import CudaApiChecker
+from npu_migrate.transforms.cuda_only_ops import CudaOnlyOpChecker
 from npu_migrate.transforms.device import DeviceChecker
 from npu_migrate.transforms.distributed import DistributedChecker
 from npu_migrate.transforms.environment import EnvironmentChecker
 from npu_migrate.transforms.fused import FusedOpsChecker
 from npu_migrate.transforms.kernels import CudaExtensionChecker, CudaSourceChecker
 from npu_migrate.transforms.launch import LaunchChecker
+from npu_migrate.transforms.requirements import RequiredPackageChecker
 from npu_migrate.transforms.torch_npu_import import NpuCodeChecker, TorchNpuImportChecker
 
 CHECKERS = (
     TorchNpuImportChecker,
     DeviceChecker,
     CudaApiChecker,
+    CudaOnlyOpChecker,
     DistributedChecker,
     AmpChecker,
     BackendsChecker,
     EnvironmentChecker,
     FusedOpsChecker,
     CudaExtensionChecker,
+    RequiredPackageChecker,
     NpuCodeChecker,
 )
 

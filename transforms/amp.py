@@ -81,8 +81,8 @@ AMP_DEVICE = Rule(
     what="""
     Rewrites the device type "cuda" of `torch.autocast`, `torch.amp.autocast`, `torch.amp.GradScaler`,
     `torch.amp.custom_fwd` / `custom_bwd` and the `torch.get/set_autocast_dtype`,
-    `is/set_autocast_enabled` functions to "npu". `torch.amp.GradScaler()` without a device (it
-    defaults to "cuda") gets "npu".
+    `is/set_autocast_enabled` functions to "npu". `torch.amp.GradScaler()` and FSDP's
+    `ShardedGradScaler()` without a device (both default to "cuda") get "npu".
     """,
     why="""
     The device type selects which device autocasts; "cuda" does nothing on an NPU.
@@ -173,7 +173,13 @@ _TABLE = load_table("amp.toml")
 _CUDA_AMP: dict[str, dict] = _TABLE["cuda_amp"]
 _DEVICE_TYPE_ARGS: dict[str, list] = _TABLE["device_type_arguments"]
 #: Their device defaults to "cuda" when left out: on an NPU host loss scaling silently turns itself off.
-_DEFAULTS_TO_CUDA = frozenset({"torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler"})
+_DEFAULTS_TO_CUDA = frozenset(
+    {
+        "torch.amp.GradScaler",
+        "torch.amp.grad_scaler.GradScaler",
+        "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
+    }
+)
 _SCALERS = name_sets(sorted(_DEFAULTS_TO_CUDA))
 _RENAMED: dict[str, str] = _TABLE["renamed"]
 PREFIX = "torch.cuda.amp"

@@ -109,7 +109,9 @@ NO_EQUIVALENT = Rule(
     what="""
     Reports `torch.cuda` APIs that have no NPU counterpart in the chosen torch_npu version:
     `torch.cuda.nccl`, `jiterator`, `nvtx.range`, `get_arch_list`, the CUDA profiler API, and names added
-    in later torch_npu versions than the one targeted. The finding says what to use instead. With
+    in later torch_npu versions than the one targeted; and torch's own CUDA-only ops (`torch._scaled_mm`,
+    `torch._cslt_sparse_mm`, the int4 packed matmul `torch._weight_int4pack_mm`, also as
+    `torch.ops.aten.X`). The finding says what to use instead. With
     `--target portable` also the names NPU201 cannot write there: a use through an import of torch.cuda
     (`from torch.cuda import manual_seed`), or a torch older than 2.7.
     """,

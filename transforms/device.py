@@ -296,6 +296,8 @@ class DeviceChecker(Checker):
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)
         self._is_cuda_reads: list[cst.Attribute] = []
+        self._carried: list[cst.CSTNode] = []  # indexed CUDA devices in tuples and lists (`visit_Element`)
+        self._followed: set[int] = set()  # the elements of device lists another rule decides
         self._is_cuda_is_own_attribute = False
         self._comparisons: list[cst.Comparison] = []
         self._npu_tested: set[str] = set()  # code of values compared with "npu" somewhere in the file
@@ -388,6 +390,13 @@ class DeviceChecker(Checker):
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
         qualname = self.ctx.qualname(func)
+        if (qualname or "").endswith("DataParallel") or any(
+            a.keyword is not None and a.keyword.value in ("device_ids", "output_device") for a in node.args
+        ):
+            # DDP's device lists are NPU306's (`distributed`), decided after this checker's `finish`.
+            for arg in node.args:
+                if isinstance(arg.value, (cst.List, cst.Tuple)):
+                    self._followed.update(id(e.value) for e in arg.value.elements)
         # Any receiver, imported names included (`from app import net; net.cuda()`); only the module
         # `torch.cuda` itself is not a tensor or module.
         if isinstance(func, cst.Attribute) and func.attr.value == "cuda" and qualname != "torch.cuda":
@@ -613,6 +622,13 @@ class DeviceChecker(Checker):
         if node.attr.value == "is_cuda":
             self._is_cuda_reads.append(node)
 
+    def visit_Element(self, node: cst.Element) -> None:
+        # `args=("cuda:0",) + args` into `rpc.remote`, `devices = ["cuda:0", "cuda:1"]`: an indexed CUDA
+        # device (no other string reads "cuda:1") in a container the rules do not follow.
+        literal = device_literal(node.value)
+        if literal is not None and _INDEXED_CUDA.match(self.ctx.code(literal).strip("\"'fFrR")):
+            self._carried.append(literal)
+
     def finish(self) -> None:
         for node, index in self._indexed_moves:
             self._indexed_move(node, index)
@@ -635,7 +651,8 @@ class DeviceChecker(Checker):
                 )
         comparisons = replace(_COMPARISONS, visibly=lambda code: _visibly_device(code) or self._travelling(code))
         for node in self._comparisons:
-            comparisons.check(self, node, self._already_tells_npu)
+            if not self._keep_npu_aware(node):
+                comparisons.check(self, node, self._already_tells_npu)
         for callee, arg in self._wrapper_calls:
             self._check_wrapper_call(callee, arg)
         for tested, literal in self._prefix_tests:
@@ -655,6 +672,21 @@ class DeviceChecker(Checker):
                     f"`{name}` is used as {where} and elsewhere: left as is; pass an NPU device where it selects one",
                     severity=Severity.WARNING,
                 )
+        self._carried_devices()  # last: after the rules above had their say on each literal
+
+    def _carried_devices(self) -> None:
+        """The indexed CUDA devices in tuples and lists that no rule rewrote or reported: said, not left silent."""
+        reported = {id(r.node) for r in self.ctx.reports}
+        for literal in self._carried:
+            if id(literal) in reported or id(literal) in self._followed:
+                continue
+            self.report(
+                DEVICE_STRING,
+                literal,
+                f"`{self.ctx.code(literal)}` in a tuple or list left as is: where it goes is not followed (an argument "
+                'list handed on, such as `rpc.remote(..., args=...)`); if it selects a device, name the NPU ("npu:N")',
+                severity=Severity.WARNING,
+            )
 
     def _read_only_as_a_device(self, name: str) -> bool:
         """Whether every read of `name` selects a device or tests one: `acc = "cuda"` also passed to
@@ -745,10 +777,36 @@ class DeviceChecker(Checker):
                 )
         return True
 
+    def _keep_npu_aware(self, node: cst.Comparison) -> bool:
+        """`device.type == "cuda"` where `device.type` is also compared with "npu": the CUDA side of code that
+        already supports the NPU. The test stays, and so does all it guards (`self.is_cuda = device.type ==
+        "cuda" and torch.cuda.is_available()`, then `torch.cuda.Stream()` under `if self.is_cuda:`), whole:
+        a half-migrated CUDA branch would neither run as before nor take the code's own NPU branch."""
+        operands = [node.left, *(target.comparator for target in node.comparisons)]
+        for index, target in enumerate(node.comparisons):
+            if not isinstance(target.operator, cst.Equal):
+                continue
+            for literal_side, other in ((operands[index], operands[index + 1]), (operands[index + 1], operands[index])):
+                code = self.ctx.code(other)
+                if _device_literals(literal_side) and code in self._npu_tested:
+                    self.ctx.keep_cuda(node)
+                    self.report(
+                        DEVICE_COMPARISON,
+                        node,
+                        f'`{self.ctx.code(node)}` left as is: `{code}` is also compared with "npu" here, the code '
+                        "already supports it; the CUDA code this test guards is left as it is too",
+                        severity=Severity.INFO,
+                    )
+                    return True
+        return False
+
     def _already_tells_npu(self, other: str) -> str | None:
         if other in self._npu_tested:
             return f'comparison left as is: `{other}` is also compared with "npu" here, the code already supports it'
         return None
+
+
+_INDEXED_CUDA = re.compile(r"cuda:(\d|\{)")
 
 
 def _plainly_module(receiver: cst.BaseExpression) -> bool:

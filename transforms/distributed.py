@@ -11,6 +11,8 @@ Driven by `data/distributed.toml`.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from npu_migrate.engine.astindex import name_sets, words_may_name
@@ -276,6 +278,8 @@ _DEVICE_TYPE_ARGS: dict[str, int] = _TABLE["device_type_arguments"]
 _RENAMED: dict[str, dict[str, str]] = _TABLE["renamed"]
 _DDP: dict[str, list[int]] = _TABLE["ddp"]
 _DATA_PARALLEL = frozenset(_TABLE["data_parallel"]["names"])
+#: A file that puts tensors on the device: `.cuda()`, a "cuda" / "cuda:N" string, `torch.cuda.set_device`.
+_DEVICE_TENSORS = re.compile(r"""\.cuda\(|["']cuda(:\d+)?["']|\bcuda\.set_device\b""")
 # `distributed_c10d.` is stripped from a name before the tables are asked, which keeps every part of a key.
 _NAMES = name_sets([*_BACKEND_ARGS, *_RENAMED, *_DATA_PARALLEL])
 _DEVICE_CALLS = name_sets([*_DEVICE_TYPE_ARGS, *_DDP])
@@ -521,6 +525,17 @@ class DistributedChecker(Checker):
             self._backend_argument(value.orelse, qualname)
         elif isinstance(value, (cst.Name, cst.Attribute, cst.Subscript)) and not self._is_none(value):
             self._backend_uses.append(value)
+        elif string_value(value) == "gloo" and _DEVICE_TENSORS.search(self.ctx.text):
+            # gloo reduces CPU tensors (and CUDA ones, on a CUDA host): not NPU ones. Which tensors reach
+            # the collectives is not followed, so this is reported, not rewritten.
+            self.report(
+                BACKEND,
+                value,
+                '"gloo" runs collectives on CPU tensors (and on CUDA ones on a CUDA host), not on NPU ones, and this '
+                'file puts tensors on the device: where those reach a collective on an NPU, use "cpu:gloo,npu:hccl" '
+                '(gloo for CPU tensors, hccl for NPU ones) or "hccl"',
+                severity=Severity.WARNING,
+            )
         else:
             self._rewrite(value, f"`{qualname.rsplit('.', 1)[-1]}(...)`", at_call=True)
             if replaceable(value) is None and not self._is_none(value):

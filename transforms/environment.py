@@ -182,6 +182,10 @@ class EnvironmentChecker(Checker):
         # Sites on such variables, decided once every copy is known.
         self._copy_sites: list[tuple[str, cst.CSTNode, cst.BaseExpression | None, frozenset[str]]] = []
         self._assigned: set[int] = set()  # subscripts already seen as assignment targets, with their value
+        # Names bound to variable names (`key, value = "NCCL_ASYNC_ERROR_HANDLING", "1"`, `for name, val in
+        # (("NCCL_DEBUG", "INFO"),)`): each binding's string, with the value bound beside it.
+        self._bound: dict[str, list[tuple[cst.BaseExpression, cst.BaseExpression | None]]] = {}
+        self._name_keys: list[tuple[str, frozenset[str]]] = []  # `os.environ[key]` sites, decided in `finish`
 
     # -- what is an environment ---------------------------------------------------------------------
 
@@ -213,7 +217,28 @@ class EnvironmentChecker(Checker):
 
     # -- sites --------------------------------------------------------------------------------------
 
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Name):
+            self._bound.setdefault(target.value, []).append((value, None))
+        elif isinstance(target, (cst.Tuple, cst.List)) and isinstance(value, (cst.Tuple, cst.List)):
+            names, values = [e.value for e in target.elements], [e.value for e in value.elements]
+            if len(names) != len(values):
+                return
+            for index, (name, bound) in enumerate(zip(names, values)):
+                if isinstance(name, cst.Name):
+                    mate = values[index + 1] if index + 1 < len(values) else None
+                    self._bound.setdefault(name.value, []).append((bound, mate))
+
+    def visit_For(self, node: cst.For) -> None:
+        if isinstance(node.iter, (cst.Tuple, cst.List)):
+            for element in node.iter.elements:
+                self._bind(node.target, element.value)
+        else:
+            self._bind(node.target, node.iter)  # a value it cannot follow: the name is not one string
+
     def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value)
         if self._is_env_copy_expr(node.value):
             for target in node.targets:
                 if isinstance(target.target, cst.Name):
@@ -309,6 +334,9 @@ class EnvironmentChecker(Checker):
             )
 
     def _key(self, key: cst.BaseExpression | None, value, present: frozenset[str]) -> None:
+        if isinstance(key, cst.Name):
+            self._name_keys.append((key.value, present))
+            return
         name = replaceable(key)
         if name is None:
             return
@@ -345,3 +373,10 @@ class EnvironmentChecker(Checker):
                 self._update(key_or_update)
             else:
                 self._key(key_or_update, value, present)
+        # A variable's name reaching the environment through a variable: decided at the string, when every
+        # binding of that variable in the file is a string (the rename is then right wherever it is read).
+        for key, present in dict.fromkeys(self._name_keys):
+            bindings = self._bound.get(key, [])
+            if bindings and all(string_value(literal) is not None for literal, _ in bindings):
+                for literal, mate in bindings:
+                    self._key(literal, mate, present)

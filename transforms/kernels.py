@@ -119,6 +119,13 @@ class CudaExtensionChecker(Checker):
     def wants(cls, index) -> bool:
         return index.uses("cpp_extension", "CUDAExtension", "load_inline")
 
+    def __init__(self, ctx, enabled: frozenset[str]) -> None:
+        super().__init__(ctx, enabled)
+        self._loads: list[cst.Call] = []  # `load(...)` calls whose sources are not literals (a parameter)
+        self._cuda_files: list[cst.SimpleString] = []  # "kernel.cu" anywhere in the file
+        self._toolchain: list[cst.CSTNode] = []  # CUDA_HOME, "nvcc"
+        self._imported: set[int] = set()
+
     def visit_Call(self, node: cst.Call) -> None:
         qualname = self.ctx.qualname(node.func) or ""
         if not qualname.startswith("torch.utils.cpp_extension.") or qualname.rsplit(".", 1)[-1] not in _BUILDERS:
@@ -130,6 +137,59 @@ class CudaExtensionChecker(Checker):
             self.report(CUDA_EXTENSION, node, "`load_inline` with `cuda_sources`: the CUDA code needs an Ascend C port")
         elif name == "load" and self._builds_cuda(node):
             self.report(CUDA_EXTENSION, node, "`load` of `.cu` sources: the CUDA code needs an Ascend C port")
+        elif name == "load":
+            self._loads.append(node)
+
+    # Sources handed to a helper (`def _load(name, sources): return load(name=name, sources=sources)`,
+    # called with `["fused.cpp", "fused_kernel.cu"]`) and the CUDA toolchain beside them: the file builds CUDA.
+
+    def visit_ImportAlias(self, node: cst.ImportAlias) -> None:
+        self._imported.add(id(node.name))
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        value = string_value(node) or ""
+        if value.endswith((".cu", ".cuh")):
+            self._cuda_files.append(node)
+        elif value == "nvcc" or value.endswith("/nvcc") or value.startswith("nvcc "):
+            self._toolchain.append(node)
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == "CUDA_HOME" and id(node) not in self._imported and self._is_cuda_home(node):
+            self._toolchain.append(node)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        if node.attr.value == "CUDA_HOME" and self._is_cuda_home(node):
+            self._toolchain.append(node)
+
+    def _is_cuda_home(self, node: cst.BaseExpression) -> bool:
+        return self.ctx.qualname(node) == "torch.utils.cpp_extension.CUDA_HOME"
+
+    def finish(self) -> None:
+        cuda_keywords = ("extra_cuda_cflags", "with_cuda")
+        for node in self._loads:
+            keyword = next((a.keyword.value for a in node.args if a.keyword and a.keyword.value in cuda_keywords), None)
+            if keyword is not None:
+                why = f"it passes `{keyword}`"
+            elif self._cuda_files:
+                why = f"this file hands it `{string_value(self._cuda_files[0])}`"
+            elif self._toolchain:
+                why = "this file reads the CUDA toolchain beside it (CUDA_HOME / nvcc)"
+            else:
+                continue
+            self.report(
+                CUDA_EXTENSION,
+                node,
+                f"`load` builds CUDA code ({why}): port the kernels to Ascend C and build them with torch_npu's "
+                "NpuExtension, or replace the extension with torch operators",
+            )
+        for node in self._toolchain[:1] if self._loads or self._cuda_files else ():
+            code = self.ctx.code(node).strip()
+            self.report(
+                CUDA_EXTENSION,
+                node,
+                f"`{code}`: the CUDA toolchain an extension build uses; an NPU host has none (CUDA_HOME is None "
+                "there): the custom kernel needs an Ascend C port",
+            )
 
     @staticmethod
     def _builds_cuda(node: cst.Call) -> bool:

@@ -13,6 +13,7 @@ import instead where there is one).
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import libcst as cst
 
@@ -200,6 +201,9 @@ def _imports_torch_npu_at(module: cst.Module, stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.Try) and is_guarded_import(ast.parse(module.code_for_node(stmt)).body[0])
 
 
+_MAIN_GUARD = "__name__ =="  # `if __name__ == "__main__":`: a script, run rather than imported
+
+
 def _guard_import(updated: cst.SimpleStatementLine) -> cst.BaseStatement:
     return cst.parse_statement(GUARDED_IMPORT).with_changes(leading_lines=updated.leading_lines)
 
@@ -228,7 +232,20 @@ class TorchNpuImportChecker(Checker):
         if portable(self.ctx) is not None:
             self._portable_prelude(needs_import)
         elif needs_import:
-            self.report(IMPORT_TORCH_NPU, self.ctx.module, "`import torch_npu` added", fix=_insert)
+            self.report(IMPORT_TORCH_NPU, self.ctx.module, "`import torch_npu` added" + self._library(), fix=_insert)
+
+    def _library(self) -> str:
+        """What the added import means for a module of a package (not a script, nor `__main__.py`): every
+        importer of the package now needs torch_npu; the npu target is for code that runs on Ascend only."""
+        from npu_migrate.program.packages import helper_module
+
+        if not self.ctx.path or helper_module(Path(self.ctx.path)) is None or _MAIN_GUARD in self.ctx.text:
+            return ""
+        return (
+            ": this module is part of a package, which now needs torch_npu to import (a CPU or CUDA host can no "
+            "longer import it); for a library that must keep importing there, migrate it with --target portable, "
+            "which imports torch_npu guarded and picks the device of the host"
+        )
 
     def _portable_prelude(self, needs_import: bool) -> None:
         module = self.ctx.module

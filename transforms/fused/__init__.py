@@ -267,14 +267,16 @@ def _replace_fix(code: str):
 
 
 @functools.cache
-def helper_definitions() -> dict[str, str]:
-    """Every module-level name a helper template defines -> its definition as this version writes it
-    (`definition_key`): a copy that differs is an older release's, or edited."""
-    return {
-        name: definition_key(stmt)
-        for template in HELPER_NAMES
-        for name, stmt in definitions(parse_typed(rendered(template))).items()
-    }
+def helper_definitions() -> dict[str, frozenset[str]]:
+    """Every module-level name a helper template defines -> its definitions as this version writes it
+    (`definition_key`; `_is_npu` has two, for a file that imports torch_npu and one that may not): a copy
+    that differs is an older release's, or edited."""
+    found: dict[str, set[str]] = {}
+    for template in HELPER_NAMES:
+        for imported in (False, True):
+            for name, stmt in definitions(parse_typed(rendered(template, torch_npu_imported=imported))).items():
+                found.setdefault(name, set()).add(definition_key(stmt))
+    return {name: frozenset(keys) for name, keys in found.items()}
 
 
 @functools.cache
@@ -306,7 +308,7 @@ def helper_rules() -> dict[str, Rule]:
 def is_helper(stmt: ast.stmt) -> bool:
     """Whether the module-level `stmt` (parsed by `parse_typed`) defines a helper as this version writes it."""
     name = defined_name(stmt)
-    return name in helper_definitions() and definition_key(stmt) == helper_definitions()[name]
+    return name in helper_definitions() and definition_key(stmt) in helper_definitions()[name]
 
 
 def _kernel_helpers(code: str, template: str) -> list[str]:
@@ -317,12 +319,12 @@ def _kernel_helpers(code: str, template: str) -> list[str]:
     return kernels_called(code)
 
 
-def _imports_torch_npu(tree: ast.Module) -> bool:
-    """Whether the file imports torch_npu at module level: unguarded, or guarded in the prelude's words
-    (the portable target's `import torch_npu`)."""
+def _imports_torch_npu(tree: ast.Module, guarded: bool = True) -> bool:
+    """Whether the file imports torch_npu at module level: unguarded, or (`guarded`) guarded in the
+    prelude's words (the portable target's `import torch_npu`)."""
     return any(
         (isinstance(stmt, ast.Import) and any(a.name == "torch_npu" and a.asname is None for a in stmt.names))
-        or is_guarded_import(stmt)
+        or (guarded and is_guarded_import(stmt))
         for stmt in tree.body
     )
 
@@ -421,6 +423,7 @@ class FusedOpsChecker(TreeChecker):
             idiom.rule.id in self.enabled and index.uses(name.rsplit(".", 1)[-1]) for name, idiom in CALL_IDIOMS.items()
         )
         self._guards: list[ast.expr] = []  # the tests of the `if`s, in the function, whose body is walked
+        self.optional_modules: set[str] = set()  # `import flash_attn` made conditional (`optional_imports`)
         self._walk(tree.body, owner=None)
         self._optional_imports(tree)
         self._prelude(tree)
@@ -511,6 +514,9 @@ class FusedOpsChecker(TreeChecker):
             )
             outcome.template = None
         context, laid_out = outcome.context, self._call_layout(node)
+        if idiom.optional_package is not None:
+            # Filled by `_optional_imports`, read when the fix runs: the modules imported conditionally.
+            context = {**context, "optional": self.optional_modules}
         self._decide(node, outcome, fix=lambda call: laid_out(idiom.wrap_call(call, **context)))
 
     def _call_layout(self, node: ast.Call):
@@ -602,6 +608,7 @@ class FusedOpsChecker(TreeChecker):
                 continue
             wrapped = [r.node for *_, r in self.applied if r.rule is idiom.rule and isinstance(r.node, ast.Call)]
             for decision in optional_imports.decide(tree, package, wrapped, self._alone):
+                self.optional_modules.update(decision.modules)
                 # Not a site of the idiom: analyze's affinity report counts sites, not this.
                 self.reports.append(
                     TreeReport(
@@ -643,6 +650,7 @@ class FusedOpsChecker(TreeChecker):
             # One import policy: a file that imports torch_npu unconditionally (it calls torch.npu APIs, so
             # cannot run without it) keeps that one import; otherwise the helpers import it guarded.
             guarded = PRELUDE in missing and not _imports_torch_npu(tree)
+            plain = _imports_torch_npu(tree, guarded=False)  # `_is_npu` then need not test `torch_npu is None`
             what = " (and a guarded `import torch_npu`)" if guarded else ""
             anchor, after = _prelude_anchor(tree)
             self.reports.append(
@@ -650,7 +658,7 @@ class FusedOpsChecker(TreeChecker):
                     self._helpers_rule(missing),
                     tree,
                     f"fused-op helpers {names}{what} added after the imports",
-                    fix=_helpers_fix(_with_line_breaks(helper_code(missing, guarded), self.source.text), after),
+                    fix=_helpers_fix(_with_line_breaks(helper_code(missing, guarded, plain), self.source.text), after),
                     target=anchor,
                     serves=tuple(report for *_, report in self.applied),
                     # Not a site of the idiom: analyze's affinity report counts sites, not this.
@@ -709,11 +717,8 @@ class FusedOpsChecker(TreeChecker):
             if (
                 rule is None
                 or rule.id not in self.enabled
-                or _definition_key(self.source.segment(stmt))
-                in (
-                    None,
-                    helper_definitions()[name],
-                )
+                or (key := _definition_key(self.source.segment(stmt))) is None
+                or key in helper_definitions()[name]
             ):
                 continue
             group = helper_groups()[name]

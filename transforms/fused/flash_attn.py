@@ -27,6 +27,7 @@ wrapped calls, and reported elsewhere (`optional_imports`).
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 
 import libcst as cst
 
@@ -47,6 +48,12 @@ FUNCTIONS = {
 }
 #: Their qualified names (`flash_attn.X`, `flash_attn.flash_attn_interface.X`) -> the function.
 QUALIFIED = {f"{module}.{f}": f for f in FUNCTIONS for module in ("flash_attn", "flash_attn.flash_attn_interface")}
+#: FlashAttention-3 (the Hopper build, module `flash_attn_interface`): reported, never wrapped. Its functions
+#: share flash-attn 2's names, not their signatures (no dropout_p; fp8 descales),
+#: and its releases differ in what they return (`out` or `(out, softmax_lse)`).
+FA3 = frozenset(
+    f"flash_attn_interface.{f}" for f in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func")
+)
 
 
 def _template(function: str) -> str:
@@ -91,9 +98,12 @@ FLASH_ATTN = Rule(
     flash-attn does not install on an NPU host, so its imports are looked at in every file: an import
     of the wrapped functions, at module level or inside a function, becomes a try-import with a
     fallback of None when the wrapped calls (and tests such as `if flash_attn_func is not None:`) are
-    all that read its names in the scope it binds them in. Every other import of flash_attn an NPU host
-    would run (`flash_attn.bert_padding`, `flash_attn.ops.rms_norm`, `flash_attn.layers.rotary`,
-    `import flash_attn`, a function's own import) is reported, once per statement, with the advice of
+    all that read its names in the scope it binds them in; so does `import flash_attn` read only by
+    wrapped calls through the module, which then pass `flash_attn and flash_attn.<function>` (None on an
+    NPU host, where reading the attribute would fail before the wrapper runs). FlashAttention-3's calls
+    (`flash_attn_interface`: other arguments, another return value) are reported with the port. Every
+    other import of flash_attn an NPU host would run (`flash_attn.bert_padding`, `flash_attn.ops.rms_norm`,
+    `flash_attn.layers.rotary`, a function's own import) is reported, once per statement, with the advice of
     `npu-migrate analyze` for what it imports. Imports an NPU host does not run are left alone: in a
     `try` whose handler catches ImportError (or a base of it) without raising again, under
     `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does not take (a test of
@@ -176,6 +186,16 @@ def _blocking_guard(call: ast.Call | None, guards: tuple[ast.expr, ...]) -> ast.
 
 
 def match_call(name: str, api, names=None, call: ast.Call | None = None, guards=()) -> Outcome:
+    if name in FA3:
+        return Outcome(
+            FLASH_ATTN,
+            f"`{name}` (FlashAttention-3) not rewritten: its arguments and return value are not flash-attn 2's "
+            "(no dropout_p, fp8 descales; `out` or `(out, softmax_lse)` by release), and flash_attn_interface "
+            "does not install on an NPU host: port the call to torch_npu.npu_fusion_attention (BSND, or TND with "
+            "actual_seq_qlen / actual_seq_kvlen = cu_seqlens[1:] as host ints; scale = softmax_scale or D**-0.5; "
+            "causal = sparse_mode 3 with the 2048x2048 triu mask), or call flash-attn 2's function, which "
+            "npu-migrate wraps",
+        )
     function = QUALIFIED[name]
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
         return Outcome(FLASH_ATTN, f"`{function}` not rewritten: torch_npu {api.version} has no npu_fusion_attention")
@@ -204,12 +224,21 @@ def match_call(name: str, api, names=None, call: ast.Call | None = None, guards=
     )
 
 
-def wrap(call: cst.Call, wrapper: str) -> cst.Call:
-    """`f(args)` -> `_npu_f(f, args)`: the wrapper gets the function the call reached, whatever binds it."""
+def wrap(call: cst.Call, wrapper: str, optional: Collection[str] = ()) -> cst.Call:
+    """`f(args)` -> `_npu_f(f, args)`: the wrapper gets the function the call reached, whatever binds it.
+    Reached through a module the file imports conditionally (`optional`: None where flash-attn is absent),
+    `flash_attn.f(args)` -> `_npu_f(flash_attn and flash_attn.f, args)`: the function wherever the module
+    imported, None on an NPU host, where reading `flash_attn.f` would fail before the wrapper runs."""
     comma = cst.MaybeSentinel.DEFAULT
     if isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):  # arguments on lines of their own
         comma = cst.Comma(whitespace_after=call.whitespace_before_args)
-    return call.with_changes(func=cst.Name(wrapper), args=[cst.Arg(call.func, comma=comma), *call.args])
+    function = call.func
+    root = function
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    if root is not function and isinstance(root, cst.Name) and root.value in optional:
+        function = cst.BooleanOperation(left=cst.Name(root.value), operator=cst.And(), right=function)
+    return call.with_changes(func=cst.Name(wrapper), args=[cst.Arg(function, comma=comma), *call.args])
 
 
 IDIOM = Idiom(
@@ -222,7 +251,7 @@ IDIOM = Idiom(
         CORE: "_npu_fusion_flash",
         **{_template(f): f"_npu_{f}" for f in FUNCTIONS},
     },
-    calls=tuple(QUALIFIED),
+    calls=(*QUALIFIED, *sorted(FA3)),
     match_call=match_call,
     wrap_call=wrap,
     optional_package="flash_attn",

@@ -55,10 +55,14 @@ def kernel_templates() -> dict[str, str]:
 
 
 @functools.cache
-def rendered(template: str, import_torch_npu: bool = False) -> str:
+def rendered(template: str, import_torch_npu: bool = False, torch_npu_imported: bool = False) -> str:
+    """`template`'s code; the prelude with its guarded torch_npu import if `import_torch_npu`, and without
+    the test of that import's fallback (`torch_npu is None`, dead code there) where the file imports
+    torch_npu unconditionally (`torch_npu_imported`)."""
     from npu_migrate.engine.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
 
-    return render(template, import_torch_npu=import_torch_npu).strip() + "\n"
+    code = render(template, import_torch_npu=import_torch_npu, torch_npu_imported=torch_npu_imported)
+    return code.strip() + "\n"
 
 
 def names_in(code: str) -> set[str]:
@@ -78,10 +82,13 @@ def kernels_called(code: str) -> list[str]:
     return [template for name, template in kernel_templates().items() if name in names]
 
 
-def helper_code(templates: list[str], import_torch_npu: bool) -> str:
+def helper_code(templates: list[str], import_torch_npu: bool, torch_npu_imported: bool = False) -> str:
     """The block a file gets after its imports: the helpers, two blank lines apart, the prelude's guarded
-    torch_npu import included if `import_torch_npu`."""
-    return "\n\n".join(rendered(t, import_torch_npu=import_torch_npu and t == PRELUDE) for t in templates)
+    torch_npu import included if `import_torch_npu`; `torch_npu_imported`: the file imports it unconditionally."""
+    return "\n\n".join(
+        rendered(t, import_torch_npu=import_torch_npu and t == PRELUDE, torch_npu_imported=torch_npu_imported)
+        for t in templates
+    )
 
 
 # -- the helper module of a package ----------------------------------------------------------------------

@@ -17,8 +17,10 @@ there (`if flash_attn_func is not None:`), the statement becomes
         flash_attn_func = None  # the calls take torch_npu's kernel
 
 and a CUDA host imports exactly what it did; a host with neither package fails as the original did (a
-caller's `except ImportError:` fallback still runs there). Every other import of the package (any
-submodule, `import flash_attn`, inside a function or not) that an NPU host can run is reported, once per
+caller's `except ImportError:` fallback still runs there). `import flash_attn` read only by wrapped calls
+through the module (and tests of it) is made conditional the same way, its calls passing `flash_attn and
+flash_attn.<function>` (`Decision.modules`). Every other import of the package (any
+submodule, `import flash_attn` read otherwise, inside a function or not) that an NPU host can run is reported, once per
 statement, with what to do: the package table's advice for what it imports (`third_party.toml`). An
 import an NPU host never runs is left alone: in the body of a `try` whose handler catches ImportError
 without raising again (and its `else`, where the body imports the package), under `contextlib.suppress(ImportError)`, on the side of an `if` an NPU host does
@@ -52,6 +54,9 @@ class Decision:
     statement: ast.Import | ast.ImportFrom
     message: str
     fix: object = None  # a libcst fix of the statement's line, when it is made conditional
+    #: Module names the conditional import binds None where the package is absent (`import flash_attn`):
+    #: the wrapped calls that read their function from one must not, there (`flash_attn and flash_attn.f`).
+    modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,9 +76,11 @@ def decide(
     were wrapped (with the original function as their first argument): made conditional, or why not and
     what to do. `one_line(stmt)`: whether the statement is alone on its line(s)."""
     funcs = {id(call.func) for call in wrapped}
-    roots = {_root(call.func) for call in wrapped}
+    # The module names the wrapped calls read their function through (`flash_attn` in
+    # `flash_attn.flash_attn_varlen_func(...)`), by node.
+    modules = {id(root) for call in wrapped if (root := _root_name(call.func)) is not None and root is not call.func}
     for site in _sites(tree, package, _flags(tree, package)):
-        yield _decision(site, package, funcs, roots, one_line)
+        yield _decision(site, package, funcs | modules, {_root(call.func) for call in wrapped}, one_line)
 
 
 def _decision(site: _Site, package: str, funcs: set[int], roots: set, one_line) -> Decision:
@@ -81,49 +88,71 @@ def _decision(site: _Site, package: str, funcs: set[int], roots: set, one_line) 
     if isinstance(stmt, ast.Import):
         imported = f"`import {', '.join(alias.name for alias in stmt.names)}`"
         bound = {(alias.asname or alias.name).split(".")[0] for alias in stmt.names if _of(alias.name, package)}
-        if bound & roots:
-            return Decision(
-                stmt,
-                f"{imported} left {_kept(site)}: the wrapped calls read their function from the module, which a "
-                f"fallback of None cannot serve; {_consequence(site, package)}: import the functions by name "
-                f"(`from {package} import ...`) and run again",
+        if not bound & roots:
+            return Decision(stmt, _reported(site, imported, [alias.name for alias in stmt.names], package))
+        # `import flash_attn` read only by the wrapped calls (`flash_attn.flash_attn_varlen_func(...)`) and
+        # tests of it: made conditional with a fallback of None, and the calls pass their function as
+        # `flash_attn and flash_attn.flash_attn_varlen_func`, which is the function wherever the module
+        # imported and None on an NPU host, where the wrapper does not call it.
+        why = _why_kept(site, imported, bound, funcs, package, one_line)
+        if why is not None or len(bound) != len(stmt.names):
+            why = why or (
+                f"{imported} left {_kept(site)}: it imports more than {package}; {_consequence(site, package)}: "
+                "put the import of the package on a line of its own and run again"
             )
-        return Decision(stmt, _reported(site, imported, [alias.name for alias in stmt.names], package))
+            return Decision(stmt, why)
+        return Decision(
+            stmt,
+            f"{imported} made conditional: {package} does not install on an NPU host, where the wrapped calls take "
+            "torch_npu's kernel (they read their function as `module and module.function`, None there)",
+            fix=_conditional(package, sorted(bound)),
+            modules=tuple(sorted(bound)),
+        )
     imported = f"`from {stmt.module} import {', '.join(alias.name for alias in stmt.names)}`"
     bound = [alias.asname or alias.name for alias in stmt.names]
     loads = [node for node in ast.walk(scope) if isinstance(node, ast.Name) and node.id in bound]
     if "*" in bound or isinstance(scope, ast.ClassDef) or not any(id(node) in funcs for node in loads):
         # Not the wrapped calls' import (nor one a fallback could be given in): what it imports needs a port.
         return Decision(stmt, _reported(site, imported, [f"{stmt.module}.{a.name}" for a in stmt.names], package))
-    if isinstance(scope, _DEFS) and any(
-        name in bound for node in ast.walk(scope) if isinstance(node, (ast.Global, ast.Nonlocal)) for name in node.names
-    ):
-        return Decision(
-            stmt,
-            f"{imported} left {_kept(site)}: a `global` or `nonlocal` statement binds its names outside "
-            f"`{scope.name}()`; {_consequence(site, package)}: make the import conditional",
-        )
-    tested = {id(node) for node in _tested_names(scope)}
-    others = [node for node in loads if id(node) not in funcs and id(node) not in tested]
-    if others:
-        use = others[0]
-        return Decision(
-            stmt,
-            f"{imported} left {_kept(site)}: line {use.lineno} uses `{use.id}` other than in a wrapped call or a "
-            f"test of it; {_consequence(site, package)}: make the import conditional and give that use a fallback",
-        )
-    if not one_line(stmt):
-        return Decision(
-            stmt,
-            f"{imported} left {_kept(site)}: it shares its line with other statements; "
-            f"{_consequence(site, package)}: put it on a line of its own and run again",
-        )
+    why = _why_kept(site, imported, set(bound), funcs, package, one_line)
+    if why is not None:
+        return Decision(stmt, why)
     return Decision(
         stmt,
         f"{imported} made conditional: {package} does not install on an NPU host, where the wrapped calls take "
         "torch_npu's kernel",
         fix=_conditional(package, bound),
     )
+
+
+def _why_kept(site: _Site, imported: str, bound: set[str], funcs: set[int], package: str, one_line) -> str | None:
+    """Why an import the wrapped calls read cannot be made conditional (None where it can): a name it binds is
+    read otherwise than by them or a test of it, bound by `global`, or the import shares its line."""
+    stmt, scope = site.statement, site.scope
+    if isinstance(scope, ast.ClassDef):
+        return f"{imported} left {_kept(site)}: it binds class attributes; {_consequence(site, package)}"
+    loads = [node for node in ast.walk(scope) if isinstance(node, ast.Name) and node.id in bound]
+    if isinstance(scope, _DEFS) and any(
+        name in bound for node in ast.walk(scope) if isinstance(node, (ast.Global, ast.Nonlocal)) for name in node.names
+    ):
+        return (
+            f"{imported} left {_kept(site)}: a `global` or `nonlocal` statement binds its names outside "
+            f"`{scope.name}()`; {_consequence(site, package)}: make the import conditional"
+        )
+    tested = {id(node) for node in _tested_names(scope)}
+    others = [node for node in loads if id(node) not in funcs and id(node) not in tested]
+    if others:
+        use = others[0]
+        return (
+            f"{imported} left {_kept(site)}: line {use.lineno} uses `{use.id}` other than in a wrapped call or a test of it; "
+            f"{_consequence(site, package)}: make the import conditional and give that use a fallback"
+        )
+    if not one_line(stmt):
+        return (
+            f"{imported} left {_kept(site)}: it shares its line with other statements; "
+            f"{_consequence(site, package)}: put it on a line of its own and run again"
+        )
+    return None
 
 
 def _kept(site: _Site) -> str:
@@ -339,6 +368,12 @@ def _last_name(node: ast.expr | None) -> str | None:
 
 def _of(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
+
+
+def _root_name(node: ast.expr) -> ast.Name | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node if isinstance(node, ast.Name) else None
 
 
 def _root(node: ast.expr) -> str | None:

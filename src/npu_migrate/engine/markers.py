@@ -35,6 +35,15 @@ ANY_MARKER = (
     "cpp_extension",
     "load_inline",
     "torch_npu",  # the portable target's NPU002: code already written for torch_npu
+    # torch's CUDA-only ops (`transforms/cuda_only_ops.py`)
+    "_scaled_mm",
+    "_scaled_grouped_mm",
+    "_cslt_sparse_mm",
+    "int4pack",
+    # a required CUDA-only package (`transforms/requirements.py`; "flash_attn" is below)
+    "xformers",
+    "apex",
+    "bitsandbytes",
     # the fused-operator idioms (`transforms/fused/*`, `Idiom.markers`)
     "sqrt",
     "rms_norm",

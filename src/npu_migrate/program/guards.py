@@ -9,19 +9,28 @@ or the guard stays as it is and its finding names the line that blocks it.
 
 What a guard guards: the branch of an `if` / `elif` / `while` / conditional expression that now runs (for
 `!=` and `not`, the `else` side; when that branch leaves by `return` / `raise` / `continue` / `break`,
-what follows it up to the function, `try` or loop it leaves, through `with` and `if` blocks; when it only
-sets flags, the tests of those flags), the right operand of `and` / `or`, and the tests of a variable or
+what follows it up to the function, `try` or loop it leaves, through `with` and `if` blocks; otherwise
+the tests of the flags it sets, whatever else it does, as `warnings.warn(...)` then `fp8 = False`), what
+follows an `assert` of it, the right operand of `and` / `or`, and the tests of a variable or
 attribute assigned from the guard (`HAS_GPU = torch.cuda.is_available()`, then every test of `HAS_GPU` in
-the function or module, on the side the flipped value takes). Code
-that cannot run there: the reports marked `crashes` whose fix does not stand, uses of a package that only
-runs on NVIDIA GPUs (`transforms/data/third_party.toml`) and CUDA-only torch ops (`torch._scaled_mm`).
+the function or module, on the side the flipped value takes). Code that cannot run there: the reports
+marked `crashes` whose fix does not stand, the tool's own warnings and errors of the device, torch.cuda,
+distributed and AMP families left unfixed (`nn.DataParallel`, reported unsupported), uses of a package
+that only runs on NVIDIA GPUs (`transforms/data/third_party.toml`), CUDA-only torch ops
+(`torch._scaled_mm`, `CUDA_ONLY_OPS`) and prebuilt kernels fetched from the hub (`kernels.get_kernel`).
+
+A guard that goes with a test of a CUDA-only package's presence (`flash_attn_func is not None and
+q.is_cuda`, a flag its try-import sets, `is_flash_attn_2_available()`, an `if` around it) is never
+flipped: whatever the code behind it is, it is where that package's kernel takes the tensors.
 
 The same walk also leaves alone the CUDA branch of code that already supports the NPU (an if-chain that
-tests for "npu" too): its rewrites are dropped (`FileContext.keep_cuda`).
+tests for "npu" too, a comparison of a value also compared with "npu" and all it guards): its rewrites
+are dropped (`FileContext.keep_cuda`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -34,8 +43,41 @@ from npu_migrate.program.imports import IMPORT_ERRORS
 
 # `ctx` below is the file's `context.FileContext` (which calls `check`), a report its `context.CstReport`.
 
-#: torch ops that call cuBLAS / CUDA-only kernels and have no NPU implementation.
-CUDA_ONLY_TORCH_OPS = frozenset({"torch._scaled_mm", "torch._scaled_grouped_mm", "torch._cslt_sparse_mm"})
+# torch ops that call cuBLAS / CUDA-only kernels and have no NPU implementation; NPU203 reports them too
+# (`transforms/cuda_only_ops.py`), where it is selected.
+_QUANTISED = (
+    "torch_npu's quantised matmuls take int4 and int8 weights: torch_npu.npu_weight_quant_batchmatmul, with "
+    "the weight packed by torch_npu.npu_convert_weight_to_int4pack (their layouts and scales differ from "
+    "tinygemm's: requantise from the float weight)"
+)
+
+#: The op (as `torch.X`) -> what it is and what to do on an NPU.
+CUDA_ONLY_OPS = {
+    "torch._scaled_mm": "an fp8 matmul on cuBLASLt; on an NPU keep the bf16 / fp16 matmul, or use "
+    "torch_npu.npu_quant_matmul for int8",
+    "torch._scaled_grouped_mm": "a grouped fp8 matmul on cuBLASLt; on an NPU keep the bf16 / fp16 grouped "
+    "matmul (torch_npu.npu_grouped_matmul)",
+    "torch._cslt_sparse_mm": "a 2:4 sparse matmul on cuSPARSELt; on an NPU use the dense matmul",
+    "torch._weight_int4pack_mm": f"tinygemm's int4 packed matmul (CUDA and MPS only); {_QUANTISED}",
+    "torch._convert_weight_to_int4pack": f"the packing of tinygemm's int4 matmul (CUDA and MPS only); {_QUANTISED}",
+}
+
+
+def cuda_only_op(qualname: str | None) -> str | None:
+    """The `torch.X` name of a CUDA-only op reached as `torch.X`, `torch.ops.aten.X` or `torch.ops.aten.X.<overload>`."""
+    if not qualname:
+        return None
+    parts = qualname.split(".")
+    if parts[:3] == ["torch", "ops", "aten"] and len(parts) in (4, 5):
+        parts = ["torch", parts[3]]
+    name = ".".join(parts)
+    return name if name in CUDA_ONLY_OPS else None
+
+
+CUDA_ONLY_TORCH_OPS = frozenset(CUDA_ONLY_OPS)
+#: Calls that fetch a prebuilt kernel from the Hugging Face hub (the `kernels` package): the builds are
+#: CUDA (or ROCm / Metal) ones, none for an Ascend NPU, so the probe fails or loads code that cannot run.
+KERNEL_HUB_CALLS = frozenset({"kernels.get_kernel", "kernels.get_local_kernel", "kernels.load_kernel"})
 
 _NEGATING = (cst.NotEqual, cst.NotIn, cst.IsNot)
 
@@ -79,9 +121,15 @@ class _Tree(cst.CSTVisitor):
             if isinstance(node.value, cst.Name) and node.value.value == "self":
                 self.names.setdefault(f"self.{node.attr.value}", []).append(node)
             if self._ops:
-                qualname = self.ctx.qualname(node)
-                if qualname in CUDA_ONLY_TORCH_OPS:
-                    self.unsafe.append(Unsafe(node, f"calls `{qualname}`, a CUDA-only torch op"))
+                op = cuda_only_op(self.ctx.qualname(node))
+                if op is not None:
+                    self.unsafe.append(Unsafe(node, f"calls `{op}`, a CUDA-only torch op"))
+        if isinstance(node, cst.Call) and self._ops:
+            qualname = self.ctx.qualname(node.func)
+            if qualname in KERNEL_HUB_CALLS:
+                self.unsafe.append(
+                    Unsafe(node, f"calls `{qualname}`, which fetches a prebuilt kernel the hub has no NPU build of")
+                )
         return True
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
@@ -98,6 +146,11 @@ class _Tree(cst.CSTVisitor):
                 and any(map(_catches_import_error, parent.handlers))
             ):
                 return None
+        return self.cuda_only_package(node)
+
+    @staticmethod
+    def cuda_only_package(node: cst.Import | cst.ImportFrom) -> str | None:
+        """The CUDA-only package an import imports, wherever it is."""
         if isinstance(node, cst.Import):
             names = [get_full_name_for_node(alias.name) for alias in node.names]
         elif node.relative or node.module is None:
@@ -139,6 +192,9 @@ class _Tree(cst.CSTVisitor):
         return False
 
 
+cuda_only_package = _Tree.cuda_only_package
+
+
 def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     """Leave as they are the guard flips whose guarded code cannot run on an NPU, and drop the rewrites in
     the CUDA branches of code that already supports the NPU. Returns whether an import rewrite was vetoed
@@ -149,25 +205,41 @@ def check(ctx, line_of: Callable[[cst.CSTNode], int]) -> bool:
     if not guards and not guard_imports and not kept:
         return False
     cuda_only = _cuda_only_bindings(ctx)
-    crashing = [r for r in ctx.reports if r.crashes and not r.applied]
-    if not kept and not crashing and not cuda_only and not _mentions_ops(ctx.text) and _PRESENCE not in ctx.text:
+    crashing = [r for r in ctx.reports if _does_not_run(r)]
+    tests_packages = cuda_only or _PACKAGE_TEST_TEXT.search(ctx.text) is not None
+    if not kept and not crashing and not tests_packages and not _mentions_ops(ctx.text) and _PRESENCE not in ctx.text:
         return False
     tree = _Tree(ctx, cuda_only)
     ctx.module.visit(tree)
     if kept:
         regions = {id(node) for node in kept}
+        for node in kept:
+            if isinstance(node, cst.Comparison):
+                # A CUDA test kept as it is: what it guards, and the tests beside it in an `and`, stay too.
+                regions |= {id(n) for n in _guarded(tree, node, ctx)}
+                regions |= {id(n) for n in _and_mates(tree, node)}
         # The rule that kept a branch says so once, at its test; nothing inside it is rewritten or reported.
         for report in [r for r in ctx.reports if id(r.node) not in regions and tree.inside(r.node, regions)]:
             ctx.drop(report)
-    unsafe = [Unsafe(r.node, _crash_why(ctx, r)) for r in ctx.reports if r.crashes and not r.applied]
+    unsafe = [Unsafe(r.node, _crash_why(ctx, r)) for r in ctx.reports if _does_not_run(r)]
     unsafe += tree.unsafe
-    if not unsafe and _PRESENCE not in ctx.text:  # nor a fast path only tested for presence
+    if not unsafe and _PRESENCE not in ctx.text and not tests_packages:  # nor a fast path tested for presence
         return False
     unsafe += _calls_reaching(tree, ctx, unsafe, line_of)
+    presence = presence_names(ctx)
     for guard in guards:
-        blocking = _blocking(tree, guard.node, ctx, unsafe)
         what = _guard_code(tree, guard.node, ctx)
-        if blocking is not None:
+        package_test = _tests_presence(tree, guard.node, presence)
+        blocking = _blocking(tree, guard.node, ctx, unsafe) if package_test is None else None
+        if package_test is not None:
+            # Whatever the code behind it does: the test asks whether a CUDA-only package's kernel may
+            # take these tensors. Flipped, it hands NPU tensors to that kernel wherever the package imports.
+            guard.message = (
+                f"`{what}` left as is: it decides, with `{ctx.code(package_test).strip()}` (line "
+                f"{line_of(package_test)}), whether a CUDA-only package's kernel runs, and that kernel never "
+                "takes NPU tensors; on an NPU host the code's own fallback runs"
+            )
+        elif blocking is not None:
             guard.message = (
                 f"`{what}` left as is: the code it guards at line {line_of(blocking.node)} {blocking.why}; "
                 "migrate that code, then this test"
@@ -336,10 +408,15 @@ def _tested_in_place(tree: _Tree, node: cst.CSTNode) -> bool:
     return False
 
 
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+_DEFINITIONS = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
+
+
+def _walk(node: cst.CSTNode, skip: tuple[type[cst.CSTNode], ...] = ()) -> Iterator[cst.CSTNode]:
+    """`node` and all below it, except inside the nodes of the kinds `skip` names."""
     yield node
     for child in node.children:
-        yield from _walk(child)
+        if not isinstance(child, skip):
+            yield from _walk(child, skip)
 
 
 def _blocking(tree: _Tree, guard: cst.CSTNode, ctx, unsafe: list[Unsafe]) -> Unsafe | None:
@@ -379,6 +456,102 @@ def _fast_path_calls(tree: _Tree, guard: cst.CSTNode) -> Iterator[Unsafe]:
                 yield Unsafe(node, f"calls `{name}`, a fast path the original runs only on CUDA tensors")
 
 
+#: Functions that test whether a CUDA-only package is installed (transformers' and diffusers' utilities).
+_PACKAGE_TESTS = re.compile(r"^_?is_(flash_attn|xformers|apex|bitsandbytes)")
+_PACKAGE_TEST_TEXT = re.compile(r"\b_?is_(flash_attn|xformers|apex|bitsandbytes)")
+#: Values that only test: a flag assigned one of these from a presence test is a presence test itself.
+_TESTS = (cst.Name, cst.Comparison, cst.BooleanOperation, cst.UnaryOperation, cst.Call)
+
+
+def presence_names(ctx) -> dict[str, str]:
+    """The names whose truth says whether a CUDA-only package imported, with the package: the names it
+    binds (`flash_attn_func`, None where the import failed), the flags a try-import of it sets (`HAS_FLASH =
+    True` in its body, `= False` in its handler), and the names assigned a test of those (`use_flash =
+    HAS_FLASH`), at module level or in a function."""
+    names = dict(_cuda_only_bindings(ctx))
+    for node in _walk(ctx.module):
+        if not isinstance(node, cst.Try):
+            continue
+        imported = [n for n in _walk(node.body) if isinstance(n, (cst.Import, cst.ImportFrom))]
+        package = next((p for n in imported if (p := _Tree.cuda_only_package(n)) is not None), None)
+        if package is None:
+            continue
+        for part in (node.body, *(handler.body for handler in node.handlers)):
+            for assign in _walk(part, _DEFINITIONS):
+                if isinstance(assign, (cst.Assign, cst.AnnAssign)):
+                    for target in _targets(assign):
+                        if isinstance(target, cst.Name):
+                            names.setdefault(target.value, package)
+    assigns = [n for n in _walk(ctx.module) if isinstance(n, cst.Assign) and isinstance(n.value, _TESTS)]
+    grown = True
+    while grown:
+        grown = False
+        for assign in assigns:
+            targets = {t.value for t in _targets(assign) if isinstance(t, cst.Name)} - names.keys()
+            found = presence_node(assign.value, names) if targets else None
+            if found is not None:
+                names.update(dict.fromkeys(targets, presence_package(found, names)))
+                grown = True
+    return names
+
+
+def presence_package(node: cst.CSTNode, names: dict[str, str]) -> str:
+    """The package a presence test (`presence_node`) asks about."""
+    if isinstance(node, cst.Name):
+        return names[node.value]
+    callee = (get_full_name_for_node(node.func) or "").rsplit(".", 1)[-1]
+    return _PACKAGE_TESTS.match(callee).group(1)
+
+
+def presence_node(test: cst.BaseExpression, names: set[str]) -> cst.CSTNode | None:
+    """The part of `test` that reads a presence name or calls a package test (`is_flash_attn_2_available()`)."""
+    if isinstance(test, cst.Call) and not isinstance(test.func, (cst.Name, cst.Attribute)):
+        return None
+    for node in _walk(test, (cst.Lambda,)):
+        if isinstance(node, cst.Name) and node.value in names:
+            return node
+        if isinstance(node, cst.Call):
+            callee = get_full_name_for_node(node.func) or ""
+            if _PACKAGE_TESTS.match(callee.rsplit(".", 1)[-1]):
+                return node
+    return None
+
+
+def _tests_presence(tree: _Tree, guard: cst.CSTNode, names: set[str]) -> cst.CSTNode | None:
+    """The test of a CUDA-only package's presence that the guard goes with, if any: a conjunct of the
+    `and` it is part of (`flash_attn_func is not None and q.is_cuda`), or the test of an `if` around it
+    (`if HAS_FLASH:` ... `if q.is_cuda:`)."""
+    child, node = guard, tree.parent(guard)
+    while node is not None and not isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+        if isinstance(node, cst.BooleanOperation) and isinstance(node.operator, cst.And):
+            other = node.right if child is node.left else node.left
+            found = presence_node(other, names)
+            if found is not None:
+                return _conjunct_of(found, other, tree)
+        elif isinstance(node, (cst.If, cst.While, cst.IfExp)) and child is not node.test:
+            found = presence_node(node.test, names)
+            if found is not None:
+                return _conjunct_of(found, node.test, tree)
+        child, node = node, tree.parent(node)
+    return None
+
+
+def _conjunct_of(node: cst.CSTNode, test: cst.BaseExpression, tree: _Tree) -> cst.CSTNode:
+    """The conjunct of `test` that holds `node` (`flash_attn_func is not None`, not only its name)."""
+    for conjunct in _conjuncts(test):
+        if tree.inside(node, {id(conjunct)}):
+            return conjunct
+    return node
+
+
+def _and_mates(tree: _Tree, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    """The other operands of the `and`s `node` is an operand of (`a == "cuda" and torch.cuda.is_available()`)."""
+    child, parent = node, tree.parent(node)
+    while isinstance(parent, cst.BooleanOperation) and isinstance(parent.operator, cst.And):
+        yield parent.right if child is parent.left else parent.left
+        child, parent = parent, tree.parent(parent)
+
+
 def _conjuncts(test: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
     if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
         yield from _conjuncts(test.left)
@@ -388,7 +561,7 @@ def _conjuncts(test: cst.BaseExpression) -> Iterator[cst.BaseExpression]:
 
 
 def _mentions_ops(text: str) -> bool:
-    return not text or any(op.rsplit(".", 1)[1] in text for op in CUDA_ONLY_TORCH_OPS)
+    return not text or any(op.rsplit(".", 1)[1] in text for op in (*CUDA_ONLY_TORCH_OPS, *KERNEL_HUB_CALLS))
 
 
 def _cuda_only_bindings(ctx) -> dict[str, str]:
@@ -402,6 +575,27 @@ def _cuda_only_bindings(ctx) -> dict[str, str]:
         if hit is not None:
             found[local] = hit[0]
     return found
+
+
+#: The families whose findings on code left as it is say it does not run on an NPU as written (device,
+#: torch.cuda API, distributed, AMP): `nn.DataParallel` reported unsupported at a line a flipped guard sends an
+#: NPU host to is a crash the tool itself announced. Not the backend settings (`cudnn.benchmark` is read and
+#: ignored there), nor the fused families (a declined fusion runs the original code).
+_NOT_RUNNING_FAMILIES = ("NPU1", "NPU2", "NPU3", "NPU4")
+
+
+def _does_not_run(report) -> bool:
+    """A report on code that is left as it is and fails on an NPU host: marked `crashes`, or a warning or
+    error of a family above (not a guard's own finding: a test left as it is only keeps its CUDA side)."""
+    if report.applied:
+        return False
+    if report.crashes:
+        return True
+    return (
+        not report.guard
+        and report.severity in (Severity.WARNING, Severity.ERROR)
+        and report.rule.id.startswith(_NOT_RUNNING_FAMILIES)
+    )
 
 
 def _crash_why(ctx, report) -> str:
@@ -453,6 +647,11 @@ def _guarded(
         elif isinstance(parent, cst.IfExp) and parent.test is current:
             yield parent.body if positive else parent.orelse
             return
+        elif isinstance(parent, cst.Assert) and parent.test is current:
+            # `assert torch.cuda.is_available(), "needs CUDA"` stopped an NPU host; flipped, what follows runs.
+            if positive:
+                yield from _after_exit(tree, parent, cst.Raise())
+            return
         elif isinstance(parent, (cst.Assign, cst.AnnAssign, cst.AugAssign)):
             yield from _flag_tests(tree, parent, ctx, seen, (positive,))
             return
@@ -492,15 +691,18 @@ def _branch(tree: _Tree, statement: cst.If | cst.While, positive: bool, ctx, see
     if isinstance(last, (cst.Return, cst.Raise, cst.Continue, cst.Break)):
         yield from _after_exit(tree, statement, last)
         return
-    if not body or not all(isinstance(s, cst.SimpleStatementLine) for s in body):
-        return
-    assignments = [x for s in body for x in s.body]
-    if not all(isinstance(x, (cst.Assign, cst.AnnAssign)) for x in assignments):
-        return
     # Flags set where CUDA is missing: flipped, they keep their other value, so what changes is the code
     # that tests them, not all that follows (`x = 1` then CUDA-only code that never reads `x`). A flag we
-    # cannot follow (`args.fp8 = False`) may be read anywhere after: all that follows counts.
+    # cannot follow (`args.fp8 = False`) may be read anywhere after: all that follows counts. Whatever
+    # else the branch does (`warnings.warn("--fp8 needs CUDA, ignored")`) only stops happening: the
+    # assignments in it, at any depth, are what decide the code after it.
+    assignments = [
+        x for x in _walk(statement.body, _DEFINITIONS) if isinstance(x, (cst.Assign, cst.AnnAssign, cst.AugAssign))
+    ]
     for assign in assignments:
+        if isinstance(assign, cst.AugAssign):
+            yield from _after_exit(tree, statement, None)
+            continue
         if all(_flag_key(target) is not None for target in _targets(assign)):
             yield from _flag_tests(tree, assign, ctx, seen, _flipped_sides(assign.value))
         else:

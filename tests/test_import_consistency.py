@@ -1,0 +1,78 @@
+"""Issue #25 item 3: the injected code agrees with the imports it sits next to."""
+
+from __future__ import annotations
+
+import textwrap
+
+from npu_migrate.engine.pipeline import migrate_text
+
+SDPA_AND_MOVE = """
+import torch
+import torch.nn.functional as F
+
+
+def attend(q, k, v):
+    q = q.cuda()
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+"""
+
+SDPA_ONLY = """
+import torch
+import torch.nn.functional as F
+
+
+def attend(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+"""
+
+
+def _migrate(source: str, path: str = "mod.py") -> tuple[str, list]:
+    migrated, findings = migrate_text(textwrap.dedent(source).lstrip(), path=path)
+    again, second = migrate_text(migrated, path=path)
+    assert again == migrated, "a second apply must change nothing"
+    # ... and finds no helper of its own "stale": both spellings of `_is_npu` are this version's.
+    assert not [f for f in second if "differs from the one npu-migrate" in f.message]
+    return migrated, findings
+
+
+def test_a_file_importing_torch_npu_unconditionally_does_not_test_for_its_absence():
+    migrated, _ = _migrate(SDPA_AND_MOVE)
+    assert "\nimport torch_npu\n" in migrated
+    assert "torch_npu is None" not in migrated
+    assert "    if isinstance(x, torch.fx.Proxy):\n        return False" in migrated
+
+
+def test_a_file_importing_torch_npu_guarded_keeps_the_test():
+    migrated, _ = _migrate(SDPA_ONLY)
+    assert "except ImportError:  # not an Ascend host: the original code runs\n    torch_npu = None" in migrated
+    assert "if torch_npu is None or isinstance(x, torch.fx.Proxy):" in migrated
+
+
+MOVE = "import torch\n\n\ndef place(x):\n    return x.cuda()\n"
+
+
+def _import_finding(path) -> str:
+    _, findings = migrate_text(MOVE, path=str(path))
+    return next(f.message for f in findings if f.rule_id == "NPU001")
+
+
+def test_a_library_module_is_told_that_its_package_now_needs_torch_npu(tmp_path):
+    package = tmp_path / "lib"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "utils.py").write_text(MOVE)
+    message = _import_finding(package / "utils.py")
+    assert message.startswith("`import torch_npu` added: this module is part of a package")
+    assert "--target portable" in message
+
+
+def test_a_script_or_entry_point_is_not(tmp_path):
+    (tmp_path / "train.py").write_text(MOVE)
+    assert _import_finding(tmp_path / "train.py") == "`import torch_npu` added"
+    package = tmp_path / "app"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    main = package / "cli.py"
+    main.write_text(MOVE + '\n\nif __name__ == "__main__":\n    place(None)\n')
+    _, findings = migrate_text(main.read_text(), path=str(main))
+    assert next(f.message for f in findings if f.rule_id == "NPU001") == "`import torch_npu` added"
