@@ -35,6 +35,7 @@ ANY_MARKER = (
     "cpp_extension",
     "load_inline",
     "torch_npu",  # the portable target's NPU002: code already written for torch_npu
+    "optim",  # the training levers: fused optimizers (NPU411, NPU412)
     # the fused-operator idioms (`transforms/fused/*`, `Idiom.markers`)
     "sqrt",
     "rms_norm",
