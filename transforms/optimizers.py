@@ -109,14 +109,14 @@ FUSED_OPTIMIZER = Rule(
             import torch
 
             model = torch.nn.Linear(4, 2).npu()
-            optimizer = torch.optim.AdamW(model.parameters(), 1e-3, weight_decay=0.05)
+            opt = torch.optim.AdamW(model.parameters(), 1e-3)
         """,
         after="import torch\n\n\n"
         + HELPER_CODE
         + """
 
 model = torch.nn.Linear(4, 2).npu()
-optimizer = _npu_fused_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3, weight_decay=0.05)
+opt = _npu_fused_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
 """,
     ),
     valid=(
@@ -137,7 +137,7 @@ optimizer = _npu_fused_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3,
     (torch.optim converts it when it loads such a checkpoint).
     """,
     severity=Severity.INFO,
-    tags=frozenset({"opt-in", "performance"}),
+    tags=frozenset({"opt-in"}),
     needs_torch_npu=False,
 )
 
@@ -147,8 +147,8 @@ NATIVE_FUSED = Rule(
     family="optimizers",
     summary="`torch.optim.Adam/SGD(fused=True)` fail on a torch_npu without their fused kernel",
     what="""
-    Reports `torch.optim.Adam(..., fused=True)` and `torch.optim.SGD(..., fused=True)` when the target
-    torch_npu is older than 2.13.0: torch sends them to the device's `_fused_adam_` / `_fused_sgd_`
+    Reports `torch.optim.Adam(..., fused=True)` and `torch.optim.SGD(..., fused=True)`: a warning when the
+    target torch_npu is older than 2.13.0, a note otherwise (the code then needs 2.13.0 or newer). torch sends them to the device's `_fused_adam_` / `_fused_sgd_`
     kernel, which torch_npu registers in 2.13.0 and 2.14.0 and in none of the older sampled versions
     (2.1.0.post8, 2.5.1, 2.8.0: `csrc/aten/npu_native_functions_by_codegen.yaml`). `AdamW(fused=True)`
     is not reported: `_fused_adamw_` is registered in every sampled version.
@@ -165,7 +165,7 @@ NATIVE_FUSED = Rule(
             model = torch.nn.Linear(4, 2)
             optimizer = torch.optim.Adam(model.parameters(), fused=True)
         """,
-        reports="no `_fused_adam_` kernel",
+        reports="`_fused_adam_` kernel",
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
@@ -377,14 +377,22 @@ class OptimizerChecker(Checker):
         if since is None or fused is None or _code(fused.value).strip() != "True":
             return
         kernel, version = since
-        if _version_key(self.ctx.api.version) >= _version_key(version):
+        target = self.ctx.api.version
+        if _version_key(target) >= _version_key(version):
+            self.report(
+                NATIVE_FUSED,
+                fused,
+                f"`torch.optim.{site.name}(fused=True)` runs torch_npu's `{kernel}` kernel on an NPU with torch_npu "
+                f"{target}; a torch_npu older than {version} (the first sampled one with it) fails here",
+                severity=Severity.INFO,
+            )
             return
         self.report(
             NATIVE_FUSED,
             fused,
-            f"`torch.optim.{site.name}(fused=True)` fails on an NPU with torch_npu {self.ctx.api.version}: it "
-            f"registers no `{kernel}` kernel (first in {version}); drop `fused=True` (the foreach path computes "
-            f"the same update) or select NPU411 for torch_npu's `NpuFused{site.name}`",
+            f"`torch.optim.{site.name}(fused=True)` fails on an NPU with torch_npu {target}: it registers no "
+            f"`{kernel}` kernel (the first sampled torch_npu with it is {version}); drop `fused=True` (the foreach "
+            f"path computes the same update) or select NPU411 for torch_npu's `NpuFused{site.name}`",
             severity=Severity.WARNING,
             crashes=True,
         )
