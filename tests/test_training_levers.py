@@ -1,4 +1,4 @@
-"""Issue #24, training speed: torch_npu's fused optimizers (NPU411, NPU412).
+"""Issue #24, training speed: torch_npu's fused optimizers (NPU411, NPU412), the start-up switches (NPU511).
 
 * The optimizer math: the simulated host's `torch_npu.optim` (`verify/npu_optim.py`, the fused classes'
   update on combined tensors, from their Python source) against `torch.optim` for a few steps, on the CPU:
@@ -7,7 +7,7 @@
   parameter re-allocated, `zero_grad(set_to_none=True)`, bf16 parameters.
 * The project `fixtures/projects/train_levers`: on the CPU the original and the NPU411-migrated script train
   bit for bit alike (the helper builds torch.optim's class there); fully migrated on the simulated NPU host it
-  builds `NpuFusedAdamW` and its losses and parameters match the CPU run to rtol 1e-6.
+  builds `NpuFusedAdamW`, runs NPU511's start-up switches, and its losses and parameters match the CPU run to rtol 1e-6.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def runs(tmp_path_factory):
     shutil.copytree(PROJECT, original)
     only_levers, full = base / "npu411", base / "full"
     _apply(original, only_levers, "NPU411")
-    _apply(original, full, "ALL,NPU411")
+    _apply(original, full, "ALL,NPU411,NPU511")
     return {
         "original": _run(original),
         "npu411_cpu": _run(only_levers),
@@ -246,6 +246,7 @@ def test_the_project_trains_alike_on_the_cpu_before_and_after(runs):
 
 def test_the_project_builds_the_fused_optimizer_on_the_npu_host(runs):
     assert "_npu_fused_optimizer(torch.optim.AdamW, groups" in runs["migrated"]
+    assert "torch.npu.set_compile_mode(jit_compile=False)" in runs["migrated"]  # NPU511 ran there too
     npu, cpu = runs["npu_host"], runs["original"]
     assert npu["device"] == "npu" and npu["optimizer"] == "NpuFusedAdamW"
     for key in ("losses", "params"):

@@ -1,7 +1,7 @@
 """The rules, one module per family. Each module declares its `Rule`s and the `Checker` that finds them.
 
 Rule id ranges: NPU0xx engine-level edits, NPU1xx device placement, NPU2xx torch.cuda APIs,
-NPU3xx torch.distributed, NPU4xx automatic mixed precision and the optimizer step (NPU41x torch_npu's fused optimizers), NPU5xx torch.backends and the profiler,
+NPU3xx torch.distributed, NPU4xx automatic mixed precision and the optimizer step (NPU41x torch_npu's fused optimizers), NPU5xx torch.backends, the profiler and the start-up switches (NPU51x),
 NPU6xx environment variables and launch scripts, NPU7xx fused-operator injection, NPU8xx custom CUDA
 kernels.
 """
@@ -16,6 +16,7 @@ from npu_migrate.transforms.fused import FusedOpsChecker
 from npu_migrate.transforms.kernels import CudaExtensionChecker, CudaSourceChecker
 from npu_migrate.transforms.launch import LaunchChecker
 from npu_migrate.transforms.optimizers import OptimizerChecker
+from npu_migrate.transforms.startup import StartupChecker
 from npu_migrate.transforms.torch_npu_import import NpuCodeChecker, TorchNpuImportChecker
 
 CHECKERS = (
@@ -28,6 +29,7 @@ CHECKERS = (
     EnvironmentChecker,
     FusedOpsChecker,
     OptimizerChecker,
+    StartupChecker,
     CudaExtensionChecker,
     NpuCodeChecker,
 )

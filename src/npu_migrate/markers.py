@@ -36,6 +36,8 @@ ANY_MARKER = (
     "load_inline",
     "torch_npu",  # the portable target's NPU002: code already written for torch_npu
     "optim",  # the training levers: fused optimizers (NPU411, NPU412)
+    "__main__",  # an entry point's start-up switches (NPU511)
+    "compile",  # torch.compile (NPU512)
     # the fused-operator idioms (`transforms/fused/*`, `Idiom.markers`)
     "sqrt",
     "rms_norm",

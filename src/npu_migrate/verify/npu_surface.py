@@ -224,6 +224,7 @@ def build_modules(api: NpuApi, rt: npu_runtime.Runtime) -> dict[str, types.Modul
         **random,
         **npu_runtime.autocast_functions(),
         **npu_runtime.sdp_functions(),
+        **npu_runtime.compile_functions(),
         "amp": amp,
         "mstx": npu_runtime.mstx,
         "matmul": npu_runtime.Hf32Switch(default=False),
