@@ -2,7 +2,7 @@
 
 Rule id ranges: NPU0xx engine-level edits, NPU1xx device placement, NPU2xx torch.cuda APIs,
 NPU3xx torch.distributed, NPU4xx automatic mixed precision and the optimizer step (NPU41x torch_npu's fused optimizers), NPU5xx torch.backends, the profiler and the start-up switches (NPU51x),
-NPU6xx environment variables and launch scripts, NPU7xx fused-operator injection, NPU8xx custom CUDA
+NPU6xx environment variables and launch scripts (NPU606 Ascend's training performance variables), NPU7xx fused-operator injection, NPU8xx custom CUDA
 kernels.
 """
 
@@ -15,6 +15,7 @@ from npu_migrate.transforms.environment import EnvironmentChecker
 from npu_migrate.transforms.fused import FusedOpsChecker
 from npu_migrate.transforms.kernels import CudaExtensionChecker, CudaSourceChecker
 from npu_migrate.transforms.launch import LaunchChecker
+from npu_migrate.transforms.launch_env import LaunchEnvChecker
 from npu_migrate.transforms.optimizers import OptimizerChecker
 from npu_migrate.transforms.startup import StartupChecker
 from npu_migrate.transforms.torch_npu_import import NpuCodeChecker, TorchNpuImportChecker
@@ -35,4 +36,4 @@ CHECKERS = (
 )
 
 #: Checkers of files without a Python syntax tree: launch scripts, Dockerfiles, .env, YAML, CUDA sources.
-TEXT_CHECKERS = (LaunchChecker, CudaSourceChecker)
+TEXT_CHECKERS = (LaunchChecker, LaunchEnvChecker, CudaSourceChecker)
