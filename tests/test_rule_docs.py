@@ -180,7 +180,8 @@ def test_the_rules_list_says_which_rules_act_in_the_portable_target(tmp_path, mo
 def _apply(r, text: str, path: str, with_rules=()):
     select = [r.id, *with_rules, *(["NPU001"] if r.needs_torch_npu else [])]
     # A rule of one target only (NPU002: the portable target's) is documented in that target.
-    return migrate_text(text, path=path, select=select, target="npu" if "npu" in r.targets else "portable")
+    target = "npu" if "npu" in r.targets else "portable"
+    return migrate_text(text, path=path, select=select, target=target, torch_npu_version=r.example.torch_npu_version)
 
 
 def _analyze(example: Example, text: str, tmp_path) -> list[dict]:

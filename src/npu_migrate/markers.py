@@ -38,6 +38,8 @@ ANY_MARKER = (
     "optim",  # the training levers: fused optimizers (NPU411, NPU412)
     "__main__",  # an entry point's start-up switches (NPU511)
     "compile",  # torch.compile (NPU512)
+    "pin_memory",  # the DataLoader's pinned memory (NPU106)
+    "backward",  # host-device syncs in a training loop (NPU107)
     # the fused-operator idioms (`transforms/fused/*`, `Idiom.markers`)
     "sqrt",
     "rms_norm",
