@@ -1,12 +1,14 @@
 """The rules, one module per family. Each module declares its `Rule`s and the `Checker` that finds them.
 
-Rule id ranges: NPU0xx engine-level edits, NPU1xx device placement and the data pipeline (NPU106, NPU107), NPU2xx torch.cuda APIs,
-NPU3xx torch.distributed, NPU4xx automatic mixed precision and the optimizer step (NPU41x torch_npu's fused optimizers), NPU5xx torch.backends, the profiler and the start-up switches (NPU51x),
-NPU6xx environment variables and launch scripts (NPU606 Ascend's training performance variables), NPU7xx fused-operator injection, NPU8xx custom CUDA
-kernels.
+Rule id ranges: NPU0xx engine-level edits, NPU1xx device placement and the data pipeline (NPU106,
+NPU107), NPU2xx torch.cuda APIs, NPU3xx torch.distributed, NPU4xx automatic mixed precision and the
+optimizer step (NPU41x torch_npu's fused optimizers, NPU42x apex), NPU5xx torch.backends, the profiler and
+the start-up switches (NPU51x), NPU6xx environment variables and launch scripts (NPU606 Ascend's training
+performance variables), NPU7xx fused-operator injection, NPU8xx custom CUDA kernels.
 """
 
 from npu_migrate.transforms.amp import AmpChecker
+from npu_migrate.transforms.apex import ApexChecker
 from npu_migrate.transforms.backends import BackendsChecker
 from npu_migrate.transforms.cuda_api import CudaApiChecker
 from npu_migrate.transforms.data_pipeline import DataPipelineChecker
@@ -28,6 +30,7 @@ CHECKERS = (
     CudaApiChecker,
     DistributedChecker,
     AmpChecker,
+    ApexChecker,
     BackendsChecker,
     EnvironmentChecker,
     FusedOpsChecker,

@@ -40,6 +40,7 @@ ANY_MARKER = (
     "compile",  # torch.compile (NPU512)
     "pin_memory",  # the DataLoader's pinned memory (NPU106)
     "backward",  # host-device syncs in a training loop (NPU107)
+    "apex",  # apex's amp and CUDA fused classes (NPU421, NPU422)
     # the fused-operator idioms (`transforms/fused/*`, `Idiom.markers`)
     "sqrt",
     "rms_norm",
