@@ -251,3 +251,50 @@ def test_the_project_builds_the_fused_optimizer_on_the_npu_host(runs):
     assert npu["device"] == "npu" and npu["optimizer"] == "NpuFusedAdamW"
     for key in ("losses", "params"):
         assert torch.allclose(_floats(npu[key]), _floats(cpu[key]), rtol=1e-6, atol=0), key
+
+
+# -- analyze lists the levers -----------------------------------------------------------------------------
+
+LEVER_PROJECT = {
+    "train.py": (
+        "import torch\n\n"
+        "model = torch.nn.Linear(4, 2).cuda()\n"
+        "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+        "maximizing = torch.optim.Adam(model.parameters(), maximize=True)\n"
+        "for x in range(3):\n"
+        "    loss = model(torch.ones(4).cuda()).sum()\n"
+        "    loss.backward()\n"
+        "    print(loss.item())\n"
+    ),
+    "run.sh": "export MASTER_PORT=29500\ntorchrun --nproc_per_node 8 train.py\n",
+}
+
+
+def _levers(tmp_path, *options) -> list[tuple[str, str, str]]:
+    from typer.testing import CliRunner
+
+    from npu_migrate.cli import app
+
+    project, out = tmp_path / "project", tmp_path / "out"
+    project.mkdir(parents=True)
+    for name, text in LEVER_PROJECT.items():
+        (project / name).write_text(text, encoding="utf-8")
+    args = ["analyze", str(project), "--mode", "affinity_apis", "--output", str(out), *options]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    import csv
+
+    with open(out / "training_levers.csv", encoding="utf-8", newline="") as handle:
+        return [(row["location"], row["rule"], row["status"]) for row in csv.DictReader(handle)]
+
+
+def test_analyze_lists_each_lever_as_applied_available_declined_or_advice(tmp_path):
+    rows = _levers(tmp_path)
+    assert ("train.py:4:1", "NPU411", "available") in rows  # opt-in, not selected: available
+    assert ("train.py:5:14", "NPU411", "declined") in rows  # `maximize` has no counterpart
+    assert ("train.py:9:11", "NPU107", "advice") in rows
+    assert ("run.sh:2:1", "NPU606", "available") in rows
+    selected = _levers(tmp_path / "selected", "--select", "ALL,NPU411")
+    assert ("train.py:4:1", "NPU411", "applied") in selected  # what `apply --select ALL,NPU411` rewrites
+    ignored = _levers(tmp_path / "ignored", "--ignore", "NPU411")
+    assert not [row for row in ignored if row[1] == "NPU411"]

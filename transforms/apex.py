@@ -59,6 +59,7 @@ COMBINE_GRAD = Rule(
         """,
     ),
     fix_safety=FixSafety.REPORT_ONLY,
+    tags=frozenset({"lever"}),
 )
 
 FUSED_CLASSES = Rule(
@@ -93,6 +94,7 @@ FUSED_CLASSES = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
+    tags=frozenset({"lever"}),
 )
 
 #: apex's CUDA fused class -> what to use on an NPU.

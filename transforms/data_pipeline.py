@@ -65,6 +65,7 @@ PIN_MEMORY_DEVICE = Rule(
         """,
     ),
     fix_safety=FixSafety.SAFE,
+    tags=frozenset({"lever"}),
 )
 
 STEP_SYNC = Rule(
@@ -109,6 +110,7 @@ STEP_SYNC = Rule(
         """,
     ),
     fix_safety=FixSafety.REPORT_ONLY,
+    tags=frozenset({"lever"}),
 )
 
 _SYNCS = frozenset({"item", "cpu", "tolist", "numpy"})

@@ -97,7 +97,7 @@ TRAINING_ENV = Rule(
     `numactl` binding; expandable segments need Ascend HDK 23.0.0 or newer and, before HDK 24.1.RC3, one
     NPU per process. Measure with and without.
     """,
-    tags=frozenset({"opt-in"}),
+    tags=frozenset({"lever", "opt-in"}),
 )
 
 _EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=")

@@ -137,7 +137,7 @@ opt = _npu_fused_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
     (torch.optim converts it when it loads such a checkpoint).
     """,
     severity=Severity.INFO,
-    tags=frozenset({"opt-in"}),
+    tags=frozenset({"lever", "opt-in"}),
     needs_torch_npu=False,
 )
 
@@ -169,6 +169,7 @@ NATIVE_FUSED = Rule(
     ),
     fix_safety=FixSafety.REPORT_ONLY,
     severity=Severity.WARNING,
+    tags=frozenset({"lever"}),
 )
 
 

@@ -103,7 +103,7 @@ STARTUP_SWITCHES = Rule(
     binaries (the CANN kernels package) are installed. An entry point that another one imports runs its
     switches only when it is the program.
     """,
-    tags=frozenset({"opt-in"}),
+    tags=frozenset({"lever", "opt-in"}),
 )
 
 TORCH_COMPILE = Rule(
@@ -137,6 +137,7 @@ TORCH_COMPILE = Rule(
         """,
     ),
     fix_safety=FixSafety.REPORT_ONLY,
+    tags=frozenset({"lever"}),
 )
 
 _COMPILE_ADVICE = (
