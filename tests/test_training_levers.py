@@ -298,3 +298,17 @@ def test_analyze_lists_each_lever_as_applied_available_declined_or_advice(tmp_pa
     assert ("train.py:4:1", "NPU411", "applied") in selected  # what `apply --select ALL,NPU411` rewrites
     ignored = _levers(tmp_path / "ignored", "--ignore", "NPU411")
     assert not [row for row in ignored if row[1] == "NPU411"]
+
+
+def test_parameters_built_in_init_are_fine_replaced_later_are_not():
+    model_code = (
+        "import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.w = nn.Parameter(torch.ones(2))\n        self.w.data = torch.zeros(2)\n\n\n"
+        "model = Net()\nopt = torch.optim.AdamW(model.parameters())\n"
+    )
+    migrated, _ = _migrate(model_code)
+    assert "_npu_fused_optimizer(torch.optim.AdamW" in migrated
+    replaced = model_code + "model.w = nn.Parameter(torch.ones(2))\n"
+    migrated, findings = _migrate(replaced)
+    assert migrated == replaced
+    assert any("`model.w = ...` re-allocates" in f.message for f in findings), findings

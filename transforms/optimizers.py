@@ -88,8 +88,9 @@ FUSED_OPTIMIZER = Rule(
     `differentiable`, `decoupled_weight_decay`) are dropped when they say the default, and the call is
     declined otherwise. Declined too, with the reason: the file re-allocates the parameters after the
     optimizer exists (`.cpu()`, `.half()`, `.to(...)` of the model after it is built or in another
-    function, an assignment to `.data` or `.grad`), a `zero_grad` that sets gradients to None
-    (`model.zero_grad()`, `set_to_none=True`: the fused step would keep reading the old gradients), or
+    function, an assignment to `.data` or `.grad` or of a new `nn.Parameter`; in `__init__`,
+    `reset_parameters` or `_init_weights` they build the model and are fine), a `zero_grad` that sets
+    gradients to None (`model.zero_grad()`, `set_to_none=True`: the fused step would keep reading the old gradients), or
     a framework owns the optimizer (DeepSpeed, Lightning, accelerate, FSDP, the transformers Trainer:
     each has its own switch, see the finding). `torch.optim.AdamW(fused=True)` is left as it is: torch
     dispatches it to torch_npu's `_fused_adamw_` kernel on an NPU already. Not selected by `ALL`: select
@@ -212,6 +213,8 @@ DEFAULTS = {
 NATIVE_KERNEL_SINCE = {"Adam": ("_fused_adam_", "2.13.0"), "SGD": ("_fused_sgd_", "2.13.0")}
 #: Methods that re-allocate a module's parameters (Module._apply replaces `param.data`).
 REALLOCATING = frozenset({"cpu", "cuda", "npu", "to", "half", "float", "double", "bfloat16", "type", "to_empty"})
+#: Methods that build a model's parameters, before any optimizer holds them: assignments there are fine.
+_BUILDERS = frozenset({"__init__", "reset_parameters", "_init_weights", "init_weights", "_reset_parameters"})
 #: Imports that mean a framework builds, wraps or steps the optimizer.
 FRAMEWORKS = {
     "deepspeed": "DeepSpeed builds its own optimizer from its config (it has NPU fused Adam in its op builder)",
@@ -316,12 +319,18 @@ class OptimizerChecker(Checker):
                 self._frameworks.append(name)
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        function = self._function()
+        if function is not None and getattr(function, "name", None) is not None:
+            if function.name.value in _BUILDERS:
+                return  # the model is being built: its optimizer does not exist yet
+        new_parameter = (
+            self.ctx.qualname(node.value.func) == "torch.nn.Parameter" if isinstance(node.value, cst.Call) else False
+        )
         for target in node.targets:
-            if isinstance(target.target, cst.Attribute) and target.target.attr.value in ("data", "grad"):
+            if not isinstance(target.target, cst.Attribute):
+                continue
+            if target.target.attr.value in ("data", "grad") or new_parameter:
                 self._assigned.append(_code(target.target))
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        pass  # in-place: the tensor stays where it is
 
     def visit_Call(self, node: cst.Call) -> None:
         self._order += 1
