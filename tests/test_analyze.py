@@ -555,6 +555,7 @@ def test_output_folder_contents(reports):
             "report.md",
             "report.sarif",
             "torch_api_list.csv",
+            "training_levers.csv",
             "unknown_api.csv",
             "unsupported_api.csv",
             "unsupported_library_calls.csv",

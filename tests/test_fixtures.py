@@ -2,7 +2,8 @@
 `.in.sh` -> `.out.sh`, `.in.ipynb` -> `.out.ipynb`, ...: the name without `.in` decides the file kind).
 
 Each case runs with only its folder's rule selected (or the rules listed in the folder's `select.txt`,
-for rules that act only together with others). A case without `.out.py` must stay byte-identical
+for rules that act only together with others), for the torch_npu version in the folder's `version.txt` if
+there is one (the default otherwise). A case without `.out.py` must stay byte-identical
 (a negative: a look-alike the rule must not touch). `<case>.findings.txt`, when present, pins the
 findings as `line:col RULE fixed|open` lines. Every case is also checked for idempotency.
 
@@ -51,7 +52,9 @@ def _check_case(case, update_fixtures, target):
     findings_path = _companion(case, "findings", target)
     name = case.name.replace(".in.", ".", 1)  # the kind comes from the real file name: train.sh, Dockerfile
 
-    migrated, findings = migrate_text(source, path=name, select=select, target=target)
+    version_file = case.parent / "version.txt"  # a rule that acts only for some torch_npu versions
+    version = version_file.read_text().strip() if version_file.exists() else None
+    migrated, findings = migrate_text(source, path=name, select=select, target=target, torch_npu_version=version)
     if update_fixtures:
         if migrated != source:
             out_path.write_text(migrated, encoding="utf-8")
@@ -62,7 +65,7 @@ def _check_case(case, update_fixtures, target):
     assert migrated == expected
     if findings_path.exists():
         assert _findings_text(findings) == findings_path.read_text(encoding="utf-8")
-    again, _ = migrate_text(migrated, path=name, select=select, target=target)
+    again, _ = migrate_text(migrated, path=name, select=select, target=target, torch_npu_version=version)
     assert again == migrated, "a second apply must change nothing"
 
 

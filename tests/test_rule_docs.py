@@ -157,7 +157,8 @@ def test_the_rules_list_shows_family_targets_and_fix_safety(tmp_path, monkeypatc
     assert len(lines) == len(RULES)
     for r, line in zip(RULES, lines):
         targets = ",".join(sorted(r.targets))
-        state = "on" if "npu" in r.targets else "off"  # the default target is npu
+        # the default target is npu; ALL does not select an opt-in rule
+        state = "on" if "npu" in r.targets and "opt-in" not in r.tags else "off"
         assert line.split()[:5] == [r.id, state, r.family, targets, r.fix_safety.value.split()[0]], line
 
 
@@ -179,7 +180,8 @@ def test_the_rules_list_says_which_rules_act_in_the_portable_target(tmp_path, mo
 def _apply(r, text: str, path: str, with_rules=()):
     select = [r.id, *with_rules, *(["NPU001"] if r.needs_torch_npu else [])]
     # A rule of one target only (NPU002: the portable target's) is documented in that target.
-    return migrate_text(text, path=path, select=select, target="npu" if "npu" in r.targets else "portable")
+    target = "npu" if "npu" in r.targets else "portable"
+    return migrate_text(text, path=path, select=select, target=target, torch_npu_version=r.example.torch_npu_version)
 
 
 def _analyze(example: Example, text: str, tmp_path) -> list[dict]:

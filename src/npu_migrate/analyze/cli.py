@@ -123,7 +123,7 @@ def analyze_command(
     from npu_migrate.analyze.output import render, summary_lines, write_reports
     from npu_migrate.analyze.project import AnalysisError, Project, Settings
     from npu_migrate.cli.config import ConfigError, discover_config, split_codes
-    from npu_migrate.engine.registry import SelectionError, fused_rule_names, select_rules
+    from npu_migrate.engine.registry import SelectionError, fused_rule_names, rules_tagged, select_rules
     from npu_migrate.engine.runner import Progress
     from npu_migrate.program.api import NpuApi, UnknownVersionError
 
@@ -146,6 +146,8 @@ def analyze_command(
             split_codes(select) or list(config.select or ["ALL"]),
             [*chosen_ignore, *config.fused_ignores(fused_rule_names())],
         )
+        opt_in = [r.id for r in rules_tagged("lever") if "opt-in" in r.tags]
+        levers = select_rules(opt_in, chosen_ignore) - enabled if opt_in else frozenset()
         version = torch_npu_version or config.torch_npu_version
         NpuApi(version)
     except (ConfigError, SelectionError, UnknownVersionError) as exc:
@@ -154,6 +156,7 @@ def analyze_command(
     settings = Settings(
         modes=modes,
         enabled=enabled,
+        levers=levers,
         torch_npu_version=version,
         env_paths=tuple(env_path or ()),
         api_files=tuple(api_files or ()),

@@ -42,6 +42,11 @@ def scan_file(task: Task, context: Context) -> FileScan:
     plan = Plan(settings.enabled, settings.torch_npu_version, PipelineMode.DIFF)
     result = process(Job(task.path, task.display, ignore=task.ignore), plan)
     scan = FileScan(task.display, task.module, findings=list(result.findings))
+    if settings.levers and result.status is not Status.FAILED:
+        # Apart from `findings`, which are exactly what `apply` reports with the user's selection.
+        levers = Plan(settings.levers, settings.torch_npu_version, PipelineMode.DIFF)
+        found = process(Job(task.path, task.display, ignore=task.ignore), levers).findings
+        scan.facts["levers"] = {"opt_in": list(found)}  # not "findings": no finding of the report
     if result.status is Status.FAILED:
         scan.error = result.error
         return scan

@@ -31,6 +31,8 @@ class AnalysisError(Exception):
 class Settings:
     modes: tuple[str, ...]
     enabled: frozenset[str]  # the codemod rules, as `apply` would select them
+    #: The opt-in training levers `enabled` lacks: run apart, to list where they would act (`affinity_apis`).
+    levers: frozenset[str] = frozenset()
     torch_npu_version: str | None = None
     env_paths: tuple[Path, ...] = ()
     api_files: tuple[Path, ...] = ()

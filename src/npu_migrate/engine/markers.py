@@ -44,6 +44,12 @@ ANY_MARKER = (
     "xformers",
     "apex",
     "bitsandbytes",
+    "optim",  # the training levers: fused optimizers (NPU411, NPU412)
+    "__main__",  # an entry point's start-up switches (NPU511)
+    "compile",  # torch.compile (NPU512)
+    "pin_memory",  # the DataLoader's pinned memory (NPU106)
+    "backward",  # host-device syncs in a training loop (NPU107)
+    # (and "apex" above) apex's amp and CUDA fused classes (NPU421, NPU422)
     # the fused-operator idioms (`transforms/fused/*`, `Idiom.markers`)
     "sqrt",
     "rms_norm",

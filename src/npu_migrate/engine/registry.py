@@ -25,6 +25,8 @@ TAGS = {
     "analysis": "found by `npu-migrate analyze` only: no checker of `apply` reports it",
     "precision": "advice about numerics (analyze's api_precision_advice.csv)",
     "performance": "advice about speed (analyze's api_performance_advice.csv; fused-operator sites count too)",
+    "lever": "a training speed lever (issue #24): analyze lists its sites as applied, available or declined",
+    "opt-in": "not selected by ALL (it may change the last bits of results): select it by its id or a prefix",
 }
 
 
@@ -84,7 +86,9 @@ class Registry:
         return frozenset(
             r.id
             for r in self.rules
-            if target in r.targets and any(_matches(r, c) for c in select) and not any(_matches(r, c) for c in ignore)
+            if target in r.targets
+            and any(_matches(r, c) and not (c == "ALL" and "opt-in" in r.tags) for c in select)
+            and not any(_matches(r, c) for c in ignore)
         )
 
 

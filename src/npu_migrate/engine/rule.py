@@ -64,6 +64,8 @@ class Example:
     library: tuple[tuple[str, str], ...] = ()
     #: Other rules that must run too for this one to act (NPU001 adds its import after their rewrites).
     with_rules: tuple[str, ...] = ()
+    #: The torch_npu version the example targets, where the rule acts only for some (None: the default).
+    torch_npu_version: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "before", _code(self.before))
@@ -114,6 +116,7 @@ class Rule:
         example = self.example
         parts = ["What it does:", _indent(inspect.cleandoc(self.what)), "", "Why:", _indent(inspect.cleandoc(self.why))]
         also = f", with {', '.join(example.with_rules)}" if example.with_rules else ""
+        also += f", --torch-npu-version {example.torch_npu_version}" if example.torch_npu_version else ""
         parts += ["", f"Example ({example.path}{also}):"]
         for path, text in example.library:
             parts += [f"  The library (given to `analyze --env-path`), {path}:", _indent(text, 4)]

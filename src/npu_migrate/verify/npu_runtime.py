@@ -523,3 +523,25 @@ class annotate(contextlib.ContextDecorator):  # noqa: N801 - torch_npu.npu.mstx.
 
     def __exit__(self, *exc) -> bool:
         return False
+
+
+class NpuConfig:
+    """`torch.npu.config`: `allow_internal_format` (the "ALLOW_INTERNAL_FORMAT" option) takes a bool; the
+    CPU has no private formats, so it is only remembered."""
+
+    def __init__(self) -> None:
+        self.allow_internal_format = True
+
+
+def compile_functions() -> dict:
+    """`torch.npu.set_compile_mode` (prebuilt operator binaries or online compilation) and `torch.npu.config`:
+    the CPU compiles nothing, so the mode is only remembered (`is_jit_compile_false`)."""
+    mode = {"jit_compile": True}
+
+    def set_compile_mode(jit_compile=False) -> None:
+        mode["jit_compile"] = bool(jit_compile)
+
+    def is_jit_compile_false() -> bool:
+        return not mode["jit_compile"]
+
+    return {"set_compile_mode": set_compile_mode, "is_jit_compile_false": is_jit_compile_false, "config": NpuConfig()}

@@ -12,9 +12,10 @@
   rewrite to an API an older torch_npu lacks.
 
 `torch_npu`'s other names are not in the tables, so whether they exist is unknown: they are not
-modelled, except `torch_npu.npu` (= `torch.npu`), `torch_npu.npu.amp`, `torch_npu.npu.mstx` and
-`torch_npu.distributed`. `import torch_npu.profiler` (any submodule) succeeds and the first name
-read from it raises NotModelledError, so `from torch_npu.contrib import transfer_to_npu` fails at once.
+modelled, except `torch_npu.npu` (= `torch.npu`), `torch_npu.npu.amp`, `torch_npu.npu.mstx`,
+`torch_npu.distributed` and `torch_npu.optim` (the fused optimizers, `npu_optim`). `import
+torch_npu.profiler` (any submodule) succeeds and the first name read from it raises NotModelledError,
+so `from torch_npu.contrib import transfer_to_npu` fails at once.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import types
 import torch
 
 from npu_migrate.program.api import NpuApi, load_table
-from npu_migrate.verify import npu_device, npu_runtime, reference
+from npu_migrate.verify import npu_device, npu_optim, npu_runtime, reference
 from npu_migrate.verify.reference import NotModelledError
 
 
@@ -260,6 +261,7 @@ def build_modules(api: NpuApi, rt: npu_runtime.Runtime) -> dict[str, types.Modul
         **random,
         **npu_runtime.autocast_functions(),
         **npu_runtime.sdp_functions(),
+        **npu_runtime.compile_functions(),
         "amp": amp,
         "mstx": npu_runtime.mstx,
         "matmul": npu_runtime.Hf32Switch(default=False),
@@ -298,8 +300,12 @@ def build_modules(api: NpuApi, rt: npu_runtime.Runtime) -> dict[str, types.Modul
         {**ops, "npu": npu, "distributed": distributed, "__version__": version, "_npu_migrate_calls": calls},
         f"A stand-in torch_npu {version} (npu-migrate's simulated NPU host): no CANN, no device.",
     )
+    # The fused optimizers (`npu_optim`): in every sampled version, 2.1.0.post8 to 2.14.0.
+    optim = _plain_module("torch_npu.optim", dict(npu_optim.CLASSES))
+    package.optim = optim
     package.__path__ = []  # a package: `import torch_npu.x` goes to UnmodelledFinder
     modules = {
+        "torch_npu.optim": optim,
         "torch_npu": package,
         "torch_npu.npu": npu,
         "torch_npu.npu.amp": amp,

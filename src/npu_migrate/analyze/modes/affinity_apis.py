@@ -331,6 +331,42 @@ def collect(project: Project, result: ModeResult) -> None:
         f"{len(rows)} affinity API sites: " + (", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) or "none")
     ]
     result.data = {"sites": [dict(zip(result.tables[0].header, row)) for row in rows], "by_status": by_status}
+    _levers(project, result)
+
+
+#: `training_levers.csv`: one row per site of a training speed lever (rules tagged "lever").
+LEVER_HEADER = ["location", "lever", "rule", "status", "reason"]
+
+
+def lever_status(finding, selected: bool) -> str:
+    """applied (apply rewrites it), available (an opt-in lever not selected: `--select` it), declined (the
+    rule looked and left it: the reason is the message), or advice (a report-only lever)."""
+    if not rule(finding.rule_id).fixable:
+        return "advice"
+    if not finding.fixed:
+        return "declined"
+    return "applied" if selected else "available"
+
+
+def _levers(project: Project, result: ModeResult) -> None:
+    """The training speed levers, selected ones from the report's findings and opt-in ones from their own run."""
+    found = [(f, True) for f in project.rule_findings if "lever" in rule(f.rule_id).tags]
+    found += [(f, False) for _, facts in project.facts("levers") for f in facts["opt_in"]]
+    rows = []
+    for finding, selected in sorted(found, key=lambda item: (location_key(item[0].location()), item[0].rule_id)):
+        status = lever_status(finding, selected)
+        reason = finding.message + (f" (opt-in: `--select ALL,{finding.rule_id}`)" if status == "available" else "")
+        rows.append([finding.location(), rule(finding.rule_id).name, finding.rule_id, status, reason])
+    if not rows:
+        return
+    result.tables.append(Table("training_levers.csv", "Training speed levers", LEVER_HEADER, rows))
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row[3]] = counts.get(row[3], 0) + 1
+    result.summary.append(
+        f"{len(rows)} training lever sites: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    )
+    result.data["levers"] = [dict(zip(LEVER_HEADER, row)) for row in rows]
 
 
 MODE = Mode("affinity_apis", "Affinity APIs", scan=scan, collect=collect)
