@@ -55,7 +55,7 @@ class Report:
     @property
     def actionable(self) -> bool:
         """Left open, and more than information: a human must act (what `--annotate` marks with a TODO)."""
-        return not self.applied and self.severity is not Severity.INFO
+        return not self.applied and self.open_severity() is not Severity.INFO
 
     def open_severity(self) -> Severity:
         """The severity the finding is reported with. A rewrite rule's severity is `info` (a rewrite
