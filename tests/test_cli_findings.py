@@ -182,3 +182,13 @@ def test_rules_with_a_prefix_lists_that_family(project):
     one = run_cli("rules", "NPU101", cwd=project)
     assert one.stdout.startswith("NPU101 (cuda-method)")
     assert run_cli("rules", "NPUX", cwd=project).returncode == 2
+
+
+def test_annotate_marks_a_declined_rewrite_and_not_an_optional_kernel(project):
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    result = run_cli("apply", "--annotate", "--force", "declined.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    text = (project / "declined.py").read_text()
+    # Before: neither had a TODO (both were info); the `.cuda()` left in place needs one.
+    assert "# TODO(npu-migrate NPU101)" in text and "NPU701" not in text
+    assert text.index("# TODO(npu-migrate NPU101)") < text.index("return t.cuda()")

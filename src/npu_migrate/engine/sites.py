@@ -55,17 +55,20 @@ class Report:
     @property
     def actionable(self) -> bool:
         """Left open, and more than information: a human must act (what `--annotate` marks with a TODO)."""
-        return not self.applied and self.severity is not Severity.INFO
+        return not self.applied and self.open_severity() is not Severity.INFO
 
     def open_severity(self) -> Severity:
         """The severity the finding is reported with. A rewrite rule's severity is `info` (a rewrite
         needs nothing from the user), but where its checker declined the rewrite and chose no severity for
         the site, the CUDA code is still in place (`.cuda()` not rewritten fails on an NPU): a human must
         look, `warning`. A declined fused rewrite (tag "fused") stays `info`: the fused kernel is optional,
-        and the code runs unfused as it is."""
+        and the code runs unfused as it is. A fused rule's open finding that is not a site of its kernel
+        (`data["fused"]`: a helper of another version left in place, an import of a CUDA-only package an
+        NPU host would run) is not optional: `warning`."""
         rule = self.rule
         declined = not self.applied and rule.fixable and not self.chosen_severity
-        if declined and self.severity is Severity.INFO and "fused" not in rule.tags:
+        optional = "fused" in rule.tags and "fused" not in self.data
+        if declined and self.severity is Severity.INFO and not optional:
             return Severity.WARNING
         return self.severity
 

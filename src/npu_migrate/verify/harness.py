@@ -214,7 +214,9 @@ def _describe(error: dict, side: str) -> str:
 
 
 #: What installs what verify runs with: torch (and the models' packages) come with the `integration` extra.
-INSTALL_HINT = "pip install 'npu-migrate[integration]' (or pip install torch)"
+INSTALL_HINT = (
+    "pip install torch (or, in npu-migrate's checkout, pip install '.[integration]': torch CPU, transformers)"
+)
 
 
 def _need_torch() -> None:
