@@ -76,3 +76,31 @@ def test_a_script_or_entry_point_is_not(tmp_path):
     main.write_text(MOVE + '\n\nif __name__ == "__main__":\n    place(None)\n')
     _, findings = migrate_text(main.read_text(), path=str(main))
     assert next(f.message for f in findings if f.rule_id == "NPU001") == "`import torch_npu` added"
+
+
+def test_the_shorter_is_npu_keeps_torchscript_fx_and_compile_working_off_the_npu(tmp_path, monkeypatch):
+    import importlib
+    import sys
+    import types
+
+    import torch
+
+    source = (
+        "import torch\nimport torch.nn.functional as F\n\n\ndef place(x):\n    return x.cuda()\n\n\n"
+        "class Attn(torch.nn.Module):\n    def forward(self, q, k, v):\n"
+        "        return F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
+    )
+    migrated, _ = migrate_text(source, path="attn_plain.py")
+    assert "torch_npu is None" not in migrated
+    (tmp_path / "attn_plain.py").write_text(migrated)
+    # The file imports torch_npu unconditionally: a stand-in module, as where it is installed (no NPU here).
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("attn_plain")
+    attn = module.Attn()
+    q = torch.randn(1, 2, 4, 8)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert torch.equal(attn(q, q, q), expected)
+    assert torch.equal(torch.jit.script(attn)(q, q, q), expected)
+    assert torch.equal(torch.fx.symbolic_trace(attn)(q, q, q), expected)
+    assert torch.equal(torch.compile(attn, backend="eager")(q, q, q), expected)
