@@ -25,6 +25,7 @@ TAGS = {
     "analysis": "found by `npu-migrate analyze` only: no checker of `apply` reports it",
     "precision": "advice about numerics (analyze's api_precision_advice.csv)",
     "performance": "advice about speed (analyze's api_performance_advice.csv; fused-operator sites count too)",
+    "opt-in": "off unless selected by its exact id, or named true in `fused = {...}`: ALL and prefixes skip it",
 }
 
 
@@ -84,7 +85,10 @@ class Registry:
         return frozenset(
             r.id
             for r in self.rules
-            if target in r.targets and any(_matches(r, c) for c in select) and not any(_matches(r, c) for c in ignore)
+            if target in r.targets
+            and any(_matches(r, c) for c in select)
+            and not any(_matches(r, c) for c in ignore)
+            and ("opt-in" not in r.tags or r.id in select)
         )
 
 

@@ -135,7 +135,7 @@ def analyze_command(
         config = discover_config(paths, config_file)
         chosen_ignore = split_codes(ignore) if ignore else list(config.ignore)
         enabled = select_rules(
-            split_codes(select) or list(config.select or ["ALL"]),
+            [*(split_codes(select) or list(config.select or ["ALL"])), *config.fused_opt_ins(fused_rule_names())],
             [*chosen_ignore, *config.fused_ignores(fused_rule_names())],
         )
         version = torch_npu_version or config.torch_npu_version

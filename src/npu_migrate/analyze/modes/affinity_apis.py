@@ -292,7 +292,8 @@ def collect(project: Project, result: ModeResult) -> None:
         if not is_fused_site(finding):
             continue
         target = fused_rule_targets().get(finding.rule_id, "torch_npu fused operator")
-        status = "applied" if finding.fixed else "declined"
+        # "native": torch_npu fuses the call as it is (SDPA), nothing to apply by hand
+        status = "applied" if finding.fixed else "native" if finding.data.get("fused") == "native" else "declined"
         name = (finding.original.splitlines() or [finding.rule_id])[0].rstrip(":")
         rows.append(
             [finding.location(), finding.line, "function", name, target, status, finding.rule_id, finding.message]
