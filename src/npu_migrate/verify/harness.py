@@ -68,6 +68,8 @@ class VerifyReport:
     warnings: list[str] = field(default_factory=list)
     error_detail: str = ""
     seconds: float = 0.0
+    #: Ops each side dispatched in the forward pass ("original", "migrated"): `op_counts.OpCounter.to_dict`.
+    op_counts: dict[str, dict] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -114,6 +116,11 @@ class VerifyReport:
                 ops = sorted(set(m.sites) | set(m.calls))
                 calls = "  ".join(f"{op} x{m.calls.get(op, 0)}" for op in ops) or "no fused op sites"
                 lines.append(f"  {m.name:<{width}}  {calls}")
+        if len(self.op_counts) == 2:
+            from npu_migrate.verify.op_counts import table
+
+            lines.append("operators dispatched per forward pass, by family (counted at the dispatcher):")
+            lines += table(self.op_counts["original"], self.op_counts["migrated"])
         if self.outputs:
             lines.append(f"outputs (pass: cosine >= {self.min_cosine:g}):")
             width = max(len(o.name) for o in self.outputs)
@@ -174,6 +181,8 @@ def compare(
         ModuleReport(name=name, file=info["file"], sites=dict(info["sites"]), calls=dict(info["calls"]))
         for name, info in after.get("modules", {}).items()
     ]
+    if "op_counts" in before and "op_counts" in after:
+        report.op_counts = {"original": before["op_counts"], "migrated": after["op_counts"]}
     error = before.get("error")
     if error:
         raise VerifyUsageError(_describe(error, "in the original tree"), error.get("traceback", ""))

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 import torch
 
-from npu_migrate.verify import reference
+from npu_migrate.verify import op_counts, reference
 
 #: In a migrated module's source: its own fused-op prelude (not names imported from elsewhere).
 PRELUDE_MARK = "def _is_npu("
@@ -351,13 +351,15 @@ def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str) ->
             patcher.sweep()
         stage = "forward"
         _seed(seed)
-        with torch.no_grad():
+        # Counted at the dispatcher on both sides (`op_counts`): the evidence that the fusion pays.
+        with torch.no_grad(), op_counts.counting() as counter:
             if isinstance(inputs, dict):
                 out = model(**inputs)
             elif isinstance(inputs, (list, tuple)):
                 out = model(*inputs)
             else:
                 out = model(inputs)
+        result["op_counts"] = counter.to_dict()
         if installer is not None:
             patcher.sweep()
         else:
