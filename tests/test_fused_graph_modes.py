@@ -74,6 +74,8 @@ CASES = [
         ),
         lambda: (torch.randn(2, 8),),
     ),
+    # eps omitted: the branch passes float32's eps as a literal (TorchScript has no torch.finfo)
+    ("NPU701", "functional_default_eps", lambda ns: ns["NoEps"](8), lambda: (torch.randn(2, 8),)),
     ("NPU702", "silu_module", lambda ns: ns["GatedMLP"](8, 16), lambda: (torch.randn(2, 8),)),
     ("NPU702", "torch_chunk", lambda ns: ns["swiglu"], lambda: (torch.randn(2, 16),)),
     ("NPU703", "double_negation", lambda ns: ns["apply_rotary_pos_emb"], lambda: _pick(_rotary(), 0, 2, 3, head=1)),
