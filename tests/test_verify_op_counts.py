@@ -78,6 +78,19 @@ def test_a_fused_call_outside_counting_counts_nothing_and_nesting_restores_count
     assert counter.fused == {"npu_swiglu": 1}
 
 
+def test_a_real_torch_npu_kernel_counts_as_a_fused_call():
+    """On an NPU the kernels reach the dispatcher as `npu::` ops: modelled by an op of that namespace."""
+    lib = torch.library.Library("npu", "FRAGMENT")
+    try:
+        lib.define("npu_migrate_test_kernel(Tensor x) -> Tensor")
+        lib.impl("npu_migrate_test_kernel", lambda x: x.clone(), "CompositeExplicitAutograd")
+        counts = _count(torch.ops.npu.npu_migrate_test_kernel, torch.ones(2))
+    finally:
+        lib._destroy()
+    assert counts["fused"] == {"npu_migrate_test_kernel": 1}
+    assert counts["families"] == {op_counts.FUSED_FAMILY: 1} and counts["by_op"] == {}
+
+
 def test_views_are_counted_apart_and_are_not_kernels():
     counts = _count(lambda x: x.transpose(0, 1).unsqueeze(0) * 2, torch.randn(2, 3))
     assert counts["by_op"] == {"aten.mul": 1, "aten.transpose": 1, "aten.unsqueeze": 1}
