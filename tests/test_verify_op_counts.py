@@ -67,6 +67,24 @@ def test_the_reference_kernel_counted_by_its_cpu_ops_would_be_caught():
     assert broken["ops"] > 1 and broken["fused"] == {}
 
 
+def test_the_reference_kernels_backward_is_one_fused_call_too():
+    x, w = torch.randn(2, 3, 8, requires_grad=True), torch.ones(8, requires_grad=True)
+    npu = reference.torch_npu_module()
+    with op_counts.counting() as counter:
+        npu.npu_rms_norm(x, w, epsilon=1e-6)[0].sum().backward()
+    counts = counter.to_dict()
+    assert counts["fused"] == {"npu_rms_norm": 1, "npu_rms_norm_backward": 1}
+    # Only what is not the kernel's: sum, its backward (ones_like, expand), and the autograd engine's
+    # accumulation of gradients (between nodes, which no node hook covers).
+    assert set(counts["by_op"]) <= {"aten.sum", "aten.ones_like", "aten.expand", "aten.add", "aten.add_", "aten.detach"}
+    assert x.grad is not None and w.grad is not None  # the hooks did not stop the gradients
+    # Counted without the hooks, the reference's own gradient ops would show (what the assertions catch).
+    x.grad = w.grad = None
+    with op_counts.counting() as plain:
+        reference.OPS["npu_rms_norm"](x, w, epsilon=1e-6)[0].sum().backward()
+    assert plain.fused == {} and sum(plain.ops.values()) > sum(counter.ops.values()) + 5
+
+
 def test_a_fused_call_outside_counting_counts_nothing_and_nesting_restores_counting():
     with op_counts.fused_call("npu_swiglu"):  # no counter: a plain call (tests, smoke runs)
         pass
@@ -155,6 +173,24 @@ def test_verify_reports_the_operator_counts_of_both_sides(trees):
     assert "operators dispatched per forward pass, by family (counted at the dispatcher):" in text
     assert "fused calls in their place: 13 (" in text
     assert report.to_dict()["op_counts"] == report.op_counts
+
+
+def test_a_factory_with_a_loss_gets_the_counts_of_a_training_step(trees, tmp_path):
+    from npu_migrate.verify.harness import compare
+
+    original, migrated = trees
+    factory = tmp_path / "factory.py"
+    # The model returns its loss as a tensor: `loss(output)` tells verify what to differentiate.
+    factory.write_text((migrated / "factory.py").read_text() + "\n\ndef loss(output):\n    return output\n")
+    report = compare(original, migrated, factory, min_cosine=0.99, dtype="float32")
+    assert report.passed, report.to_text()
+    step = report.op_counts["migrated training step"]
+    forward = report.op_counts["migrated"]["fused"]
+    # Every fused call of the forward again, and the backward of each (13 + 13).
+    assert step["fused"] == {**forward, **{f"{op}_backward": n for op, n in forward.items()}}
+    assert step["kernels"] < report.op_counts["original training step"]["kernels"]
+    assert report.fused_calls == forward  # the per-module calls stay the forward's
+    assert "operators dispatched per training step (forward, loss, backward)" in report.to_text()
 
 
 def test_a_fused_branch_that_no_longer_runs_shows_in_the_counts(trees, tmp_path):

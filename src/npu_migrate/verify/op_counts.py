@@ -162,6 +162,57 @@ def counting() -> Iterator[OpCounter]:
         _ACTIVE.remove(counter)
 
 
+def call_fused(name: str, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, the CPU reference of the fused op `name`, as one fused call; and where autograd
+    recorded it, its backward as one fused call `<name>_backward` (the kernels' grad ops on a device), not
+    as the CPU operators autograd runs for the reference."""
+    counter = _ACTIVE[-1] if _ACTIVE else None
+    with fused_call(name):
+        out = fn(*args, **kwargs)
+    if counter is not None and torch.is_grad_enabled():
+        _backward_as_one_call(counter, f"{name}_backward", out, (*args, *kwargs.values()))
+    return out
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _backward_as_one_call(counter: OpCounter, name: str, out, inputs) -> None:
+    """Hooks on the autograd nodes the reference created (from its outputs back to its inputs' nodes) that
+    pause counting while they run, and count `name` once, when the first of them runs."""
+    stop = {t.grad_fn for t in _tensors(inputs) if t.grad_fn is not None}
+    nodes, stack = [], [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen or node in stop or type(node).__name__ == "AccumulateGrad":
+            continue
+        seen.add(node)
+        nodes.append(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    if not nodes:
+        return
+    counted = []
+
+    def enter(grad_outputs):
+        if not counted:
+            counted.append(True)
+            counter.fused[name] += 1
+        counter._inside_fused += 1
+
+    def leave(grad_inputs, grad_outputs):
+        counter._inside_fused -= 1
+
+    for node in nodes:
+        node.register_prehook(enter)
+        node.register_hook(leave)
+
+
 @contextlib.contextmanager
 def fused_call(name: str) -> Iterator[None]:
     """One call of the fused op `name` (a CPU reference kernel): counted once, its own ops not at all."""

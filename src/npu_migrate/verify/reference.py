@@ -611,8 +611,8 @@ def _counted(module: types.ModuleType, name: str, fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         module.calls[name] += 1
-        # One fused call in verify's operator counts, not the CPU operators that model it.
-        with op_counts.fused_call(name):
-            return fn(*args, **kwargs, **extra)
+        # One fused call in verify's operator counts (and its backward one more), not the CPU operators
+        # that model it.
+        return op_counts.call_fused(name, fn, *args, **kwargs, **extra)
 
     return wrapper
