@@ -76,6 +76,9 @@ FLASH_ATTN = {
     "flash_attn_qkvpacked_func": lambda qkv, *a, **o: flash_reference(*qkv.unbind(2), *a, **o),
     "flash_attn_varlen_func": varlen_reference,
     "flash_attn_unpadded_func": unpadded_reference,
+    "flash_attn_varlen_qkvpacked_func": lambda qkv, cu, s, *a, **o: varlen_reference(
+        *qkv.unbind(1), cu, cu, s, s, *a, **o
+    ),
 }
 
 
@@ -132,6 +135,8 @@ CALLS = {
     "qkv packed": ("flash_calls", "packed_qkv", lambda d: _tensors((2, 7, 3, 4, 16), dtype=d), {}),
     "varlen": ("flash_calls", "varlen", lambda d: [*_tensors((12, 4, 16), (16, 4, 16), (16, 4, 16), dtype=d), CU_Q, CU_K], {}),
     "unpadded (1.x, top-left)": ("unpadded", "attend", lambda d: [*_tensors((12, 4, 16), (16, 4, 16), (16, 4, 16), dtype=d), CU_Q, CU_K, 5, 7], {}),
+    "varlen qkv packed": ("varlen_packed", "attend", lambda d: [*_tensors((16, 3, 4, 16), dtype=d), CU_K], {}),
+    "varlen qkv packed, window": ("varlen_packed", "attend", lambda d: [*_tensors((16, 3, 4, 16), dtype=d), CU_K], {"causal": False, "window_size": (2, 1)}),
 }  # fmt: skip
 
 
@@ -174,8 +179,22 @@ def test_off_the_npu_the_function_runs_bit_for_bit(case):
         # The kernel's default scale, 1.0, instead of flash-attn's D**-0.5.
         ("causal, q shorter than k", ("atten_mask=mask,\n            scale=scale,", "atten_mask=mask,")),
         ("varlen", ("atten_mask=mask,\n            scale=scale,", "atten_mask=mask,")),
+        ("varlen qkv packed", ("atten_mask=mask,\n            scale=scale,", "atten_mask=mask,")),
+        # k and v taken from each other's slot of the stack.
+        (
+            "varlen qkv packed",
+            ("q, k, v = (t.contiguous() for t in qkv.unbind(1))", "q, v, k = (t.contiguous() for t in qkv.unbind(1))"),
+        ),
     ],
-    ids=["top-left causal", "top-left causal varlen", "bottom-right 1.x", "no scale", "no scale varlen"],
+    ids=[
+        "top-left causal",
+        "top-left causal varlen",
+        "bottom-right 1.x",
+        "no scale",
+        "no scale varlen",
+        "no scale varlen packed",
+        "varlen packed k and v swapped",
+    ],
 )
 def test_a_broken_wrapper_fails_the_comparison(case, mutant):
     assert _compare(case, torch.float32, mutate=[mutant]) < 0.999  # the fp32 bar the rewrite is held to

@@ -74,6 +74,8 @@ CASES = [
         ),
         lambda: (torch.randn(2, 8),),
     ),
+    # eps omitted: the branch passes float32's eps as a literal (TorchScript has no torch.finfo)
+    ("NPU701", "functional_default_eps", lambda ns: ns["NoEps"](8), lambda: (torch.randn(2, 8),)),
     ("NPU702", "silu_module", lambda ns: ns["GatedMLP"](8, 16), lambda: (torch.randn(2, 8),)),
     ("NPU702", "torch_chunk", lambda ns: ns["swiglu"], lambda: (torch.randn(2, 16),)),
     ("NPU703", "double_negation", lambda ns: ns["apply_rotary_pos_emb"], lambda: _pick(_rotary(), 0, 2, 3, head=1)),
@@ -88,15 +90,15 @@ CASES = [
     ("NPU703", "einops_interleaved", lambda ns: ns["rotate_scaled"], lambda: (*_pick(_rotary(), 0, 2, head=1), 0.5)),
     ("NPU703", "every_other_pairs", lambda ns: ns["apply_every_other"], lambda: _pick(_rotary(), 0, 2, 3, head=1)),
     (
-        "NPU704",
+        "NPU707",
         "sdpa_functional",
         lambda ns: ns["attend"],
         lambda: (*_attention(torch.float16), torch.ones(6, 6, dtype=torch.bool).tril()),
     ),
-    ("NPU704", "sdpa_functional", lambda ns: ns["causal"], lambda: _attention(torch.bfloat16)),
-    ("NPU704", "sdpa_module", lambda ns: ns["SelfAttention"]().eval(), lambda: (torch.randn(2, 5, 64),)),
-    ("NPU704", "sdpa_torch_path", lambda ns: ns["attention"], lambda: (*_attention(), None)),
-    ("NPU704", "torchscript", lambda ns: ns["attend"], _attention),
+    ("NPU707", "sdpa_functional", lambda ns: ns["causal"], lambda: _attention(torch.bfloat16)),
+    ("NPU707", "sdpa_module", lambda ns: ns["SelfAttention"]().eval(), lambda: (torch.randn(2, 5, 64),)),
+    ("NPU707", "sdpa_torch_path", lambda ns: ns["attention"], lambda: (*_attention(), None)),
+    ("NPU707", "torchscript", lambda ns: ns["attend"], _attention),
     (
         "NPU704",
         "eager_weights_discarded",
@@ -220,6 +222,6 @@ def test_migrated_code_survives_every_graph_mode_the_original_does(case, mode, t
 
 def test_a_scripted_sdpa_caller_imports_and_runs():
     """`@torch.jit.script` compiles at import: the renamed call must compile then, torch_npu absent."""
-    namespace = _load(RULES / "NPU704" / "torchscript.out.py", None)
+    namespace = _load(RULES / "NPU707" / "torchscript.out.py", None)
     q, k, v = _attention()
     torch.testing.assert_close(namespace["attend"](q, k, v), F.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)

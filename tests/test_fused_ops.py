@@ -242,7 +242,7 @@ TOL = {"atol": 2e-3, "rtol": 2e-3}
 
 @pytest.mark.parametrize("mask_shape", [(2, 1, 6, 6), (1, 1, 6, 6), (6, 6), (2, 4, 6, 6), (2, 1, 1, 6), (1, 4, 6, 6)])
 def test_sdpa_bool_masks_are_inverted_and_broadcast(mask_shape):
-    original, migrated = _pair("sdpa_functional", "NPU704")
+    original, migrated = _pair("sdpa_functional", "NPU707")
     q, k, v = _qkv()
     g = torch.Generator().manual_seed(1)
     mask = torch.rand(*mask_shape, generator=g) > 0.4
@@ -252,7 +252,7 @@ def test_sdpa_bool_masks_are_inverted_and_broadcast(mask_shape):
 
 
 def test_sdpa_fully_masked_rows_stay_zero():
-    original, migrated = _pair("sdpa_functional", "NPU704")
+    original, migrated = _pair("sdpa_functional", "NPU707")
     q, k, v = _qkv()
     mask = _padding_mask(2, 6, 6)
     out, calls = _calls("npu_fusion_attention", migrated["attend"], q, k, v, mask)
@@ -262,7 +262,7 @@ def test_sdpa_fully_masked_rows_stay_zero():
 
 @pytest.mark.parametrize("sq, skv", [(6, 6), (3, 7), (7, 3)])
 def test_sdpa_causal_is_top_left_aligned(sq, skv):
-    original, migrated = _pair("sdpa_functional", "NPU704")
+    original, migrated = _pair("sdpa_functional", "NPU707")
     q, k, v = _qkv(sq=sq, skv=skv)
     out, calls = _calls("npu_fusion_attention", migrated["causal"], q, k, v)
     assert calls == 1
@@ -270,7 +270,7 @@ def test_sdpa_causal_is_top_left_aligned(sq, skv):
 
 
 def test_sdpa_without_mask_and_with_bf16():
-    original, migrated = _pair("sdpa_functional", "NPU704")
+    original, migrated = _pair("sdpa_functional", "NPU707")
     q, k, v = _qkv(dtype=torch.bfloat16)
     out, calls = _calls("npu_fusion_attention", migrated["attend"], q, k, v)
     assert calls == 1
@@ -294,7 +294,7 @@ def test_sdpa_without_mask_and_with_bf16():
     ],
 )
 def test_sdpa_falls_back_to_the_original_call(why, args):
-    original, migrated = _pair("sdpa_functional", "NPU704")
+    original, migrated = _pair("sdpa_functional", "NPU707")
     a = args(*_qkv())
     out, calls = _calls("npu_fusion_attention", migrated["attend"], *a)
     assert calls == 0, why
@@ -302,7 +302,7 @@ def test_sdpa_falls_back_to_the_original_call(why, args):
 
 
 def test_sdpa_module_gqa_scale_and_causal():
-    original, migrated = _pair("sdpa_module", "NPU704")
+    original, migrated = _pair("sdpa_module", "NPU707")
     torch.manual_seed(0)
     a = original["SelfAttention"]().eval().to(torch.bfloat16)
     b = migrated["SelfAttention"]().eval().to(torch.bfloat16)
@@ -319,7 +319,7 @@ def test_sdpa_module_gqa_scale_and_causal():
 
 
 def test_sdpa_keyword_path_with_gqa_and_explicit_scale():
-    original, migrated = _pair("sdpa_torch_path", "NPU704")
+    original, migrated = _pair("sdpa_torch_path", "NPU707")
     q, k, v = _qkv(nkv=2)
     mask = _padding_mask(2, 6, 6)
     for kwargs in ({"scaling": 0.3, "enable_gqa": True}, {"enable_gqa": True}):
@@ -352,12 +352,12 @@ def _sdpa_checks(migrated, original):
 
 
 def test_sdpa_checks_pass_on_the_generated_code():
-    _sdpa_checks(*reversed(_pair("sdpa_functional", "NPU704")))
+    _sdpa_checks(*reversed(_pair("sdpa_functional", "NPU707")))
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_sdpa_checks_catch_mutants(mutant):
-    original, migrated = _pair("sdpa_functional", "NPU704", mutate=MUTANTS[mutant])
+    original, migrated = _pair("sdpa_functional", "NPU707", mutate=MUTANTS[mutant])
     with pytest.raises(AssertionError):
         _sdpa_checks(migrated, original)
 

@@ -576,11 +576,11 @@ def test_hand_written_attention_declines_say_why(case, expected):
 def test_a_file_with_its_own_npu_attention_path_gets_no_second_one():
     from npu_migrate.engine.pipeline import migrate_text
 
-    case = RULES / "NPU704" / "own_npu_backend.in.py"
+    case = RULES / "NPU707" / "own_npu_backend.in.py"
     source = case.read_text(encoding="utf-8")
-    migrated, findings = migrate_text(source, path="attention_dispatch.py", select=["NPU704"])
+    migrated, findings = migrate_text(source, path="attention_dispatch.py", select=["NPU707"])
     assert migrated == source
-    assert [f.message for f in findings if f.rule_id == "NPU704"] == [
+    assert [f.message for f in findings if f.rule_id == "NPU707"] == [
         "scaled_dot_product_attention not wrapped, here or at the file's other calls: this file already calls "
         "torch_npu's npu_fusion_attention (its own NPU path); select that path on an NPU"
     ], "one finding for the file's two calls: diffusers' attention_processor.py has 32"

@@ -94,6 +94,8 @@ def test_a_declined_import_is_not_brought_back_when_nothing_accepted_needs_it(pr
 
 def test_a_call_of_a_helper_brings_the_hunk_that_defines_it(tmp_path):
     (tmp_path / "s.py").write_text(ATTENTION)
+    # the SDPA wrapper is opt-in (NPU707): NPU704 leaves the call native
+    (tmp_path / "pyproject.toml").write_text("[tool.npu-migrate]\nfused = { fused-sdpa = true }\n")
     result = review("n\ny\n", "s.py", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "adds `_npu_sdpa`" in result.stdout

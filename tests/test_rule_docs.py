@@ -157,7 +157,7 @@ def test_the_rules_list_shows_family_targets_and_fix_safety(tmp_path, monkeypatc
     assert len(lines) == len(RULES)
     for r, line in zip(RULES, lines):
         targets = ",".join(sorted(r.targets))
-        # the default target is npu; ALL does not select an opt-in rule
+        # the default target is npu; ALL does not select an opt-in rule (NPU707, NPU411): its id does
         state = "on" if "npu" in r.targets and "opt-in" not in r.tags else "off"
         assert line.split()[:5] == [r.id, state, r.family, targets, r.fix_safety.value.split()[0]], line
 
@@ -171,7 +171,20 @@ def test_the_rules_list_says_which_rules_act_in_the_portable_target(tmp_path, mo
     # portable target's own (NPU002) on.
     assert states["NPU501"] == states["NPU605"] == "off"
     assert states["NPU101"] == states["NPU201"] == states["NPU601"] == states["NPU701"] == states["NPU002"] == "on"
-    assert {r.id for r in RULES if "portable" in r.targets} == {i for i, s in states.items() if s == "on"}
+    assert {r.id for r in RULES if "portable" in r.targets and "opt-in" not in r.tags} == {
+        i for i, s in states.items() if s == "on"
+    }
+
+
+def test_an_opt_in_rule_is_selected_by_its_id_or_the_fused_table_never_by_a_prefix(tmp_path, monkeypatch):
+    from npu_migrate.engine.registry import select_rules
+
+    assert "NPU707" not in select_rules() and "NPU707" not in select_rules(["NPU7"])
+    assert "NPU707" in select_rules(["NPU7", "NPU707"]) and "NPU707" not in select_rules(["NPU707"], ["NPU70"])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[tool.npu-migrate]\nfused = { fused-sdpa = true }\n")
+    states = {line.split()[0]: line.split()[1] for line in CliRunner().invoke(app, ["rules"]).stdout.splitlines()}
+    assert states["NPU707"] == states["NPU704"] == "on"
 
 
 # --- the examples, executed --------------------------------------------------------------------------------
@@ -215,7 +228,7 @@ def test_the_example_does_what_the_documentation_says(r):
 
 
 def test_an_example_shows_the_fused_helpers_it_adds_as_one_line_naming_them():
-    attention = rule("NPU704")
+    attention = rule("NPU707")
     migrated, _ = _apply(attention, attention.example.before, attention.example.path)
     assert "def _npu_fusion_sdpa(" in migrated and len(migrated.splitlines()) > 60  # what is folded
     folded = fold_helpers(migrated)

@@ -59,13 +59,13 @@ def attend(q, k, v):
 """
 
 
-def _whole_module(monkeypatch, text: str) -> str:
+def _whole_module(monkeypatch, text: str, select=("NPU7",)) -> str:
     """What the fixes make of `text` when the whole file is one snippet, with the indentation and newline
     libcst detects for it (nothing pinned)."""
     with monkeypatch.context() as patch:
         patch.setattr(scoped, "_blocks", lambda tree: [(1, max(len(scoped.Source(text).lines), 1))])
         patch.setattr(scoped._FileConfig, "pin", lambda self, module: module)
-        return migrate_text(text, select=["NPU7"])[0]
+        return migrate_text(text, select=list(select))[0]
 
 
 def _layouts(text: str):
@@ -105,7 +105,7 @@ def test_layouts_only_insert_lines(layout, monkeypatch):
 
 
 def test_non_ascii_before_the_call():
-    new, findings = migrate_text(SDPA, select=["NPU704"])
+    new, findings = migrate_text(SDPA, select=["NPU707"])
     assert "    résultat = _npu_sdpa(q, k, v, is_causal=True)\n" in new
     call = next(f for f in findings if f.line == 6)
     assert call.col == len("    résultat = ") + 1  # characters, not UTF-8 bytes
@@ -238,6 +238,8 @@ def test_splice_walks_all_when_the_pruned_walk_misses_a_fix(monkeypatch):
 
 # -- found in review: each case once broke the splice, a position or a suppression ------------------------
 
+#: SDPA calls are rewritten only by the opt-in NPU707 (NPU704 leaves them native).
+SDPA_SELECT = ["NPU7", "NPU707"]
 SDPA_FUNCTION = "import torch\nimport torch.nn.functional as F\ndef f(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"
 
 
@@ -249,12 +251,12 @@ SDPA_FUNCTION = "import torch\nimport torch.nn.functional as F\ndef f(q, k, v):\
     ],
 )
 def test_lone_cr_files_keep_every_line_break(text, monkeypatch):
-    new, findings = migrate_text(text, select=["NPU7"])
+    new, findings = migrate_text(text, select=SDPA_SELECT)
     assert "\n" not in new and ast.parse(new)
     kept = scoped.Source(new).lines
     assert [line for line in scoped.Source(text).lines if line not in kept and "scaled_dot" not in line] == []
     assert "# attentionimport" not in new and any(f.fixed for f in findings)
-    assert migrate_text(new, select=["NPU7"])[0] == new
+    assert migrate_text(new, select=SDPA_SELECT)[0] == new
 
 
 @pytest.mark.parametrize(
@@ -269,20 +271,20 @@ def test_lone_cr_files_keep_every_line_break(text, monkeypatch):
 )
 def test_the_first_indented_block_sets_the_indent_however_it_is_reached(header, monkeypatch):
     text = SDPA_FUNCTION.replace("def f", header + "def f")
-    assert migrate_text(text, select=["NPU7"])[0] == _whole_module(monkeypatch, text)
+    assert migrate_text(text, select=SDPA_SELECT)[0] == _whole_module(monkeypatch, text, SDPA_SELECT)
 
 
 def test_form_feed_in_the_first_indentation_is_not_copied_into_generated_code():
     text = SDPA_FUNCTION.replace("def f", "if x:\n\x0c  y = 1\ndef f")
-    new, findings = migrate_text(text, select=["NPU7"])
+    new, findings = migrate_text(text, select=SDPA_SELECT)
     ast.parse(new)
     assert any(f.fixed for f in findings)
 
 
-@pytest.mark.parametrize("comment", ["# noqa: NPU704", "# npu-migrate: ignore"])
+@pytest.mark.parametrize("comment", ["# noqa: NPU707", "# npu-migrate: ignore"])
 def test_a_comment_on_line_1_does_not_take_the_helpers_from_the_calls_that_need_them(comment):
     text = SDPA_FUNCTION.replace("import torch\n", f"import torch  {comment}\n", 1)
-    new, _ = migrate_text(text, select=["NPU7"])
+    new, _ = migrate_text(text, select=SDPA_SELECT)
     assert "_npu_sdpa(" in new and "def _npu_sdpa(" in new and "def _is_npu(" in new
 
 

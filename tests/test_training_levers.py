@@ -120,7 +120,9 @@ def _migrate(text: str, select=("NPU411",), version: str | None = None) -> tuple
 def test_all_does_not_select_the_opt_in_rule_an_id_does():
     assert "NPU411" not in select_rules(["ALL"])
     assert "NPU412" in select_rules(["ALL"])
-    assert "NPU411" in select_rules(["ALL", "NPU411"]) and "NPU411" in select_rules(["NPU4"])
+    assert "NPU411" in select_rules(["ALL", "NPU411"])
+    # a prefix selects a family's default rules, never an opt-in one: that takes its exact id
+    assert "NPU411" not in select_rules(["NPU4"]) and "NPU412" in select_rules(["NPU4"])
 
 
 def test_the_helper_picks_the_class_by_the_parameters():

@@ -63,7 +63,7 @@ HF_FACTORY = textwrap.dedent(f'''
             self.models = torch.nn.ModuleDict(models)
 
         def forward(self, input_ids, attention_mask):
-            # Unpadded, HF's SDPA path passes is_causal; right-padded, a bool mask (NPU704's two paths).
+            # Unpadded, HF's SDPA path passes is_causal; right-padded, a bool mask (NPU707's two paths).
             out = {{}}
             for name, m in self.models.items():
                 out[f"{{name}}.logits"] = m(input_ids=input_ids, use_cache=False).logits
@@ -99,7 +99,8 @@ def _package_root() -> Path:
 
 
 #: The files `npu-migrate apply` rewrites for these models: the six modeling files, and HF's SDPA
-#: attention function (NPU704), which every model calls with attn_implementation="sdpa".
+#: attention function, which every model calls with attn_implementation="sdpa": wrapped by the opt-in
+#: NPU707 (by default NPU704 leaves it to torch_npu's native dispatch), so that its kernel path is checked.
 MIGRATED_FILES = [f"models/{name}/modeling_{name}.py" for name, _ in MODELS] + ["integrations/sdpa_attention.py"]
 
 
@@ -122,8 +123,8 @@ def _migrated_transformers(site: Path, edits: dict[str, list[tuple[str, str]]] |
         mirror(folder)
     for rel in MIGRATED_FILES:
         source = (original / rel).read_text(encoding="utf-8")
-        text, _ = migrate_text(source, path=Path(rel).name)
         key = "sdpa" if rel.startswith("integrations") else Path(rel).parent.name
+        text, _ = migrate_text(source, path=Path(rel).name, select=["ALL", "NPU707"] if key == "sdpa" else None)
         for pattern, replacement in (edits or {}).get(key, []):
             text, n = re.subn(pattern, replacement, text)
             assert n >= 1, f"the {key} edit {pattern!r} no longer matches the migrated code"
@@ -179,7 +180,7 @@ def test_hf_models_agree_with_every_fused_branch_running(hf, dtype, bar):
         assert {op for op in module.sites if (name, op) not in DECLINED} == {
             op for op, n in module.calls.items() if n
         }, (name, module.sites, module.calls)
-    # NPU704's kernel path takes fp16/bf16 only (its guard sends fp32 to SDPA); in bf16 it runs once per
+    # NPU707's kernel path takes fp16/bf16 only (its guard sends fp32 to SDPA); in bf16 it runs once per
     # layer and forward of every model.
     sdpa = _module_named(report, SDPA_MODULE)
     expected = 0 if dtype == "float32" else FORWARDS * LAYERS * len(MODELS)
@@ -201,13 +202,13 @@ HF_BREAKS = {
     "gemma": [(r"1\.0 \+ self\.weight\.float\(\)", "self.weight.float()")],
     # Rotary with cos and sin swapped.
     "qwen2": [(r"npu_rotary_mul\((\w+), (\w+), (\w+)\)", r"npu_rotary_mul(\1, \3, \2)")],
-    # NPU704 without the mask inversion (SDPA: True = attend; the kernel: True = masked).
+    # NPU707 without the mask inversion (SDPA: True = attend; the kernel: True = masked).
     "sdpa": [(r"torch\.logical_not\(expanded\)", "expanded")],
 }
 
 
 def test_broken_hf_rewrites_are_caught(hf, tmp_path):
-    """One bf16 run (NPU704's kernel path is bf16/fp16 only), four rewrites broken at once; each shows
+    """One bf16 run (NPU707's kernel path is bf16/fp16 only), four rewrites broken at once; each shows
     up where it should and nowhere else: the three models' outputs, and every padded output (the
     unpadded forwards take the is_causal path, which has no mask to invert)."""
     _migrated_transformers(tmp_path / "migrated", HF_BREAKS)
@@ -222,7 +223,7 @@ def test_broken_hf_rewrites_are_caught(hf, tmp_path):
         assert any(f.startswith(f"{name}: cosine") for f in report.failures)
 
 
-def test_npu704_without_its_scale_is_caught(hf, tmp_path):
+def test_npu707_without_its_scale_is_caught(hf, tmp_path):
     # The kernel's scale defaults to 1.0, SDPA's to 1/sqrt(D): every forward goes wrong.
     _migrated_transformers(
         tmp_path / "migrated", {"sdpa": [(r"atten_mask=mask,\n\s*scale=scale,", "atten_mask=mask,")]}
@@ -328,7 +329,7 @@ def _snippet(original: bool) -> str:
         return text
     # The prelude is the codemod's own, rendered from its template, after the imports.
     head, tail = text.split("\n\n\ndef rotate_half", 1)
-    return f"{head}\n\n\n{render('fused/prelude.py.j2', import_torch_npu=True).rstrip()}\n\n\ndef rotate_half{tail}"
+    return f"{head}\n\n\n{render('fused/prelude.py.j2', import_torch_npu=True, torch_npu_imported=False).rstrip()}\n\n\ndef rotate_half{tail}"
 
 
 @pytest.fixture(scope="module")

@@ -100,8 +100,13 @@ def _helper_names(idioms: tuple[Idiom, ...]) -> dict[str, str]:
 IDIOMS = _idioms()
 #: The module-level definition each helper template provides: present means already inserted.
 HELPER_NAMES = _helper_names(IDIOMS)
-#: Qualified name of a function whose calls an idiom rewrites in place -> that idiom.
-CALL_IDIOMS = {name: idiom for idiom in IDIOMS for name in idiom.calls}
+#: Qualified name of a function whose calls an idiom rewrites in place -> those idioms, the higher rule id
+#: first: of those selected, the first decides (NPU707's opt-in SDPA wrapper over NPU704's native report).
+CALL_IDIOMS: dict[str, tuple[Idiom, ...]] = {}
+for _idiom in reversed(IDIOMS):
+    for _name in _idiom.calls:
+        CALL_IDIOMS[_name] = (*CALL_IDIOMS.get(_name, ()), _idiom)
+del _idiom, _name
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _BLOCKS = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.TryStar, ast.Match)
 
@@ -420,7 +425,8 @@ class FusedOpsChecker(TreeChecker):
         # A call an idiom rewrites in place resolves to a name whose last part is an identifier of the
         # file; most files looked at for the other idioms have none, and walking every expression is dear.
         self._scan_calls = any(
-            idiom.rule.id in self.enabled and index.uses(name.rsplit(".", 1)[-1]) for name, idiom in CALL_IDIOMS.items()
+            index.uses(name.rsplit(".", 1)[-1]) and any(i.rule.id in self.enabled for i in idioms)
+            for name, idioms in CALL_IDIOMS.items()
         )
         self._guards: list[ast.expr] = []  # the tests of the `if`s, in the function, whose body is walked
         self.optional_modules: set[str] = set()  # `import flash_attn` made conditional (`optional_imports`)
@@ -499,10 +505,10 @@ class FusedOpsChecker(TreeChecker):
         name = self._qualname(node.func)
         if name is None and isinstance(node.func, ast.Name) and node.func.id in self.shadowed:
             name = self.shadowed[node.func.id]
-            if getattr(CALL_IDIOMS.get(name), "optional_package", None) is None:
+            if all(i.optional_package is None for i in CALL_IDIOMS.get(name, ())):
                 return
-        idiom = CALL_IDIOMS.get(name)
-        if idiom is None or idiom.rule.id not in self.enabled:
+        idiom = next((i for i in CALL_IDIOMS.get(name, ()) if i.rule.id in self.enabled), None)
+        if idiom is None:
             return
         outcome = idiom.match_call(name, self.api, self.names, node, tuple(self._guards))
         if outcome is None:
@@ -569,7 +575,7 @@ class FusedOpsChecker(TreeChecker):
         if outcome.template is None:
             if outcome.per_file and any(r.message == brief(outcome.message) for r in self.reports):
                 return  # diffusers' attention processors: 32 calls, one reason
-            self.reports.append(TreeReport(outcome.rule, node, brief(outcome.message)))
+            self.reports.append(TreeReport(outcome.rule, node, brief(outcome.message), data=outcome.data or None))
             return
         helpers = with_called_helpers(outcome.helpers)
         # The helpers the file's own code calls (what a package's file imports): a renamed call calls the

@@ -1,15 +1,11 @@
-"""NPU704: `F.scaled_dot_product_attention` calls get a `torch_npu.npu_fusion_attention` path.
+"""NPU704: hand-written attention gets a `torch_npu.npu_fusion_attention` branch; SDPA calls stay native.
 
-Unlike the other fused ops this is a call, not a function body: it sits among control flow (HF's
-`sdpa_attention_forward`), and what decides whether the kernel computes the same (mask dtype and
-shape, dtypes, head counts, GQA) is only known at run time. So the call keeps its arguments, written
-and evaluated as before, and only gets renamed to a typed wrapper with SDPA's signature (scriptable):
-
-    F.scaled_dot_product_attention(q, k, v, attn_mask=m)  ->  _npu_sdpa(q, k, v, attn_mask=m)
-
-`_npu_sdpa` (templates/fused/sdpa.py.j2) calls SDPA with exactly those arguments unless the
-tensors are on an NPU and `_npu_fusion_sdpa` can map them, traps included (inverted bool mask, scale
-always passed, the compressed causal mask with sparse_mode 2, keep_prob = 1 - dropout_p).
+torch_npu dispatches `F.scaled_dot_product_attention` to the FlashAttentionScore kernel (the one behind
+`npu_fusion_attention`) for fp16 / bf16 on Atlas A2 / A3 (Ascend's training migration guide; see
+`sdpa_wrapper.py`), so an SDPA call is left as it is and reported once per file as fused natively. The
+wrapper that routes it to the kernel itself is NPU707, opt-in, for the chips, versions and masks native
+dispatch does not fuse; when it is selected it takes the calls instead (`FusedOpsChecker._call`: the
+idiom with the higher rule id among those selected).
 
 Hand-written attention (`softmax(q @ k.transpose(-2, -1) * scale + mask) @ v`) gets a branch in front
 of its scores (`attention_eager.py`), where its mask is converted at run time if it can be and the
@@ -29,25 +25,9 @@ ATTENTION = Rule(
     id="NPU704",
     name="fused-attention",
     family="fused",
-    summary="`F.scaled_dot_product_attention` calls and hand-written attention get a guarded"
-    " `torch_npu.npu_fusion_attention` path",
+    summary="hand-written attention gets a guarded `torch_npu.npu_fusion_attention` branch;"
+    " `F.scaled_dot_product_attention` calls are left to torch_npu's native fused dispatch",
     what="""
-    Renames every call of `torch.nn.functional.scaled_dot_product_attention` (however imported) to
-    `_npu_sdpa(<the original arguments>)`, a typed wrapper with SDPA's signature. Off an NPU, under
-    TorchScript or FX, or wherever the kernel would compute something else, `_npu_sdpa` calls SDPA with
-    the original arguments.
-    On an NPU it calls `torch_npu.npu_fusion_attention(q, k, v, q.shape[1], "BNSD", ...)[0]` when:
-    q, k, v are 4-D (B, N, S, D) of one dtype, fp16 or bf16; D <= 768; N <= 256; k and v have one
-    shape; the kv heads equal the query heads, or divide them with `enable_gqa=True` (passed
-    un-repeated: the kernel groups heads as SDPA does); the mask is None or bool (inverted: True masks
-    out on the NPU), broadcast to BNSS/B1SS/11SS, with inner_precise=2 so fully masked rows stay zero;
-    not both is_causal and a mask (SDPA raises); not under torch.compile. `is_causal=True` becomes the
-    compressed 2048x2048 `triu(1)` mask with sparse_mode=2 (top-left aligned, as SDPA); scale is always
-    passed (the kernel's default is 1.0, SDPA's 1/sqrt(D)); keep_prob = 1 - dropout_p.
-
-    Float (additive) masks run the original call: the kernel has no additive mask besides `pse`, whose
-    shapes and scaling differ.
-
     Hand-written attention, `softmax(q @ k.transpose(-2, -1) * scale + mask) @ v` (or `torch.matmul`,
     `/ sqrt(d)`, a softmax upcast and cast back, dropout by `F.dropout` or an `nn.Dropout`, the output
     transposed and projected after), gets a branch in front of the statement computing the scores:
@@ -55,8 +35,10 @@ ATTENTION = Rule(
     tensors the matmuls get. `_npu_eager_attention` converts an additive mask to the kernel's bool mask
     only where every value is 0 or -inf / the dtype's lowest, ORs in a `masked_fill(cond, -inf or
     finfo.min)` condition, declines a row that drops every key (the original spreads it evenly or gives
-    NaN), and otherwise calls `_npu_fusion_sdpa` (the same checks as above, fp16 / bf16 only); where it
-    returns None the original code runs. The branch copies the statements after the output and returns
+    NaN), and otherwise calls `_npu_fusion_sdpa`: on an NPU, fp16 / bf16, 4-D (B, N, S, D) tensors,
+    D <= 768, N <= 256, the mask inverted (True masks out on the NPU), scale always passed (the kernel's
+    default is 1.0), keep_prob = 1 - dropout_p, not under torch.compile; where it returns None the
+    original code runs. The branch copies the statements after the output and returns
     None in place of the probabilities only where they are not needed: a false `output_attentions` /
     `need_weights` parameter (guarded; callers are not proof: a subclass or another module may keep
     them). Only the scores and probabilities become None: any other value returned beside them declines.
@@ -64,33 +46,45 @@ ATTENTION = Rule(
     function (ALiBi, relative position) or two of them, masked scores set to a value other than -inf or
     the lowest, a scale applied after the mask, probabilities used or possibly needed, einsum or 3-D
     layouts, softcapping, code interleaved with the attention.
+
+    Calls of `torch.nn.functional.scaled_dot_product_attention` (however imported, `from
+    torch.nn.functional import scaled_dot_product_attention` too) are left as they are and reported
+    once per file: torch_npu runs them as the fused FlashAttentionScore kernel on Atlas A2 / A3 for
+    fp16 / bf16. For the chips, versions and masks where it does not, the opt-in NPU707 wraps them.
     flash-attn's calls are NPU705's.
     """,
     why="""
-    `torch_npu.npu_fusion_attention` is the NPU's fused attention kernel, and its conventions differ from
-    SDPA's (a mask where True means masked out, scale 1.0 by default, causal only through a mask and a
-    sparse mode): a hand port easily computes something else. `_npu_sdpa` gets them right, and falls
-    back to the original call wherever the kernel cannot compute what SDPA does.
+    `torch_npu.npu_fusion_attention` is the NPU's fused attention kernel; native SDPA dispatch reaches it,
+    hand-written attention (matmul, mask, softmax, matmul) never does, so that is what needs a branch. The
+    kernel's conventions differ from the original's (a mask where True means masked out, scale 1.0 by
+    default, causal only through a mask and a sparse mode): a hand port easily computes something else.
+    Source for the native dispatch: Ascend's PyTorch training migration guide (6.0.RC1 to 6.0.0,
+    "performance_tuning_0027", FlashAttentionScore supports the native SDPA interface with torch_npu
+    2.1.0 / 2.2.0 / 2.3.1 on Atlas A2 / A3; a trial feature there).
     """,
     example=Example(
         before="""
             import torch
-            import torch.nn.functional as F
 
 
-            def attend(q, k, v, mask):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            def attend(q, k, v, bias):
+                return (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + bias).softmax(dim=-1) @ v
         """,
         after="""
             import torch
-            import torch.nn.functional as F
 
 
-            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_sdpa, _sdpa_enable_gqa, _npu_causal_mask, _npu_fusion_sdpa
+            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_causal_mask, _npu_fusion_sdpa, _npu_eager_attention
 
 
-            def attend(q, k, v, mask):
-                return _npu_sdpa(q, k, v, attn_mask=mask)
+            def attend(q, k, v, bias):
+                if _is_npu(q):
+                    fused_attention = _npu_eager_attention(
+                        q, k, v, bias, None, 0.0, 1.0 / q.shape[-1] ** 0.5
+                    )
+                    if fused_attention is not None:
+                        return fused_attention
+                return (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5 + bias).softmax(dim=-1) @ v
         """,
     ),
     fix_safety=FixSafety.NEEDS_REVIEW,
@@ -114,36 +108,26 @@ EAGER_HELPER = "fused/npu_eager_attention.py.j2"
 SDPA = attention_eager.SDPA
 
 
+#: The finding at a file's first SDPA call; per file, as the reason is the same at every call.
+NATIVE = (
+    "scaled_dot_product_attention left as it is (and the file's other calls): torch_npu runs it as the fused "
+    "FlashAttentionScore kernel on Atlas A2 / A3 for fp16 / bf16 (Ascend's training migration guide); for other "
+    "chips, versions or masks select NPU707 (`fused = { fused-sdpa = true }`), a wrapper that calls "
+    "npu_fusion_attention itself"
+)
+
+
 def match_call(name: str | None, api, names=None, call=None, guards=()) -> Outcome | None:
-    """What to do with a call of the function `name` (a resolved qualified name), in a file whose
-    identifiers are `names` (when known)."""
+    """An SDPA call is fused natively: reported once per file, not rewritten (NPU707 wraps it, opt-in)."""
     if name != SDPA:
         return None
-    if names is not None and "npu_fusion_attention" in names:
-        # diffusers' attention dispatcher: its own NPU backend calls the kernel; a second path would compete.
-        return Outcome(
-            ATTENTION,
-            "scaled_dot_product_attention not wrapped, here or at the file's other calls: this file already calls "
-            "torch_npu's npu_fusion_attention (its own NPU path); select that path on an NPU",
-            per_file=True,
-        )
-    if api is not None and "npu_fusion_attention" not in api.fused_ops:
-        return Outcome(
-            ATTENTION, f"scaled_dot_product_attention not fused: torch_npu {api.version} has no npu_fusion_attention"
-        )
-    return Outcome(
-        ATTENTION,
-        "scaled_dot_product_attention gets a fused `torch_npu.npu_fusion_attention` path (`_npu_sdpa`); "
-        "float masks, fp32, and shapes the kernel does not take run the original call",
-        template=HELPER,
-        helpers=(HELPER, FUSION_HELPER),
-    )
+    # Not a candidate left for a human (analyze counts those as work): nothing is left to do.
+    return Outcome(ATTENTION, NATIVE, per_file=True, data={"fused": "native"})
 
 
 def wrap(call: cst.Call) -> cst.Call:
-    """`f(args)` -> `_npu_sdpa(args)`: the typed wrapper takes SDPA's arguments, so the call is only renamed
-    (and stays scriptable)."""
-    return call.with_changes(func=cst.Name(WRAPPER))
+    """Never reached: NPU704 rewrites no call (its outcome has no template)."""
+    return call
 
 
 # -- hand-written attention ---------------------------------------------------------------------------
@@ -177,6 +161,7 @@ IDIOM = Idiom(
     kernels=("npu_fusion_attention",),
     match=match,
     template=EAGER_TEMPLATE,
+    # `_npu_sdpa` stays declared here too: a stale copy of it is reported under NPU704, selected by default.
     helpers={HELPER: WRAPPER, FUSION_HELPER: "_npu_fusion_sdpa", EAGER_HELPER: "_npu_eager_attention"},
     calls=(SDPA,),
     match_call=match_call,

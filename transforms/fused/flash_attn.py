@@ -44,8 +44,12 @@ FUNCTIONS = {
     "flash_attn_kvpacked_func": ("flash_attn_func", "flash_attn_kvpacked_func"),
     "flash_attn_qkvpacked_func": ("flash_attn_func", "flash_attn_qkvpacked_func"),
     "flash_attn_varlen_func": ("flash_attn_varlen_func",),
+    "flash_attn_varlen_qkvpacked_func": ("flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func"),
     "flash_attn_unpadded_func": ("flash_attn_unpadded_func",),
 }
+#: The positional arguments a call may pass: past `causal`, flash-attn's versions order the parameters
+#: differently (2.8 moved `softcap` last), so a later one passed by position is ambiguous.
+POSITIONAL = {"flash_attn_varlen_qkvpacked_func": 6}
 #: Their qualified names (`flash_attn.X`, `flash_attn.flash_attn_interface.X`) -> the function.
 QUALIFIED = {f"{module}.{f}": f for f in FUNCTIONS for module in ("flash_attn", "flash_attn.flash_attn_interface")}
 #: FlashAttention-3 (the Hopper build, module `flash_attn_interface`): reported, never wrapped. Its functions
@@ -77,7 +81,9 @@ FLASH_ATTN = Rule(
     "its imports that would stop an NPU host are made conditional or reported",
     what="""
     Renames every call of flash-attn's `flash_attn_func`, `flash_attn_kvpacked_func`,
-    `flash_attn_qkvpacked_func`, `flash_attn_varlen_func` and 1.x's `flash_attn_unpadded_func` (imported
+    `flash_attn_qkvpacked_func`, `flash_attn_varlen_func`, `flash_attn_varlen_qkvpacked_func` (its
+    arguments after `causal` by keyword only: their order differs between versions) and 1.x's
+    `flash_attn_unpadded_func` (imported
     unconditionally or by a try-import) to `_npu_<function>(<the function>, <the original arguments>)`.
     Off an NPU the wrapper calls the function with the original arguments. On NPU tensors it calls
     `torch_npu.npu_fusion_attention` in layout BSND (dense) or TND (varlen, with `actual_seq_qlen` /
@@ -203,7 +209,14 @@ def match_call(name: str, api, names=None, call: ast.Call | None = None, guards=
         default, what = DECLINED.get(keyword.arg, (None, None))
         if what is not None and _passes(keyword, default):
             return Outcome(FLASH_ATTN, f"`{function}` not rewritten: it passes `{keyword.arg}`, {what}")
-    layout = "TND" if function in ("flash_attn_varlen_func", "flash_attn_unpadded_func") else "BSND"
+    if call is not None and len(call.args) > POSITIONAL.get(function, len(call.args)):
+        return Outcome(
+            FLASH_ATTN,
+            f"`{function}` not rewritten: it passes arguments after `causal` by position, whose order differs "
+            "between flash-attn versions; pass them by keyword",
+        )
+    varlen = ("flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_unpadded_func")
+    layout = "TND" if function in varlen else "BSND"
     causal = "sparse_mode 2, top-left as flash-attn 1.x" if function == "flash_attn_unpadded_func" else "sparse_mode 3"
     message = (
         f"`{function}` gets torch_npu's npu_fusion_attention on NPU tensors (`_npu_{function}`, {layout}, "

@@ -51,9 +51,10 @@ RMS_NORM = Rule(
     `import torch_npu` and `_is_npu`. Code that already calls `npu_rms_norm` gets no second branch.
 
     Declined, with a finding saying why: a reduction over another dim or without keepdim, mean
-    subtraction (LayerNorm), no weight, `F.rms_norm` without eps (its default depends on the dtype torch
-    computes in), `F.normalize(x) * sqrt(d)` (eps clamps the norm instead of adding to the mean square),
-    bodies with control flow.
+    subtraction (LayerNorm), no weight, `F.normalize(x) * sqrt(d)` (eps clamps the norm instead of adding
+    to the mean square), bodies with control flow. `F.rms_norm` without eps (or eps None) passes its
+    default explicitly: float32's machine epsilon, which torch uses for fp16 and bf16 inputs too (it
+    computes them in float32), not `torch.finfo(x.dtype).eps`.
     """,
     why="""
     On an NPU the hand-written RMSNorm is five or more operators, each a kernel launch and a trip
@@ -295,6 +296,8 @@ def _mentions(node: ast.AST, name: str) -> bool:
 
 
 FUNCTIONAL = ("torch.nn.functional.rms_norm", "torch.rms_norm")
+#: `torch.finfo(torch.float32).eps`, rms_norm's eps when none is given (`_match_functional`).
+FLOAT32_EPS = repr(float(2**-23))
 
 
 def _calls_kernel(fn: Function) -> bool:
@@ -480,12 +483,10 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
     weight, eps = argument(call, 2, "weight"), argument(call, 3, "eps")
     if tensor is None or shape is None:
         return Outcome(RMS_NORM, "RMS normalisation not fused: `rms_norm` is called without its input or shape")
-    if eps is None or isinstance(eps, ast.Constant) and eps.value is None:
-        return Outcome(
-            RMS_NORM,
-            "RMS normalisation not fused: eps is not given, and the default (torch.finfo(...).eps) depends on"
-            " the dtype the torch version computes in; pass eps explicitly to get the fused kernel",
-        )
+    # eps omitted or None: rms_norm's default is the epsilon of the type it computes in, float32 for every
+    # dtype the kernel takes (fp16 / bf16 are computed in float32: not their own finfo().eps, which is
+    # 8192x / 65536x larger). The kernel needs it explicitly; TorchScript has no torch.finfo, so a literal.
+    default_eps = eps is None or isinstance(eps, ast.Constant) and eps.value is None
     upcast = upcast_base(tensor, fn)
     x = upcast if upcast is not None else tensor
     if not (isinstance(x, ast.Name) and x.id in fn.params):
@@ -496,7 +497,7 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
         return Outcome(
             RMS_NORM, "RMS normalisation not fused: its CUDA fast path tests another tensor than it normalises"
         )
-    for part, what in ((shape, "the shape"), (weight, "the weight"), (eps, "eps")):
+    for part, what in ((shape, "the shape"), (weight, "the weight"), (None if default_eps else eps, "eps")):
         if part is not None and not (isinstance(part, ast.Constant) and part.value is None):
             if not is_pure(part) and not (part is shape and _is_last_dim_shape(shape, x)):
                 return Outcome(
@@ -532,8 +533,15 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
         guards.append(f"{xs}.dtype in {KERNEL_DTYPES}")
         gamma = source(weight) if has_weight else f"{xs}.new_ones({xs}.shape[-1:])"
         context = {"x_arg": xs, "gamma": gamma, "cast": ""}
-    context.update(x=xs, eps=source(eps), guards=guards)
-    return Outcome(RMS_NORM, "RMSNorm gets a fused `torch_npu.npu_rms_norm` branch", TEMPLATE, context)
+    context.update(x=xs, eps=FLOAT32_EPS if default_eps else source(eps), guards=guards)
+    message = "RMSNorm gets a fused `torch_npu.npu_rms_norm` branch"
+    if default_eps:
+        # The branch has no room for a comment (the layout drops them): the finding says what the literal is.
+        message += (
+            f"; eps is not given, so the branch passes rms_norm's default, {FLOAT32_EPS} (float32's machine"
+            " epsilon, which torch uses for fp16 / bf16 inputs too: it computes them in float32)"
+        )
+    return Outcome(RMS_NORM, message, TEMPLATE, context)
 
 
 IDIOM = Idiom(

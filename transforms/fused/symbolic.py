@@ -38,6 +38,8 @@ class Outcome:
     before: ast.stmt | None = None
     #: A declined finding whose reason is the file's, not the site's: reported at its first site only.
     per_file: bool = False
+    #: The finding's data (`Report.data`): {"fused": "native"} for a site torch_npu already fuses (SDPA).
+    data: dict[str, str] = field(default_factory=dict)
 
 
 def nodes_of(tree: ast.AST) -> list[ast.AST]:

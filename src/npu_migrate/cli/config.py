@@ -11,7 +11,7 @@ errors that name the file and the key, never silently ignored.
     torch-npu-version = "2.5.1.post1"
     target = "portable"              # or "npu" (the default): what `apply` migrates to
     torch-version = "2.9.0"          # the portable target's oldest torch to support (default: newest known)
-    fused = true                     # or false, or per op: { rms-norm = true, attention = false }
+    fused = true                     # or false, or per op: { fused-rms-norm = true, fused-sdpa = true }
     per-file-ignores = { "tests/*" = ["NPU1"] }
     require-clean-git = true         # in-place apply refuses files with uncommitted changes (--force)
     fail-on = "rewrite"              # or "error" / "warning": what else makes `apply` exit 1 (--fail-on)
@@ -73,6 +73,12 @@ class Config:
                 f"(known: {', '.join(sorted(fused_rule_names))})"
             )
         return [fused_rule_names[name] for name, on in self.fused.items() if not on]
+
+    def fused_opt_ins(self, fused_rule_names: dict[str, str]) -> list[str]:
+        """Rule ids `fused = {...}` names true: an opt-in fused rule (NPU707) is selected only so, or by its id."""
+        if not isinstance(self.fused, dict):
+            return []
+        return [fused_rule_names[name] for name, on in self.fused.items() if on and name in fused_rule_names]
 
     def ignored_for(self, display_path: str) -> tuple[str, ...]:
         """Rules `per-file-ignores` switches off for one file (its path relative to the project)."""

@@ -26,7 +26,8 @@ TAGS = {
     "precision": "advice about numerics (analyze's api_precision_advice.csv)",
     "performance": "advice about speed (analyze's api_performance_advice.csv; fused-operator sites count too)",
     "lever": "a training speed lever (issue #24): analyze lists its sites as applied, available or declined",
-    "opt-in": "not selected by ALL (it may change the last bits of results): select it by its id or a prefix",
+    "opt-in": "off unless selected by its exact id (or named true in `fused = {...}`): ALL and prefixes "
+    "skip it, since it may change the last bits of results or adds code few need",
 }
 
 
@@ -87,8 +88,9 @@ class Registry:
             r.id
             for r in self.rules
             if target in r.targets
-            and any(_matches(r, c) and not (c == "ALL" and "opt-in" in r.tags) for c in select)
+            and any(_matches(r, c) for c in select)
             and not any(_matches(r, c) for c in ignore)
+            and ("opt-in" not in r.tags or r.id in select)
         )
 
 

@@ -69,6 +69,9 @@ class VerifyReport:
     warnings: list[str] = field(default_factory=list)
     error_detail: str = ""
     seconds: float = 0.0
+    #: Ops each side dispatched in the forward pass ("original", "migrated") and, where the factory provides
+    #: a loss, in a training step ("original training step", ...): `op_counts.OpCounter.to_dict`.
+    op_counts: dict[str, dict] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -115,6 +118,12 @@ class VerifyReport:
                 ops = sorted(set(m.sites) | set(m.calls))
                 calls = "  ".join(f"{op} x{m.calls.get(op, 0)}" for op in ops) or "no fused op sites"
                 lines.append(f"  {m.name:<{width}}  {calls}")
+        from npu_migrate.verify.op_counts import table
+
+        for suffix, what in (("", "forward pass"), (" training step", "training step (forward, loss, backward)")):
+            if f"original{suffix}" in self.op_counts and f"migrated{suffix}" in self.op_counts:
+                lines.append(f"operators dispatched per {what}, by family (counted at the dispatcher):")
+                lines += table(self.op_counts[f"original{suffix}"], self.op_counts[f"migrated{suffix}"])
         if self.outputs:
             lines.append(f"outputs (pass: cosine >= {self.min_cosine:g}):")
             width = max(len(o.name) for o in self.outputs)
@@ -176,6 +185,9 @@ def compare(
         ModuleReport(name=name, file=info["file"], sites=dict(info["sites"]), calls=dict(info["calls"]))
         for name, info in after.get("modules", {}).items()
     ]
+    for key, suffix in (("op_counts", ""), ("op_counts_step", " training step")):
+        if key in before and key in after:
+            report.op_counts.update({f"original{suffix}": before[key], f"migrated{suffix}": after[key]})
     error = before.get("error")
     if error:
         raise VerifyUsageError(_describe(error, "in the original tree"), error.get("traceback", ""))

@@ -38,7 +38,7 @@ from collections.abc import Mapping
 
 import torch
 
-from npu_migrate.verify import reference
+from npu_migrate.verify import op_counts, reference
 
 #: In a migrated module's source: its own fused-op prelude (not names imported from elsewhere).
 PRELUDE_MARK = "def _is_npu("
@@ -295,6 +295,38 @@ def _where(exc: BaseException, user_files: list[str], root: str) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
+def _call(model, inputs):
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (list, tuple)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _training_step_counts(model, inputs, output, loss_fn, patcher, seed: int):
+    """The ops of one training step (forward with autograd, the loss, backward), counted as the forward is,
+    where the factory provides a loss: a `loss(output)` function beside `build()`, or an output with a
+    `loss` tensor (HF models given labels). None where it provides none; a message where the step fails
+    (the forward was compared; the counts are extra). The fused-op calls per module stay the forward's."""
+    has_loss = isinstance(output, Mapping) and isinstance(output.get("loss"), torch.Tensor)
+    if not callable(loss_fn) and not has_loss:
+        return None
+    saved = {name: dict(info["calls"]) for name, info in patcher.modules.items()}
+    try:
+        _seed(seed)
+        with torch.enable_grad(), op_counts.counting() as counter:
+            out = _call(model, inputs)
+            loss = loss_fn(out) if callable(loss_fn) else out["loss"]
+            loss.backward()
+        return counter.to_dict()
+    except Exception as exc:  # noqa: BLE001 - the forward passed; the step's counts are a bonus
+        return f"operator counts of a training step skipped: {type(exc).__name__}: {exc}"
+    finally:
+        for name, info in patcher.modules.items():
+            info["calls"].clear()
+            info["calls"].update(saved.get(name, {}))
+
+
 def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str, stand_in: bool = False) -> dict:
     """One side's forward pass. `stand_in`: the migrated tree imports torch_npu at module level (as
     `apply` writes it), so where no torch_npu imports, the simulated NPU host of `verify --smoke` is
@@ -362,13 +394,20 @@ def run(root: str, factory: str, role: str, dtype: str, seed: int, mode: str, st
             patcher.sweep()
         stage = "forward"
         _seed(seed)
-        with torch.no_grad():
+        # Counted at the dispatcher on both sides (`op_counts`): the evidence that the fusion pays.
+        with torch.no_grad(), op_counts.counting() as counter:
             if isinstance(inputs, dict):
                 out = model(**inputs)
             elif isinstance(inputs, (list, tuple)):
                 out = model(*inputs)
             else:
                 out = model(inputs)
+        result["op_counts"] = counter.to_dict()
+        step = _training_step_counts(model, inputs, out, getattr(module, "loss", None), patcher, seed)
+        if isinstance(step, str):
+            result["warnings"].append(step)
+        elif step is not None:
+            result["op_counts_step"] = step
         if installer is not None:
             patcher.sweep()
         else:

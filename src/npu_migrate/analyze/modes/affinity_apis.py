@@ -305,7 +305,8 @@ def collect(project: Project, result: ModeResult) -> None:
         if not is_fused_site(finding):
             continue
         target = fused_rule_targets().get(finding.rule_id, "torch_npu fused operator")
-        status = "applied" if finding.fixed else "declined"
+        # "native": torch_npu fuses the call as it is (SDPA), nothing to apply by hand
+        status = "applied" if finding.fixed else "native" if finding.data.get("fused") == "native" else "declined"
         # api_call_name names the site's code, never the rule (which has its own column)
         name = finding.original.splitlines()[0].rstrip(":") if finding.original else _site_line(project, finding, lines)
         rows.append(

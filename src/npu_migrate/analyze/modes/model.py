@@ -555,7 +555,10 @@ def collect(project: Project, result: ModeResult) -> None:
     for f in every:
         if f.rule_id in targets and is_fused_site(f):
             pattern = targets[f.rule_id].rsplit(".", 1)[-1].removeprefix("npu_")
-            fusion_rows.append([pattern, ("applied by apply: " if f.fixed else "declined: ") + f.message, f.location()])
+            status = (
+                "applied by apply: " if f.fixed else "native: " if f.data.get("fused") == "native" else "declined: "
+            )
+            fusion_rows.append([pattern, status + f.message, f.location()])
         elif f.rule_id == R.AFFINITY_API.id and f.data.get("api") == "torch_npu.npu_fusion_attention":
             fusion_rows.append(["flash_attention", f.message.split(":")[0], f.location()])
     fusion_rows.sort(key=lambda r: (r[0], location_key(r[2])))
@@ -591,7 +594,7 @@ def collect(project: Project, result: ModeResult) -> None:
         by_rule[f.rule_id] += 1
         if f.fixed:
             by_rule["fixed"] += 1
-        elif is_fused_site(f):
+        elif is_fused_site(f) and f.data.get("fused") != "native":  # native: torch_npu fuses it as it is
             by_rule["declined"] += 1
     packages = {row[2] for row in project.result("third_party").data["packages"]}
     items = project.result("custom_kernels").data["items"]
