@@ -206,13 +206,22 @@ def _apply(project: Path, out: Path, select: str) -> None:
 
 _ON_NPU_HOST = (
     "from npu_migrate.verify import npu_host; npu_host.install()\n"
-    "import runpy, sys; sys.argv = ['train.py']; runpy.run_path('train.py', run_name='__main__')\n"
+    "import runpy, sys; sys.argv[0] = 'train.py'; runpy.run_path('train.py', run_name='__main__')\n"
 )
 
 
-def _run(folder: Path, npu_host: bool = False) -> dict:
+#: A wrong port the project comparison must catch: AdamW's decay applied to the gradient, as Adam does.
+_BROKEN_FUSED = (
+    "from npu_migrate.verify import npu_host, npu_optim; npu_host.install()\n"
+    "class L2AdamW(npu_optim.NpuFusedAdamW):\n    decoupled = False\n"
+    "import torch_npu; torch_npu.optim.NpuFusedAdamW = L2AdamW\n"
+    "import runpy, sys; sys.argv[0] = 'train.py'; runpy.run_path('train.py', run_name='__main__')\n"
+)
+
+
+def _run(folder: Path, npu_host: bool = False, *args: str, code: str = _ON_NPU_HOST) -> dict:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    command = [sys.executable, "-c", _ON_NPU_HOST] if npu_host else [sys.executable, "train.py"]
+    command = [sys.executable, "-c", code, *args] if npu_host else [sys.executable, "train.py", *args]
     proc = subprocess.run(command, cwd=folder, capture_output=True, text=True, env=env, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -234,7 +243,9 @@ def runs(tmp_path_factory):
     return {
         "original": _run(original),
         "npu411_cpu": _run(only_levers),
-        "npu_host": _run(full, npu_host=True),
+        "npu_host": _run(full, True),
+        "npu_host_cpu": _run(full, True, "--device", "cpu"),
+        "npu_host_broken": _run(full, True, code=_BROKEN_FUSED),
         "migrated": (full / "train.py").read_text(encoding="utf-8"),
     }
 
@@ -244,6 +255,11 @@ def test_the_project_trains_alike_on_the_cpu_before_and_after(runs):
     assert runs["npu411_cpu"] == runs["original"]  # bit for bit: the helper built torch.optim.AdamW
 
 
+def test_on_the_npu_host_cpu_parameters_get_the_original_class(runs):
+    assert runs["npu_host_cpu"]["optimizer"] == "AdamW"  # torch_npu is there, the parameters are not on it
+    assert runs["npu_host_cpu"] == runs["original"]
+
+
 def test_the_project_builds_the_fused_optimizer_on_the_npu_host(runs):
     assert "_npu_fused_optimizer(torch.optim.AdamW, groups" in runs["migrated"]
     assert "torch.npu.set_compile_mode(jit_compile=False)" in runs["migrated"]  # NPU511 ran there too
@@ -251,6 +267,10 @@ def test_the_project_builds_the_fused_optimizer_on_the_npu_host(runs):
     assert npu["device"] == "npu" and npu["optimizer"] == "NpuFusedAdamW"
     for key in ("losses", "params"):
         assert torch.allclose(_floats(npu[key]), _floats(cpu[key]), rtol=1e-6, atol=0), key
+    # The same comparison catches a wrong fused update.
+    broken = runs["npu_host_broken"]
+    assert broken["optimizer"] == "L2AdamW"
+    assert not torch.allclose(_floats(broken["params"]), _floats(cpu["params"]), rtol=1e-6, atol=0)
 
 
 # -- analyze lists the levers -----------------------------------------------------------------------------
