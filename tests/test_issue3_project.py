@@ -130,9 +130,15 @@ def test_project_source_is_really_cuda_code():
 
 
 def test_only_open_findings_are_expected(migrated):
-    # The project is fully migratable: nothing may be left for the user to fix by hand.
+    # The project is fully migratable: nothing may be left for the user to fix by hand. A training lever's
+    # advice (NPU107: a per-step `loss.item()`) is a speed hint, not a fix.
+    from npu_migrate.engine.registry import rule
+
     open_findings = [
-        (name, f.line, f.rule_id, f.message) for name, (_, _, fs) in migrated.items() for f in fs if not f.fixed
+        (name, f.line, f.rule_id, f.message)
+        for name, (_, _, fs) in migrated.items()
+        for f in fs
+        if not f.fixed and not ("lever" in rule(f.rule_id).tags and not rule(f.rule_id).fixable)
     ]
     assert open_findings == []
 

@@ -116,6 +116,12 @@ def _select(case):
     return select_file.read_text().strip().split(",") if select_file.exists() else [case.parent.name]
 
 
+def _version(case):
+    """The torch_npu version a fixture folder names (`version.txt`), as tests/test_fixtures.py reads it."""
+    version_file = case.parent / "version.txt"
+    return version_file.read_text().strip() if version_file.exists() else None
+
+
 def _crlf(text):
     return text.replace("\n", "\r\n")
 
@@ -154,5 +160,5 @@ def test_rewrites_survive_mutations(case, mutation):
     source = case.read_text()
     expected = case.with_name(case.name[:-6] + ".out.py").read_text()
     mutate = MUTATIONS[mutation]
-    migrated, _ = migrate_text(mutate(source), select=_select(case))
+    migrated, _ = migrate_text(mutate(source), select=_select(case), torch_npu_version=_version(case))
     assert migrated == mutate(expected)

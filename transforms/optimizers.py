@@ -102,8 +102,9 @@ FUSED_OPTIMIZER = Rule(
     tensor per dtype. Measured by its author in huggingface/transformers PR #26194 (Trainer option
     `adamw_torch_npu_fused`): BERT-base on SST-2, Ascend 910B, 96.6 -> 149.9 train samples/s (+55%).
     Not measured by npu-migrate (no NPU). The update is the original's formula (checked on the CPU
-    against torch.optim, tests/test_training_levers.py), but summed in another order of operations, so
-    the last bits can differ: this is why the rule is opt-in.
+    against torch.optim, tests/test_training_levers_runs.py), but spelled with other elementwise
+    operations (`mul_` and `add_` where torch.optim's AdamW uses `lerp_`), so the last bits can differ:
+    this is why the rule is opt-in.
     """,
     example=Example(
         before="""
@@ -130,7 +131,9 @@ opt = _npu_fused_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-3)
     ),
     fix_safety=FixSafety.NEEDS_REVIEW,
     review="""
-    The fused classes keep a parameter's gradient inside a combined tensor from the first step on: code
+    Ascend's API reference states the constraint (Ascend Extension for PyTorch 7.0.0,
+    `torch_npu.optim.NpuFusedAdam`: no `.cpu()` of the model, no parameter pointed at a new tensor or
+    None; in-place updates and reads are fine). The fused classes keep a parameter's gradient inside a combined tensor from the first step on: code
     the rule cannot see that re-allocates a parameter or sets its gradient to None after that (a library
     that calls `model.zero_grad()`, a parameter frozen at the first step and unfrozen later, a `.to()` in
     a function of another file) leaves those parameters un-updated, silently. Their `zero_grad()` zeroes
