@@ -149,6 +149,8 @@ class Site:
         #: The tables that are products of the code's factors (`freqs.cos() * scale`): a product of numbers
         #: is no table, so they are bound in the branch and checked to be tensors before the kernel reads them.
         self.products: tuple[ast.expr, ...] = ()
+        #: The tables whose trailing sizes the evaluator assumed, with those sizes (`rotation.Meaning`).
+        self.shapes: tuple[tuple[ast.expr, tuple[str, ...]], ...] = ()
 
 
 def _candidates(node: ast.expr, fn: Function) -> list[ast.expr]:
@@ -212,6 +214,7 @@ def sites(expr: ast.AST, fn: Function, declined: list[str] | None = None) -> lis
                 site = Site(node, rotated, share(meant.cos), share(meant.sin), meant.mode)
                 site.source_tables = tuple(meant.sources)
                 site.products = tuple(share(p) for p in meant.products)
+                site.shapes = tuple(meant.shapes)
                 found.append(site)
                 return
         for child in ast.iter_child_nodes(node):
@@ -470,6 +473,18 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         )
         for x in _unique(xs)
     ]
+    # A table read at a size the evaluator assumed (`rot[..., 0]` of a 2x2 rotation per pair) is checked
+    # to have it: at another size the kernel tables would be built from the wrong entries, or fail.
+    # Checked first, before the branch builds the kernel tables from it.
+    rotated = found[0].x
+    if isinstance(rotated, ast.Call) and not rotated.args and getattr(rotated.func, "attr", None) == "float":
+        rotated = rotated.func.value  # an upcast has x's shape
+    for at, (table, sizes) in enumerate(found[0].shapes):
+        if not (_plain(table) and _plain(rotated)):
+            return Outcome(ROTARY, f"rotary embedding not fused: the shape of `{source(table)}` cannot be checked")
+        d = f"{source(rotated)}.shape[-1]"
+        expected = ", ".join(s.replace("d", d) for s in sizes)
+        tensors.insert(at, f"{source(table)}.shape[-{len(sizes)}:] == ({expected})")
     what = "interleaved rotary embedding" if mode == "interleave" else "rotary embedding"
     context = {
         "x": x_param,
@@ -479,6 +494,19 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         "result": source(rewritten),
     }
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+def _plain(node: ast.expr) -> bool:
+    """A name, attribute or constant index of one (`rot[..., 0]`): safe and cheap to read again."""
+    if isinstance(node, ast.Subscript):
+        index = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        return _plain(node.value) and all(
+            isinstance(i, ast.Constant)
+            or isinstance(i, ast.Slice)
+            and all(b is None or is_pure(b) for b in (i.lower, i.upper, i.step))
+            for i in index
+        )
+    return is_pure(node)
 
 
 def _kernel_call(x: ast.expr, r1: ast.expr, r2: ast.expr, mode: str) -> ast.Call:

@@ -42,6 +42,10 @@ class Meaning:
     #: tables that are products of the code's factors
     sources: list[ast.expr] = field(default_factory=list)
     products: list[ast.expr] = field(default_factory=list)
+    #: (table, its trailing sizes as "d", "d // 2" or a number) for each table of more than x's rank: the
+    #: shape the evaluator assumed for it (`x * t[..., 0]` reads it at any size the product broadcasts
+    #: to), which the branch checks before it reads the table
+    shapes: list[tuple[ast.expr, tuple[str, ...]]] = field(default_factory=list)
 
 
 class Declined(Exception):
@@ -109,6 +113,7 @@ class _Builder:
     def __init__(self, tables: dict[int, tuple[ast.expr, Tensor]], d: int) -> None:
         self.tables, self.d = tables, d
         self.sources: list[ast.expr] = []
+        self.shapes: list[tuple[ast.expr, tuple[str, ...]]] = []
 
     def table(self, entries: list[dict]) -> tuple[ast.expr, bool]:
         """(the expression, whether it is a product) for per-element monomials `entries`."""
@@ -191,6 +196,9 @@ class _Builder:
                 expr, ast.Tuple([ast.Constant(Ellipsis), *(_int(f) for f in fixed)], ast.Load()), ast.Load()
             )
         index, size, d = [t[0] for t in trails], trailing[0], self.d
+        if len(trailing) > 1 and not any(n is node for n, _ in self.shapes):
+            names = {d: "d", d // 2: "d // 2"}
+            self.shapes.append((node, tuple(names.get(t, str(t)) for t in trailing)))
         wrapped = expr is not node
         if every and size == d and index == list(range(d)):
             result = expr
@@ -233,8 +241,9 @@ def _hypotheses(evaluation: Evaluation) -> list[dict]:
     for key, (shape, is_complex) in evaluation.met.items():
         if 1 in shape[_LEAD:]:
             grown[key] = (shape[:_LEAD] + tuple(2 if s == 1 else s for s in shape[_LEAD:]), is_complex)
-    options = [{key: value} for key, value in grown.items()]
-    return options + [grown] if len(grown) > 1 else options
+    # All of them at once: the parts of one table (`rot[..., 0]`, `rot[..., 1]`) have one shape. Which
+    # shape holds is checked at run time (`Meaning.shapes`).
+    return [grown] if grown else []
 
 
 def meaning(node: ast.expr, x: ast.expr, qualname) -> Meaning | None:
@@ -301,7 +310,7 @@ def _solve(evaluation: Evaluation, out: Tensor, d: int) -> Meaning | None:
         for e, product in ((cos_expr, cos_product), (sin_expr, sin_product))
         if product or isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult)
     ]
-    return Meaning(mode, cos_expr, sin_expr, out.upcast, builder.sources, products)
+    return Meaning(mode, cos_expr, sin_expr, out.upcast, builder.sources, products, builder.shapes)
 
 
 def pure_rotation(node: ast.expr, x: ast.expr, qualname) -> str | None:

@@ -240,6 +240,11 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
             fn.fast_path_tensors.append(tested)
             body[:0] = stmt.orelse
             continue
+        if isinstance(stmt, ast.FunctionDef) and not stmt.decorator_list:
+            # A helper defined in the body (`def rotate_half(t): ...`) is inlined like a module-level one,
+            # when it reads nothing of the enclosing function (its closure would be the caller's values).
+            _nested_function(fn, stmt)
+            continue
         if isinstance(stmt, ast.Return) and stmt.value is not None:
             if body:
                 raise NotStraightLine("it returns before its last statement")
@@ -279,6 +284,19 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
         first_line = ast.unparse(stmt).splitlines()[0]
         raise NotStraightLine(f"the body is not straight-line assignments (`{first_line}`)")
     raise NotStraightLine("it has no return value")
+
+
+def _nested_function(fn: Function, node: ast.FunctionDef) -> None:
+    args = node.args
+    own = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+    own |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    outer = set(fn.params) | {
+        n.id for n in ast.walk(fn.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+    free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - own
+    if free & outer:
+        raise NotStraightLine(f"the nested function `{node.name}` reads the enclosing function's names")
+    fn.functions = {**fn.functions, node.name: node}
 
 
 def _inline_siblings(fn: Function, expr: ast.expr, depth: int) -> ast.expr:
