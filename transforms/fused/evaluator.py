@@ -458,10 +458,41 @@ class Evaluation:
             return self.constant(node)
         if ast.dump(node) == self.x_key:
             return self.X
+        if self._sized_table(node):
+            # `cache.view(-1, x.size(1), 1, d)[..., :x.size(-1)].to(x.dtype)`: a table given x's sizes or dtype
+            return Table(node, ast.dump(node))
         method = getattr(self, f"_{type(node).__name__}", None)
         if method is None:
             raise Unknown(f"`{type(node).__name__}` is not understood")
         return method(node)
+
+    def _sized_table(self, node: ast.expr) -> bool:
+        """Whether `node` is an operation on a table that reads x only for its sizes, dtype or device."""
+        base = node
+        while True:
+            if isinstance(base, ast.Subscript):
+                base = base.value
+            elif isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
+                base = base.func.value
+            else:
+                break
+        if base is node or not isinstance(node, (ast.Subscript, ast.Call)):
+            return False
+        sizes = isinstance(base, ast.Attribute) and base.attr in ("shape", "dtype", "device", "ndim")
+        if sizes or ast.dump(base) == self.x_key:  # `x.shape[-1]` is a number, not a table
+            return False
+        return self._only_sizes(node)
+
+    def _only_sizes(self, node: ast.AST) -> bool:
+        if ast.dump(node) == self.x_key:
+            return False
+        if not self.reads_x(node):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr in ("shape", "dtype", "device", "ndim"):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("size", "dim"):
+            return all(self._only_sizes(a) for a in node.args)
+        return all(self._only_sizes(c) for c in ast.iter_child_nodes(node))
 
     def constant(self, node: ast.expr):
         """A subexpression that does not read x: a Python constant where it is one, else a table."""

@@ -284,6 +284,10 @@ def match(fn: Function) -> Outcome | None:
     try:
         result = inline_functions(fn, fold(fn))
     except NotStraightLine as why:
+        # The straight-line tail first: what it computes decides, whatever calls it makes.
+        tail = _straight_tail_outcome(fn)
+        if tail is not None:
+            return tail
         try:
             calls_rotation = any(
                 _rotates(inline_functions(fn, n), fn) is not None for n in fn.calls if _may_rotate(n, fn)
@@ -292,8 +296,7 @@ def match(fn: Function) -> Outcome | None:
             calls_rotation = False
         if not calls_rotation:
             return _rotate_helper_outcome(fn)
-        tail = _straight_tail_outcome(fn)
-        return tail if tail is not None else Outcome(ROTARY, f"rotary embedding not fused: {why}")
+        return Outcome(ROTARY, f"rotary embedding not fused: {why}")
     return _outcome(fn, result)
 
 
@@ -441,6 +444,37 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         xs.append(x)
         fused[id(site.node)] = _kernel_call(x, r1, r2, mode)
     rewritten = replace_nodes(result, {**replacements, **fused})
+    originals = dict(bindings)
+    count = 0
+    for _ in range(4):
+        shared = _repeated_calls([*(value for _, value in bindings), rewritten])
+        if not shared:
+            break
+        # What the original computes once and two kernel tables read (`cache.view(...)` of both halves)
+        # is bound once too, before what reads it (an inner one found in a later round goes first).
+        names = {id(node): ast.Name(f"_npu_t{count + at}", ast.Load()) for at, node in enumerate(shared)}
+        bound = [(name, replace_nodes(value, names)) for name, value in bindings]
+        bindings = [(f"_npu_t{count + at}", node) for at, node in enumerate(shared)] + bound
+        rewritten = replace_nodes(rewritten, names)
+        count += len(shared)
+        # A binding of a name bound in this round (`_npu_t1 = _npu_t3`) is that name.
+        aliases = {
+            name: value
+            for name, value in bindings
+            if isinstance(value, ast.Name) and value.id.startswith("_npu_t") and name.startswith("_npu_t")
+        }
+        if aliases:
+            uses = {
+                id(n): aliases[n.id]
+                for _, v in bindings
+                for n in walk_shared(v)
+                if isinstance(n, ast.Name) and n.id in aliases
+            }
+            uses.update(
+                {id(n): aliases[n.id] for n in walk_shared(rewritten) if isinstance(n, ast.Name) and n.id in aliases}
+            )
+            bindings = [(name, replace_nodes(value, uses)) for name, value in bindings if name not in aliases]
+            rewritten = replace_nodes(rewritten, uses)
     evaluated = [value for _, value in bindings]
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
         return Outcome(ROTARY, "rotary embedding not fused: the branch would evaluate a call of the original twice")
@@ -462,7 +496,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     # Tables passed in as arguments may be Python numbers or lists: the kernel needs tensors.
     tensors = [f"isinstance({source(t)}, torch.Tensor)" for t in _unique(list(found[0].source_tables)) if is_pure(t)]
     # One check per rotated tensor, in the order the original computes them.
-    products = [name for name, value in bindings if any(value is p for p in found[0].products)]
+    products = [name for name, _ in bindings if any(originals.get(name) is p for p in found[0].products)]
     checks = [f"isinstance({name}, torch.Tensor)" for name in products] + [
         source(
             ast.Call(
@@ -494,6 +528,28 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         "result": source(rewritten),
     }
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+def _repeated_calls(exprs: list[ast.expr]) -> list[ast.expr]:
+    """The outermost calls that occur (by identity) more than once in `exprs`, first occurrence first."""
+    seen: dict[int, int] = {}
+    for expr in exprs:
+        for node in walk_shared(expr):
+            if isinstance(node, ast.Call):
+                seen[id(node)] = seen.get(id(node), 0) + 1
+    found: list[ast.expr] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Call) and seen.get(id(node), 0) > 1:
+            if not any(node is f for f in found):
+                found.append(node)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    for expr in exprs:
+        visit(expr)
+    return found
 
 
 def _plain(node: ast.expr) -> bool:

@@ -147,9 +147,11 @@ def straight_tail(fn: Function, start: int) -> Function:
     statements bind taken as a parameter: what the statements from `start` on compute from the values
     those names hold there. A branch put in front of them sees the same values."""
     body = body_statements(fn.tree)
+    kept = _still_valid(body[:start])
     bound = [
         node.id
         for stmt in body[:start]
+        if not any(stmt is k for k in kept)
         for node in ast.walk(stmt)
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
     ]
@@ -157,8 +159,39 @@ def straight_tail(fn: Function, start: int) -> Function:
     known = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
     args.args = [*args.args, *(ast.arg(name) for name in dict.fromkeys(bound) if name not in known)]
     tree = copy.copy(fn.tree)
-    tree.args, tree.body = args, body[start:]
+    tree.args, tree.body = args, [*kept, *body[start:]]
     return Function(tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names)
+
+
+def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
+    """The assignments of `statements` to names whose value at their end is what they assigned: no later
+    statement rebinds the name or a name the value reads (litgpt's `rotated = cat((-x2, x1))` before an
+    `if` that reshapes the tables). The straight tail after them may read them as they were computed."""
+    kept = []
+    for at, stmt in enumerate(statements):
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+            continue
+        targets = stmt.targets[0]
+        names = [targets] if isinstance(targets, ast.Name) else getattr(targets, "elts", None)
+        if not names or not all(isinstance(n, ast.Name) for n in names):
+            continue
+        read = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)} | {n.id for n in names}
+        later = {
+            n.id
+            for other in statements[at + 1 :]
+            for n in ast.walk(other)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))
+        }
+        if not read & later and not any(
+            isinstance(n, (ast.Call, ast.Lambda)) and _mutates(n) for n in ast.walk(stmt.value)
+        ):
+            kept.append(stmt)
+    return kept
+
+
+def _mutates(node: ast.AST) -> bool:
+    """An in-place method (`x.add_(...)`): its statement cannot be run again."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_")
 
 
 def substitute(node: ast.AST, env: dict[str, ast.expr]) -> ast.AST:
