@@ -2,9 +2,10 @@
 
 `npu_rotary_mul(x, r1, r2)` returns `r1 * x + r2 * rotate(x)`, with `rotate` (rotary_mode 'half') the
 GPT-NeoX / HF `rotate_half`, `cat((-x2, x1), -1)` of the two halves of the last dim, or ('interleave')
-GPT-J's `rotate_every_two`, `stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)`. The idiom
-`x * cos + rot(x) * sin` is found in the function's folded expression with module-level helpers inlined,
-so the rotation is recognised by what it computes, not by the helper's name.
+GPT-J's `rotate_every_two`, `stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2)`. Each subexpression of
+the function's folded expression (helpers inlined) is run abstractly (`evaluator`) and compared with
+what the kernel computes (`rotation`): the rotation is recognised by what it computes, whatever the
+spelling, and the kernel tables are read off as expressions over the tables the code has.
 
 What the branch must preserve and the kernel cannot see is checked at run time by `_npu_rotary_fits`:
 the original broadcasts `x * cos`, the kernel returns x's shape and dtype, so cos/sin may only
@@ -45,38 +46,43 @@ ROTARY = Rule(
     family="fused",
     summary="hand-written rotary embedding (`x * cos + rotate_half(x) * sin`) gets a guarded `torch_npu.npu_rotary_mul` branch",
     what="""
-    Recognises `x * cos + rotate_half(x) * sin` (either operand order), where `rotate_half` is any
-    module-level function, method or inline expression computing `torch.cat((-x2, x1), dim=-1)` of the
-    halves `x[..., : x.shape[-1] // 2]`, `x[..., x.shape[-1] // 2 :]` (or `x.chunk(2, -1)`), as in HF's
-    `apply_rotary_pos_emb`, partial rotary on a leading slice included (Phi-3, and Qwen's
-    `t_float[..., :rot_dim]` of one upcast with the tail passed through), einops halves
-    (`rearrange(x, "... (j d) -> ... j d", j=2).unbind(-2)`), tables passed as a list (`cos, sin = freqs`),
-    a CUDA-only fast path in front (kept for CUDA, the branch goes first), and the split-halves spelling
-    `cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin))` with half-width tables (the kernel on the tables
-    doubled, `cos.tile((2,))`; with the signs the other way round a rotation by -theta, the sin table
-    negated). Interleaved rotary on real pairs (`x.reshape(*x.shape[:-1], -1, 2)`, unbound and stacked
-    back as `stack((-x1, x0), -1).flatten(3)`, or the pair formulas `x0 * c - x1 * s`, `x1 * c + x0 * s` with
-    tables per pair, repeated per element for the kernel) and GPT-J's interleaved
-    `rotate_every_two` maps to rotary_mode='interleave' for torch_npu versions that have it, einops' pairs
-    too (`rearrange(x, "... (d r) -> ... d r", r=2)`, unbound, stacked as `(-x2, x1)` and merged back with
-    `rearrange(..., "... d r -> ... (d r)")`, as x-transformers and rotary-embedding-torch write it).
-    Tables times a scale (`t * freqs.cos() * scale`, a number or an xpos tensor) are the kernel's tables
-    `freqs.cos() * scale`, checked to be tensors; a part of the head before the rotated window
-    (`t[..., :start]`) passes through as the tail does. A branch in
-    front of the untouched body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits`
-    holds: 4-D, one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts
-    (BNSD: 11SD/B1SD/BNSD, BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896.
-    What the original computes once (the unsqueezed tables, an upcast `q.float()`) is bound once, in the
-    branch, before the checks and the kernel read it. When the tables are prepared under `if`s or
-    asserts and only the rest of the body is straight-line code, the branch goes in front of that rest,
-    reading the values the names hold there.
+    Recognises a rotary embedding by what it computes, not by how it is written: the function's folded
+    expression (helpers inlined: module-level, nested in the body, sibling methods) is run on a small
+    symbolic tensor x (`transforms/fused/evaluator.py`), every subexpression that does not read x taken
+    as an opaque table, and a subexpression is fused when each element of its result is
+    `x[j] * C[j] + x[partner(j)] * sign * S[j]`, `npu_rotary_mul`'s `x * C + rotate(x) * S` in mode
+    'half' (`rotate_half`, the halves `cat((-x2, x1))`) or 'interleave' (GPT-J's pairs), sign included,
+    at two head dims (`transforms/fused/rotation.py`). Spellings it covers, among others: HF's
+    `x * cos + rotate_half(x) * sin` (either operand order, any helper name), `x.chunk(2)` halves, einops
+    halves and pairs (`rearrange(x, "... (j d) -> ... j d", j=2).unbind(-2)`, `"... (d r) -> ... d r"`),
+    the halves written out (`cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin))`, half-width tables: the
+    kernel on `cos.tile((2,))`), the rotation by -theta (`cat((x2, -x1))`, the rotated half subtracted,
+    the signs of the halves swapped: the kernel with the sin table negated), interleaved pairs
+    (`stack((-x1, x0), -1).flatten(3)`, `x0 * c - x1 * s` per pair: tables repeated per pair,
+    `t.repeat_interleave(2, dim=-1)`), complex numbers (`view_as_real(view_as_complex(x.float()...) *
+    freqs_cis)`: `freqs_cis.real` / `.imag` repeated per pair, the kernel on `x.float()`), pair tables
+    (`f[..., 0]`, `f[..., 1]`), a 2x2 rotation matrix per pair (`rot[..., 0] * xp[..., 0] + rot[..., 1] *
+    xp[..., 1]`: the kernel tables stacked per parity, the matrix's trailing shape checked first), tables
+    times a scale (`t * freqs.cos() * scale`, checked to be tensors), tables given x's sizes
+    (`cache.view(-1, x.size(1), 1, d)`), partial rotary (the rotated window, the rest passed through),
+    a CUDA-only fast path in front (kept for CUDA, the branch goes first). The kernel tables are built
+    once per call, by tensor operations, in the branch. Interleaved rotary maps to
+    rotary_mode='interleave' for torch_npu versions that have it. A branch in front of the untouched
+    body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits` holds: 4-D, one dtype for
+    x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts (BNSD: 11SD/B1SD/BNSD,
+    BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896. What the original computes
+    once (the unsqueezed tables, an upcast `q.float()`, a cache view both tables slice) is bound once, in
+    the branch. When the tables are prepared under `if`s or asserts and only the rest of the body is
+    straight-line code, the branch goes in front of that rest, reading the values the names hold there
+    (assignments before the `if`s that still hold, as litgpt's `rotated`, are read as computed).
 
-    Declined, with a finding saying why: the sign-flipped rotation `cat((x2, -x1))` or
-    `x * cos - rotate_half(x) * sin` (the inverse rotation), complex-number rotary (`view_as_complex`,
-    `torch.polar`), interleaved rotary where the torch_npu version has no rotary_mode, a rotation under
-    control flow. A function that multiplies a rotation, or what a `rotate*` helper returns, and is not
-    fused always gets a finding saying why: the helper imported or not recognised, the rotated tensor not
-    the one times cos.
+    Declined, with a finding saying what differs: an element read from a position neither mode pairs it
+    with, a term scaled by a constant, a kernel table that would be a sum of tables, elements not
+    rotated, a computation that differs at another head dim (a fixed-width slice), interleaved rotary
+    where the torch_npu version has no rotary_mode, a rotation under control flow, rotations with
+    different tables in one function. An operation the evaluator does not know is never guessed: the
+    function is left alone, and one that multiplies what a `rotate*` helper returns gets a finding
+    saying why (the helper imported or not recognised).
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
@@ -278,8 +284,8 @@ def match(fn: Function) -> Outcome | None:
     if branch is not None:
         return Outcome(
             ROTARY,
-            f"complex-number rotary on one side of `if {source(branch.test)}:` left alone (npu_rotary_mul takes"
-            " real cos/sin tables); the real side is not fused either: the function is not straight-line code",
+            f"rotary embedding under `if {source(branch.test)}:` (complex numbers on one side, real tables on the"
+            " other) left alone: the function is not straight-line code, and a branch must hold for both sides",
         )
     try:
         result = inline_functions(fn, fold(fn))
