@@ -386,10 +386,36 @@ _NARROW = ("torch.float16", "torch.half", "torch.bfloat16")
 _CASTS = ("float", "double", "half", "bfloat16", "to", "type", "type_as")
 
 
+class Structure:
+    """Structural identity of `ast` nodes: one number per `ast.dump`, each node's computed once from its
+    children's (a dump per node would make the runs quadratic in the expression's size). One instance is
+    shared by the runs over one expression, whose table keys it numbers."""
+
+    def __init__(self) -> None:
+        self._numbers: dict[tuple, int] = {}
+        self._memo: dict[int, tuple[int, ast.AST]] = {}  # the node kept alive: its id stays its own
+
+    def of(self, node: ast.AST) -> int:
+        found = self._memo.get(id(node))
+        if found is not None:
+            return found[0]
+        parts: list = [type(node).__name__]
+        for _, value in ast.iter_fields(node):
+            if isinstance(value, ast.AST):
+                parts.append(self.of(value))
+            elif isinstance(value, list):
+                parts.append(tuple(self.of(v) if isinstance(v, ast.AST) else (type(v).__name__, v) for v in value))
+            else:
+                parts.append((type(value).__name__, value))
+        number = self._numbers.setdefault(tuple(parts), len(self._numbers))
+        self._memo[id(node)] = (number, node)
+        return number
+
+
 class Table:
     """A subexpression that does not read x: an opaque tensor, shaped where it first meets one of x."""
 
-    def __init__(self, node: ast.expr, key: str, negated: bool = False) -> None:
+    def __init__(self, node: ast.expr, key: int, negated: bool = False) -> None:
         self.node, self.key, self.negated = node, key, negated
 
 
@@ -408,7 +434,7 @@ def x_tensor(shape: tuple[int, ...]) -> Tensor:
 
 
 class Evaluation:
-    """One run of `expr` with the subexpressions equal to `x` (by `ast.dump`) bound to `X`.
+    """One run of `expr` with the subexpressions equal to `x` (structurally) bound to `X`.
 
     `shapes`: table key -> (shape, complex) hypotheses, overriding the shape a table takes from the
     tensor it first meets. After the run, `tables` holds each table (key -> (number, node, tensor)),
@@ -420,19 +446,22 @@ class Evaluation:
         x: ast.expr,
         X: Tensor,
         qualname: Callable[[ast.expr], str | None],
-        shapes: dict[str, tuple[tuple[int, ...], bool]] | None = None,
+        shapes: dict[int, tuple[tuple[int, ...], bool]] | None = None,
+        structure: Structure | None = None,
     ) -> None:
-        self.x_key, self.X, self.qualname = ast.dump(x), X, qualname
+        self.structure = Structure() if structure is None else structure
+        self.key = self.structure.of
+        self.x_key, self.X, self.qualname = self.key(x), X, qualname
         self.shapes = shapes or {}
-        self.tables: dict[str, tuple[int, ast.expr, Tensor]] = {}
-        self.met: dict[str, tuple[tuple[int, ...], bool]] = {}
+        self.tables: dict[int, tuple[int, ast.expr, Tensor]] = {}
+        self.met: dict[int, tuple[tuple[int, ...], bool]] = {}
         self.downcast = False
         self._reads_x: dict[int, bool] = {}
 
     # -- helpers -----------------------------------------------------------------------------------
     def reads_x(self, node: ast.AST) -> bool:
         if id(node) not in self._reads_x:
-            found = ast.dump(node) == self.x_key or any(self.reads_x(c) for c in ast.iter_child_nodes(node))
+            found = self.key(node) == self.x_key or any(self.reads_x(c) for c in ast.iter_child_nodes(node))
             self._reads_x[id(node)] = found
         return self._reads_x[id(node)]
 
@@ -456,11 +485,11 @@ class Evaluation:
     def run(self, node: ast.expr):
         if not self.reads_x(node):
             return self.constant(node)
-        if ast.dump(node) == self.x_key:
+        if self.key(node) == self.x_key:
             return self.X
         if self._sized_table(node):
             # `cache.view(-1, x.size(1), 1, d)[..., :x.size(-1)].to(x.dtype)`: a table given x's sizes or dtype
-            return Table(node, ast.dump(node))
+            return Table(node, self.key(node))
         method = getattr(self, f"_{type(node).__name__}", None)
         if method is None:
             raise Unknown(f"`{type(node).__name__}` is not understood")
@@ -479,12 +508,12 @@ class Evaluation:
         if base is node or not isinstance(node, (ast.Subscript, ast.Call)):
             return False
         sizes = isinstance(base, ast.Attribute) and base.attr in ("shape", "dtype", "device", "ndim")
-        if sizes or ast.dump(base) == self.x_key:  # `x.shape[-1]` is a number, not a table
+        if sizes or self.key(base) == self.x_key:  # `x.shape[-1]` is a number, not a table
             return False
         return self._only_sizes(node)
 
     def _only_sizes(self, node: ast.AST) -> bool:
-        if ast.dump(node) == self.x_key:
+        if self.key(node) == self.x_key:
             return False
         if not self.reads_x(node):
             return True
@@ -515,7 +544,7 @@ class Evaluation:
                 return DType(True)
             if name in _NARROW:
                 raise Unknown(f"a cast to `{name}`")
-        return Table(node, ast.dump(node))
+        return Table(node, self.key(node))
 
     def _Tuple(self, node):
         out = []
@@ -648,7 +677,7 @@ class Evaluation:
                 # a table given x's sizes (`rope.view(-1, xs.size(1), 1, xs.size(3), 2)`): that shape, with
                 # a size-1 dim where it leaves one to the table (-1), broadcast as such a dim is
                 shape = tuple(1 if s == -1 else s for s in _shape_args(args, keywords))
-                return self.materialize(Table(node, ast.dump(node)), Tensor(shape, [({}, None)] * math.prod(shape)))
+                return self.materialize(Table(node, self.key(node)), Tensor(shape, [({}, None)] * math.prod(shape)))
         name = self.qualname(func)
         if name is None or name not in _FUNCTIONS:
             raise Unknown(f"a call of `{ast.unparse(func)}`")

@@ -20,7 +20,7 @@ import ast
 
 from npu_migrate.api import load_table
 from npu_migrate.rule import EVERY_TARGET, Example, FixSafety, Rule
-from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS
+from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS, Structure
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
@@ -29,6 +29,7 @@ from npu_migrate.transforms.fused.symbolic import (
     Outcome,
     body_statements,
     contains_call,
+    cuda_only_tensor,
     evaluates_twice,
     fold,
     inline_functions,
@@ -159,11 +160,11 @@ class Site:
         self.shapes: tuple[tuple[ast.expr, tuple[str, ...]], ...] = ()
 
 
-def _candidates(node: ast.expr, fn: Function) -> list[ast.expr]:
+def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.expr]:
     """The subexpressions of `node` that may be the rotated tensor: a name (a parameter, once the body is
     folded), a slice of one or a cast of one, read at least twice (x is read plainly and again by its
     rotation), first read first. Names of modules and imports (`torch`) are no tensor."""
-    counts: dict[str, list[ast.expr]] = {}
+    counts: dict[int, list[ast.expr]] = {}
     for sub in walk_shared(node):
         if sub is node:
             continue
@@ -178,39 +179,56 @@ def _candidates(node: ast.expr, fn: Function) -> list[ast.expr]:
             else:
                 break
         if isinstance(base, ast.Name) and fn.qualname(base) is None:
-            counts.setdefault(ast.dump(sub), []).append(sub)
+            counts.setdefault(structure.of(sub), []).append(sub)
     return [found[0] for found in counts.values() if len(found) > 1][:8]
 
 
-def _has_product(node: ast.expr) -> bool:
-    return any(
-        isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) or isinstance(n, ast.Call) for n in walk_shared(node)
-    )
+#: Calls that join two terms as a rotary embedding's result does (besides `+` / `-`).
+_JOINS = ("cat", "concat", "concatenate", "stack", "view_as_real", "rearrange", "flatten", "reshape", "view")
+
+
+def _flags(node: ast.AST, memo: dict[int, int]) -> int:
+    """Bit 1: `node` holds a product; bit 2: a sum, a concatenation or a stack (what joins the kept and
+    the rotated terms). A rotary embedding has both; a subexpression without them is not run."""
+    found = memo.get(id(node))
+    if found is None:
+        found = 0
+        if isinstance(node, ast.BinOp):
+            found |= 1 if isinstance(node.op, ast.Mult) else 2 if isinstance(node.op, (ast.Add, ast.Sub)) else 0
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            found |= 2 if name in _JOINS else 0
+        for child in ast.iter_child_nodes(node):
+            found |= _flags(child, memo)
+        memo[id(node)] = found
+    return found
 
 
 def sites(expr: ast.AST, fn: Function, declined: list[str] | None = None) -> list[Site]:
     """The rotary embeddings in `expr`, outermost first, by what each subexpression computes; the reason
     of each close miss goes to `declined`."""
     found: list[Site] = []
-    built: dict[str, ast.expr] = {}  # one node per kernel table: q and k share what the branch binds
+    built: dict[int, ast.expr] = {}  # one node per kernel table: q and k share what the branch binds
+    structure = Structure()
     seen: set[int] = set()
+    flags: dict[int, int] = {}
     budget = [_BUDGET]
     declined = [] if declined is None else declined
 
     def share(table: ast.expr) -> ast.expr:
-        return built.setdefault(ast.dump(table), table)
+        return built.setdefault(structure.of(table), table)
 
     def visit(node: ast.AST) -> None:
         if id(node) in seen:
             return
         seen.add(id(node))
-        if isinstance(node, (ast.BinOp, ast.Call)) and _has_product(node):
-            for x in _candidates(node, fn):
+        if isinstance(node, (ast.BinOp, ast.Call)) and _flags(node, flags) == 3:
+            for x in _candidates(node, fn, structure):
                 if budget[0] <= 0:
                     return
                 budget[0] -= 1
                 try:
-                    meant = meaning(node, x, fn.qualname)
+                    meant = meaning(node, x, fn.qualname, structure)
                 except Declined as why:
                     declined.append(str(why))
                     continue
@@ -232,8 +250,9 @@ def sites(expr: ast.AST, fn: Function, declined: list[str] | None = None) -> lis
 
 def _rotates(expr: ast.expr, fn: Function) -> tuple[str, ast.expr] | None:
     """(mode, x) when `expr` is a rotation of x itself: rotate_half or its interleaved form."""
-    for x in _candidates(expr, fn):
-        mode = pure_rotation(expr, x, fn.qualname)
+    structure = Structure()
+    for x in _candidates(expr, fn, structure):
+        mode = pure_rotation(expr, x, fn.qualname, structure)
         if mode is not None:
             return mode, x
     return None
@@ -311,7 +330,18 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
     (x-transformers: the tables are prepared under `if`s, then rotated in straight-line code), for the
     values the names hold there; None when no tail holds one."""
     body = body_statements(fn.tree)
-    for start in range(1, len(body)):
+    # A tail holding a statement that is not straight-line (other than a CUDA-only fast path, which `fold`
+    # reads) does not fold: the tails to try begin after the last such statement.
+    blocks = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Assert, ast.Raise)
+    first = 1 + max(
+        (
+            at
+            for at, stmt in enumerate(body)
+            if isinstance(stmt, blocks) and not (isinstance(stmt, ast.If) and cuda_only_tensor(stmt.test, fn))
+        ),
+        default=0,
+    )
+    for start in range(max(first, 1), len(body)):
         tail = straight_tail(fn, start)
         try:
             result = inline_functions(tail, fold(tail))

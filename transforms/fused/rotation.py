@@ -22,7 +22,7 @@ import ast
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from npu_migrate.transforms.fused.evaluator import Evaluation, Tensor, Unknown, x_tensor
+from npu_migrate.transforms.fused.evaluator import Evaluation, Structure, Tensor, Unknown, x_tensor
 
 #: x's shapes: 4-D with distinct leading sizes (a transpose or a concatenation on a wrong axis shows),
 #: two head dims.
@@ -246,20 +246,20 @@ def _hypotheses(evaluation: Evaluation) -> list[dict]:
     return [grown] if grown else []
 
 
-def meaning(node: ast.expr, x: ast.expr, qualname) -> Meaning | None:
+def meaning(node: ast.expr, x: ast.expr, qualname, structure: Structure | None = None) -> Meaning | None:
     """What `node` computes with `x` as the rotated tensor, when it is `npu_rotary_mul`'s; None when it is
     not read (an op the evaluator does not know, not x's shape); Declined when it is close but not equal."""
     results = []
     for shape in SHAPES:
-        found = _at(node, x, shape, qualname)
+        found = _at(node, x, shape, qualname, structure)
         if found is None:
             return None
         results.append(found)
     return _agree(results)
 
 
-def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname) -> Meaning | None:
-    evaluation = Evaluation(x, x_tensor(shape), qualname)
+def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure=None) -> Meaning | None:
+    evaluation = Evaluation(x, x_tensor(shape), qualname, structure=structure)
     why = None
     try:
         found = _solve(evaluation, _result(evaluation, node, shape), shape[-1])
@@ -270,7 +270,7 @@ def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname) -> Meanin
     except Exception:  # noqa: BLE001 (Unknown, or an operation on values it cannot take: not read)
         pass
     for shapes in _hypotheses(evaluation):
-        again = Evaluation(x, x_tensor(shape), qualname, shapes)
+        again = Evaluation(x, x_tensor(shape), qualname, shapes, evaluation.structure)
         try:
             found = _solve(again, _result(again, node, shape), shape[-1])
         except Exception:  # noqa: BLE001 (as above)
@@ -313,12 +313,12 @@ def _solve(evaluation: Evaluation, out: Tensor, d: int) -> Meaning | None:
     return Meaning(mode, cos_expr, sin_expr, out.upcast, builder.sources, products, builder.shapes)
 
 
-def pure_rotation(node: ast.expr, x: ast.expr, qualname) -> str | None:
+def pure_rotation(node: ast.expr, x: ast.expr, qualname, structure: Structure | None = None) -> str | None:
     """The mode when `node` is `rotate(x)` itself (rotate_half or its interleaved form, +-1 throughout)."""
     found = None
     for shape in SHAPES:
         try:
-            out = _result(Evaluation(x, x_tensor(shape), qualname), node, shape)
+            out = _result(Evaluation(x, x_tensor(shape), qualname, structure=structure), node, shape)
             terms = coefficients(out, shape[-1])
         except Exception:  # noqa: BLE001 (not read, or not linear: no rotation)
             return None

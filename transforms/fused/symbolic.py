@@ -148,10 +148,11 @@ def straight_tail(fn: Function, start: int) -> Function:
     those names hold there. A branch put in front of them sees the same values."""
     body = body_statements(fn.tree)
     kept = _still_valid(body[:start])
+    kept_ids = {id(k) for k in kept}
     bound = [
         node.id
         for stmt in body[:start]
-        if not any(stmt is k for k in kept)
+        if id(stmt) not in kept_ids
         for node in ast.walk(stmt)
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
     ]
@@ -167,6 +168,10 @@ def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
     """The assignments of `statements` to names whose value at their end is what they assigned: no later
     statement rebinds the name or a name the value reads (litgpt's `rotated = cat((-x2, x1))` before an
     `if` that reshapes the tables). The straight tail after them may read them as they were computed."""
+    stores = [_bound_names(stmt) for stmt in statements]
+    after: list[frozenset[str]] = [frozenset() for _ in statements]  # the names the statements after each bind
+    for at in range(len(statements) - 2, -1, -1):
+        after[at] = after[at + 1] | stores[at + 1]
     kept = []
     for at, stmt in enumerate(statements):
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
@@ -175,18 +180,25 @@ def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
         names = [targets] if isinstance(targets, ast.Name) else getattr(targets, "elts", None)
         if not names or not all(isinstance(n, ast.Name) for n in names):
             continue
-        read = {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)} | {n.id for n in names}
-        later = {
-            n.id
-            for other in statements[at + 1 :]
-            for n in ast.walk(other)
-            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))
-        }
-        if not read & later and not any(
-            isinstance(n, (ast.Call, ast.Lambda)) and _mutates(n) for n in ast.walk(stmt.value)
-        ):
+        read, mutates = _value_facts(stmt.value)
+        if not (read | {n.id for n in names}) & after[at] and not mutates:
             kept.append(stmt)
     return kept
+
+
+@functools.lru_cache(maxsize=4096)
+def _value_facts(value: ast.expr) -> tuple[frozenset[str], bool]:
+    """(the names `value` reads, whether it calls an in-place method), cached as `_bound_names`."""
+    nodes = nodes_of(value)
+    return frozenset(n.id for n in nodes if isinstance(n, ast.Name)), any(_mutates(n) for n in nodes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bound_names(stmt: ast.stmt) -> frozenset[str]:
+    """The names `stmt` binds or deletes (cached: every straight tail of a function asks again)."""
+    return frozenset(
+        n.id for n in nodes_of(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))
+    )
 
 
 def _mutates(node: ast.AST) -> bool:
