@@ -138,9 +138,6 @@ HELPER = "fused/rotary_fits.py.j2"
 _NAMES = ("_npu_cos", "_npu_sin")
 
 
-#: Casts a rotated tensor may be taken through before it is rotated (`q.float()`): candidates for x.
-_CAST_METHODS = ("float", "to", "type", "type_as", "contiguous")
-
 #: Abstract runs one function may take: a big function that is no rotary embedding stays cheap.
 _BUDGET = 400
 
@@ -162,8 +159,8 @@ class Site:
 
 def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.expr]:
     """The subexpressions of `node` that may be the rotated tensor: a name (a parameter, once the body is
-    folded), a slice of one or a cast of one, read at least twice (x is read plainly and again by its
-    rotation), first read first. Names of modules and imports (`torch`) are no tensor."""
+    folded), or slices, casts and views of one, read at least twice (x is read plainly and again by its
+    rotation), outermost first. Names of modules and imports (`torch`) are no tensor."""
     counts: dict[int, list[ast.expr]] = {}
     for sub in walk_shared(node):
         if sub is node:
@@ -172,9 +169,7 @@ def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.
         while True:
             if isinstance(base, ast.Subscript):
                 base = base.value
-            elif (
-                isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute) and base.func.attr in _CAST_METHODS
-            ):
+            elif isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
                 base = base.func.value
             else:
                 break
@@ -342,12 +337,20 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
         default=0,
     )
     for start in range(max(first, 1), len(body)):
-        tail = straight_tail(fn, start)
-        try:
-            result = inline_functions(tail, fold(tail))
-        except NotStraightLine:
-            continue
-        if not sites(result, tail):
+        # The names the skipped statements bind, as they are (the branch reads them), and only where that
+        # finds no rotation, with the assignments that still hold read as computed (litgpt's `rotated`).
+        for keep in (False, True):
+            tail = straight_tail(fn, start, keep)
+            try:
+                result = inline_functions(tail, fold(tail))
+            except NotStraightLine:
+                tail = None
+                continue
+            if sites(result, tail):
+                break
+        else:
+            if tail is None:
+                continue
             return None
         if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
             return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")

@@ -142,12 +142,13 @@ def has_fused_branch(tree: ast.FunctionDef) -> bool:
     return False
 
 
-def straight_tail(fn: Function, start: int) -> Function:
+def straight_tail(fn: Function, start: int, keep: bool = False) -> Function:
     """`fn` as if its body began at statement `start` (after the docstring), with every name the skipped
     statements bind taken as a parameter: what the statements from `start` on compute from the values
-    those names hold there. A branch put in front of them sees the same values."""
+    those names hold there. A branch put in front of them sees the same values. With `keep`, the skipped
+    assignments whose names still hold what they assigned (`_still_valid`) are kept in front of the tail."""
     body = body_statements(fn.tree)
-    kept = _still_valid(body[:start])
+    kept = _still_valid(body[:start]) if keep else []
     kept_ids = {id(k) for k in kept}
     bound = [
         node.id
@@ -177,11 +178,14 @@ def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
             continue
         targets = stmt.targets[0]
-        names = [targets] if isinstance(targets, ast.Name) else getattr(targets, "elts", None)
+        # what `fold` reads: a name, or names from a tuple of as many values
+        pairs = isinstance(targets, ast.Tuple) and isinstance(stmt.value, ast.Tuple)
+        names = [targets] if isinstance(targets, ast.Name) else targets.elts if pairs else None
         if not names or not all(isinstance(n, ast.Name) for n in names):
             continue
         read, mutates = _value_facts(stmt.value)
-        if not (read | {n.id for n in names}) & after[at] and not mutates:
+        # `q = f(q)` reads what it rebinds: run again, it would read its own result
+        if not (read | {n.id for n in names}) & after[at] and not read & {n.id for n in names} and not mutates:
             kept.append(stmt)
     return kept
 
