@@ -27,7 +27,8 @@ from fractions import Fraction
 
 #: A monomial: the sorted tuple of its symbols (with repetition). A symbol: ("x", flat index) or
 #: ("t", table number, part, index) with part "re" / "im" (a complex table's) or "" (a real one's).
-Poly = dict[tuple, Fraction]
+#: Coefficients are ints, or Fractions once something divides: exact either way.
+Poly = dict[tuple, "int | Fraction"]
 
 
 class Unknown(Exception):
@@ -73,6 +74,7 @@ class Tensor:
         if math.prod(shape) != len(data):
             raise Unknown("shape and data disagree")
         self.shape, self.data, self.is_complex, self.upcast = tuple(shape), data, is_complex, upcast
+        self._strides: list[int] | None = None
 
     def like(self, shape, data, is_complex=None) -> Tensor:
         return Tensor(shape, data, self.is_complex if is_complex is None else is_complex, self.upcast)
@@ -87,11 +89,13 @@ class Tensor:
         return d % self.ndim
 
     def strides(self) -> list[int]:
-        out, step = [], 1
-        for size in reversed(self.shape):
-            out.append(step)
-            step *= size
-        return out[::-1]
+        if self._strides is None:
+            out, step = [], 1
+            for size in reversed(self.shape):
+                out.append(step)
+                step *= size
+            self._strides = out[::-1]
+        return self._strides
 
     def at(self, index: tuple[int, ...]) -> Entry:
         return self.data[sum(i * s for i, s in zip(index, self.strides()))]
@@ -204,9 +208,7 @@ class Tensor:
         return self.like(self.shape, [fn(e) for e in self.data])
 
     def negate(self) -> Tensor:
-        return self.entrywise(
-            lambda e: (_scale(e[0], Fraction(-1)), None if e[1] is None else _scale(e[1], Fraction(-1)))
-        )
+        return self.entrywise(lambda e: (_scale(e[0], -1), None if e[1] is None else _scale(e[1], -1)))
 
     def scaled(self, k: Fraction) -> Tensor:
         return self.entrywise(lambda e: (_scale(e[0], k), None if e[1] is None else _scale(e[1], k)))
@@ -227,12 +229,12 @@ def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _expand(t: Tensor, shape: tuple[int, ...]) -> list[Entry]:
+    if t.shape == shape:
+        return t.data
     lead = len(shape) - t.ndim
-    out = []
-    for index in itertools.product(*(range(s) for s in shape)):
-        source = tuple(0 if t.shape[d] == 1 else index[d + lead] for d in range(t.ndim))
-        out.append(t.at(source))
-    return out
+    # each output dim's stride in t's data: 0 where t broadcasts (a missing or size-1 dim)
+    steps = [0] * lead + [0 if size == 1 else step for size, step in zip(t.shape, t.strides())]
+    return [t.data[sum(i * s for i, s in zip(index, steps))] for index in itertools.product(*(range(s) for s in shape))]
 
 
 def _entry_op(op: str, a: Entry, b: Entry) -> Entry:
@@ -423,14 +425,14 @@ def _symbols(number: int, shape: tuple[int, ...], is_complex: bool) -> list[Entr
     data: list[Entry] = []
     for index in itertools.product(*(range(s) for s in shape)):
         if is_complex:
-            data.append(({(("t", number, "re", index),): Fraction(1)}, {(("t", number, "im", index),): Fraction(1)}))
+            data.append(({(("t", number, "re", index),): 1}, {(("t", number, "im", index),): 1}))
         else:
-            data.append(({(("t", number, "", index),): Fraction(1)}, None))
+            data.append(({(("t", number, "", index),): 1}, None))
     return data
 
 
 def x_tensor(shape: tuple[int, ...]) -> Tensor:
-    return Tensor(shape, [({(("x", i),): Fraction(1)}, None) for i in range(math.prod(shape))])
+    return Tensor(shape, [({(("x", i),): 1}, None) for i in range(math.prod(shape))])
 
 
 class Evaluation:
@@ -598,7 +600,7 @@ class Evaluation:
         if isinstance(left, Tensor) or isinstance(right, Tensor):
             if _number(left) or _number(right):
                 tensor, number = (left, right) if isinstance(left, Tensor) else (right, left)
-                k = Fraction(str(number))
+                k = number if isinstance(number, int) else Fraction(str(number))
                 if symbol == "*":
                     return tensor.scaled(k)
                 constant = tensor.like(tensor.shape, [({(): k}, None) for _ in tensor.data], False)
