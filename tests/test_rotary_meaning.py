@@ -309,6 +309,11 @@ NEAR_MISSES = {
         "def rope(x, cos, sin):\n    return x * cos + x.flip(-1) * sin\n",
         "neither rotation pairs it with",
     ),
+    # halves of a literal width: a rotation at head dim 8 only (the evaluator runs two head dims)
+    "fixed width": (
+        "def rope(x, cos, sin):\n    x1, x2 = x[..., :4], x[..., 4:]\n    return x * cos + torch.cat((-x2, x1), -1) * sin\n",
+        "neither rotation pairs it with",
+    ),
     # the second half not rotated
     "partly rotated": (
         "def rope(x, cos, sin):\n    x1, x2 = x.chunk(2, dim=-1)\n    return x * cos + torch.cat((-x2, x1 * 0), -1) * sin\n",
