@@ -144,14 +144,18 @@ def has_fused_branch(tree: ast.FunctionDef) -> bool:
     return False
 
 
-def straight_tail(fn: Function, start: int) -> Function:
+def straight_tail(fn: Function, start: int, keep: bool = False) -> Function:
     """`fn` as if its body began at statement `start` (after the docstring), with every name the skipped
     statements bind taken as a parameter: what the statements from `start` on compute from the values
-    those names hold there. A branch put in front of them sees the same values."""
+    those names hold there. A branch put in front of them sees the same values. With `keep`, the skipped
+    assignments whose names still hold what they assigned (`_still_valid`) are kept in front of the tail."""
     body = body_statements(fn.tree)
+    kept = _still_valid(body[:start]) if keep else []
+    kept_ids = {id(k) for k in kept}
     bound = [
         node.id
         for stmt in body[:start]
+        if id(stmt) not in kept_ids
         for node in ast.walk(stmt)
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
     ]
@@ -159,8 +163,53 @@ def straight_tail(fn: Function, start: int) -> Function:
     known = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
     args.args = [*args.args, *(ast.arg(name) for name in dict.fromkeys(bound) if name not in known)]
     tree = copy.copy(fn.tree)
-    tree.args, tree.body = args, body[start:]
+    tree.args, tree.body = args, [*kept, *body[start:]]
     return Function(tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names)
+
+
+def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
+    """The assignments of `statements` to names whose value at their end is what they assigned: no later
+    statement rebinds the name or a name the value reads (litgpt's `rotated = cat((-x2, x1))` before an
+    `if` that reshapes the tables). The straight tail after them may read them as they were computed."""
+    stores = [_bound_names(stmt) for stmt in statements]
+    after: list[frozenset[str]] = [frozenset() for _ in statements]  # the names the statements after each bind
+    for at in range(len(statements) - 2, -1, -1):
+        after[at] = after[at + 1] | stores[at + 1]
+    kept = []
+    for at, stmt in enumerate(statements):
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+            continue
+        targets = stmt.targets[0]
+        # what `fold` reads: a name, or names from a tuple of as many values
+        pairs = isinstance(targets, ast.Tuple) and isinstance(stmt.value, ast.Tuple)
+        names = [targets] if isinstance(targets, ast.Name) else targets.elts if pairs else None
+        if not names or not all(isinstance(n, ast.Name) for n in names):
+            continue
+        read, mutates = _value_facts(stmt.value)
+        # `q = f(q)` reads what it rebinds: run again, it would read its own result
+        if not (read | {n.id for n in names}) & after[at] and not read & {n.id for n in names} and not mutates:
+            kept.append(stmt)
+    return kept
+
+
+@functools.lru_cache(maxsize=4096)
+def _value_facts(value: ast.expr) -> tuple[frozenset[str], bool]:
+    """(the names `value` reads, whether it calls an in-place method), cached as `_bound_names`."""
+    nodes = nodes_of(value)
+    return frozenset(n.id for n in nodes if isinstance(n, ast.Name)), any(_mutates(n) for n in nodes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bound_names(stmt: ast.stmt) -> frozenset[str]:
+    """The names `stmt` binds or deletes (cached: every straight tail of a function asks again)."""
+    return frozenset(
+        n.id for n in nodes_of(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))
+    )
+
+
+def _mutates(node: ast.AST) -> bool:
+    """An in-place method (`x.add_(...)`): its statement cannot be run again."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_")
 
 
 def substitute(node: ast.AST, env: dict[str, ast.expr]) -> ast.AST:
@@ -242,6 +291,11 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
             fn.fast_path_tensors.append(tested)
             body[:0] = stmt.orelse
             continue
+        if isinstance(stmt, ast.FunctionDef) and not stmt.decorator_list:
+            # A helper defined in the body (`def rotate_half(t): ...`) is inlined like a module-level one,
+            # when it reads nothing of the enclosing function (its closure would be the caller's values).
+            _nested_function(fn, stmt)
+            continue
         if isinstance(stmt, ast.Return) and stmt.value is not None:
             if body:
                 raise NotStraightLine("it returns before its last statement")
@@ -281,6 +335,19 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
         first_line = ast.unparse(stmt).splitlines()[0]
         raise NotStraightLine(f"the body is not straight-line assignments (`{first_line}`)")
     raise NotStraightLine("it has no return value")
+
+
+def _nested_function(fn: Function, node: ast.FunctionDef) -> None:
+    args = node.args
+    own = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+    own |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    outer = set(fn.params) | {
+        n.id for n in ast.walk(fn.tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
+    free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - own
+    if free & outer:
+        raise NotStraightLine(f"the nested function `{node.name}` reads the enclosing function's names")
+    fn.functions = {**fn.functions, node.name: node}
 
 
 def _inline_siblings(fn: Function, expr: ast.expr, depth: int) -> ast.expr:
