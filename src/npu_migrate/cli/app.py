@@ -234,6 +234,10 @@ def apply(
             "--timeout", min=0.1, metavar="SECONDS", help="Seconds one file may take; a slower file fails, untouched."
         ),
     ] = 300.0,
+    no_cache: Annotated[
+        bool,
+        typer.Option("--no-cache", help="Neither read nor write .npu_migrate_cache/ (config: cache = false)."),
+    ] = False,
 ) -> None:
     """Rewrite CUDA code for Ascend NPUs: in place, into --output, or as a --diff / --check dry run.
 
@@ -395,8 +399,13 @@ def apply(
             if not finding.fixed or show_fixes:
                 say(format_finding(finding), err=findings_err)
 
+    cache = None
+    if config.cache and not no_cache and mode is not Mode.OUTPUT:
+        from npu_migrate.engine.cache import Cache
+
+        cache = Cache.open(config.root, plan)
     helper_imports: dict[Path, set[str]] = {}
-    for job, result in zip(job_list, run(job_list, plan, jobs)):
+    for job, result in zip(job_list, run(job_list, plan, jobs, cache)):
         progress.advance()
         collect(helper_imports, job.path, result.helper_module, result.helper_imports)
         show(result)

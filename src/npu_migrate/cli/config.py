@@ -15,6 +15,7 @@ errors that name the file and the key, never silently ignored.
     per-file-ignores = { "tests/*" = ["NPU1"] }
     require-clean-git = true         # in-place apply refuses files with uncommitted changes (--force)
     fail-on = "rewrite"              # or "error" / "warning": what else makes `apply` exit 1 (--fail-on)
+    cache = true                     # keep per-file results in .npu_migrate_cache/ (--no-cache)
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class Config:
     per_file_ignores: dict[str, tuple[str, ...]] = field(default_factory=dict)
     require_clean_git: bool = True
     fail_on: str = "rewrite"
+    cache: bool = True  # answer unchanged files from .npu_migrate_cache/ (`engine/cache.py`)
     path: Path | None = None  # the pyproject.toml it came from
 
     @property
@@ -121,6 +123,7 @@ def load_config(path: Path | None) -> Config:
         "per-file-ignores",
         "require-clean-git",
         "fail-on",
+        "cache",
     }
     for key in data:
         if key not in known:
@@ -148,6 +151,9 @@ def load_config(path: Path | None) -> Config:
     fail_on = data.get("fail-on", "rewrite")
     if fail_on not in FAIL_ON:
         raise ConfigError(f"{path}: [tool.{SECTION}] fail-on: expected one of {', '.join(map(repr, FAIL_ON))}")
+    cache = data.get("cache", True)
+    if not isinstance(cache, bool):
+        raise ConfigError(f"{path}: [tool.{SECTION}] cache: expected true or false")
     return Config(
         select=_strings(path, "select", data["select"]) if "select" in data else None,
         ignore=_strings(path, "ignore", data.get("ignore", [])),
@@ -159,6 +165,7 @@ def load_config(path: Path | None) -> Config:
         per_file_ignores={k: _strings(path, f"per-file-ignores.{k}", v) for k, v in per_file.items()},
         require_clean_git=clean,
         fail_on=fail_on,
+        cache=cache,
         path=path,
     )
 
