@@ -57,7 +57,11 @@ def cached(jobs: list[Job], plan: Plan, workers: int | None, cache: Cache) -> It
     for job in jobs:
         raw = read_for_key(job.path)
         key = cache.key(job, raw) if raw is not None else None
-        keys.append(key if key is not None and _usable(cache.get(key), plan) else None)
+        if key is not None and plan.mode is Mode.DIFF:
+            # Any entry will do: read it once, when its turn comes (a torn one is computed then).
+            keys.append(key if cache.has(key) else None)
+        else:  # in place, only an entry of "no change" saves the worker: read it now to know
+            keys.append(key if key is not None and _usable(cache.get(key), plan) else None)
     misses = [job for job, key in zip(jobs, keys) if key is None]
     computed = run_each(process_and_store, misses, (plan, cache), crashed=_not_migrated, workers=workers)
     for job, key in zip(jobs, keys):
