@@ -261,3 +261,23 @@ def test_two_runs_at_once_agree_with_a_run_without_the_cache(tmp_path):
             assert (out, err) == (expected.stdout, expected.stderr)
     assert len(_entries(tmp_path)) == 40
     assert not list((tmp_path / FOLDER).glob("**/.tmp-*"))  # no temporary file left behind
+
+
+def test_analyze_shares_the_entries_of_apply_and_no_cache_bypasses_them(tmp_path):
+    (tmp_path / "train.py").write_text(CUDA)
+    cold = run_cli("analyze", "--format", "json", ".", cwd=tmp_path)
+    assert cold.returncode == 0, cold.stderr
+    assert "NPU101" in cold.stdout
+    run_cli("apply", "--diff", ".", cwd=tmp_path)
+    assert len(_entries(tmp_path)) == 1  # one entry for both commands
+    import hashlib
+
+    (entry,) = _entries(tmp_path)
+    doc = json.loads(entry.read_bytes().partition(b"\n")[2])
+    for finding in doc["findings"]:
+        finding[4] = "FROM THE CACHE"
+    body = json.dumps(doc).encode()
+    entry.write_bytes(b"npu-migrate-cache " + hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+    assert "FROM THE CACHE" in run_cli("analyze", "--format", "json", ".", cwd=tmp_path).stdout
+    bypassed = run_cli("analyze", "--format", "json", "--no-cache", ".", cwd=tmp_path)
+    assert bypassed.stdout == cold.stdout and "FROM THE CACHE" not in bypassed.stdout
