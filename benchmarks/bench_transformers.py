@@ -207,6 +207,7 @@ def main() -> None:
     parser.add_argument("--skip-analyze", action="store_true", help="skip `analyze --mode all` (minutes)")
     parser.add_argument("--skip-scaling", action="store_true", help="skip apply over 1/4, 1/2 and all of models/")
     parser.add_argument("--skip-reasons", action="store_true", help="skip the prefilter funnel (parse reasons)")
+    parser.add_argument("--skip-fused-off", action="store_true", help="skip apply --diff with the fused rules off")
     args = parser.parse_args()
 
     root = fetch_tree(args.version)
@@ -239,9 +240,10 @@ def main() -> None:
     t["apply --diff cold"] = timed_command(npu_migrate("apply", "--diff", *jobs, rel), workdir)
     t["apply --check warm (cache)"] = timed_command(npu_migrate("apply", "--check", *jobs, rel), workdir)
     t["apply --diff warm (cache)"] = timed_command(npu_migrate("apply", "--diff", *jobs, rel), workdir)
-    t["apply --diff cold (fused off)"] = timed_command(
-        npu_migrate("apply", "--diff", "--no-cache", "--ignore", "NPU7", *jobs, rel), workdir
-    )
+    if not args.skip_fused_off:
+        t["apply --diff cold (fused off)"] = timed_command(
+            npu_migrate("apply", "--diff", "--no-cache", "--ignore", "NPU7", *jobs, rel), workdir
+        )
     if not args.skip_analyze:
         t["analyze --mode all"] = timed_command(
             npu_migrate("analyze", "--mode", "all", "--no-gitignore", "--format", "json", rel), workdir
@@ -285,7 +287,7 @@ def main() -> None:
             ratios[f"{name} / libcst parse"] = t[name]["wall_s"] / base
     base_cpu = t.get("libcst parse+code every file", {}).get("cpu_s")
     for name in ("apply --diff cold", "apply --diff cold (fused off)"):
-        if base_cpu and t[name].get("cpu_s"):
+        if base_cpu and name in t and t[name].get("cpu_s"):
             ratios[f"{name} / libcst parse, CPU seconds"] = t[name]["cpu_s"] / base_cpu
     ratios["apply --check small / python start-up"] = (
         t["apply --check one small file (median of 5)"]["wall_s"] / t["python -c pass (median of 5)"]["wall_s"]
