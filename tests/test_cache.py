@@ -281,3 +281,13 @@ def test_analyze_shares_the_entries_of_apply_and_no_cache_bypasses_them(tmp_path
     assert "FROM THE CACHE" in run_cli("analyze", "--format", "json", ".", cwd=tmp_path).stdout
     bypassed = run_cli("analyze", "--format", "json", "--no-cache", ".", cwd=tmp_path)
     assert bypassed.stdout == cold.stdout and "FROM THE CACHE" not in bypassed.stdout
+
+
+def test_discovery_does_not_walk_the_cache_folder(tmp_path):
+    from npu_migrate.files.discovery import discover
+
+    jobs = _tree(tmp_path)
+    _run(jobs, _plan(), tmp_path)
+    (tmp_path / FOLDER / "stray.py").write_text(CUDA)  # even a file that looks like input
+    found = discover([tmp_path], lambda p: p.suffix == ".py", respect_gitignore=False)
+    assert sorted(p.name for p in found.files) == ["plain.py", "train.py"]
