@@ -291,3 +291,35 @@ def test_discovery_does_not_walk_the_cache_folder(tmp_path):
     (tmp_path / FOLDER / "stray.py").write_text(CUDA)  # even a file that looks like input
     found = discover([tmp_path], lambda p: p.suffix == ".py", respect_gitignore=False)
     assert sorted(p.name for p in found.files) == ["plain.py", "train.py"]
+
+
+FUSED_PACKAGE = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "fused_package"
+
+
+def test_the_package_and_its_helper_module_are_followed(tmp_path):
+    """Where a file imports its fused helpers from depends on the package around it (its `__init__.py`
+    files) and what `_npu_fused.py` holds decides what the run appends to it: after each change, a run
+    from the cache prints what a run without it prints."""
+    import shutil
+
+    shutil.copytree(FUSED_PACKAGE, tmp_path / "p")
+    root = tmp_path / "p"
+
+    def both() -> tuple[tuple[str, str], tuple[str, str]]:
+        warm = run_cli("apply", "--diff", ".", cwd=root)
+        cold = run_cli("apply", "--diff", "--no-cache", ".", cwd=root)
+        return (warm.stdout, warm.stderr), (cold.stdout, cold.stderr)
+
+    first = run_cli("apply", "--diff", ".", cwd=root)
+    assert "_npu_fused.py" in first.stdout, first.stderr
+    warm, cold = both()
+    assert warm == cold == (first.stdout, first.stderr)
+    (root / "fusedpkg" / "_npu_fused.py").write_text("def _is_npu():\n    return False\n")
+    warm, cold = both()
+    assert warm == cold and warm[0] != first.stdout
+    (root / "fusedpkg" / "_npu_fused.py").unlink()
+    (root / "fusedpkg" / "__init__.py").unlink()  # fusedpkg is no package any more: its helpers go elsewhere
+    before = warm
+    warm, cold = both()
+    assert warm == cold and warm[0] != before[0]
+    assert "+from ._npu_fused import _is_npu, _npu_rms_norm" not in warm[0]  # norms.py's, in fusedpkg
