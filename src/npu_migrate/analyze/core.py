@@ -4,8 +4,10 @@ Per file, `scan_file` does two things. It runs the codemod's own pipeline (`pipe
 mode, exactly what `apply --diff` runs), so the rule findings of a report are the findings `apply`
 reports, byte for byte. Then it parses the file once with `ast` and hands the tree to every registered
 mode's `scan`, which returns plain picklable facts. With a result cache (`engine/cache.py`), the rules'
-part of an unchanged file is read from it, the very entries `apply --diff` writes and reads where the
-file's job is the same. The modes' `collect` turn the facts of the whole tree
+part of an unchanged file is read from it. A file of no package shares its entry with `apply --diff`; a
+package's files do not (`apply` migrates them importing the package's helper module, `analyze` with the
+helpers inline), so a first `analyze` after `apply` computes those again. The modes' scans are not cached:
+a warm `analyze` still parses and scans every file. The modes' `collect` turn the facts of the whole tree
 into findings, tables (the CSVs) and report sections, each once, in the order their `reads` require.
 """
 
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 def _plan(settings: Settings) -> Plan:
     from npu_migrate.engine.registry import select_rules
 
-    # Every rule is `None` to `apply` (see `Plan`): spelt the same, the two commands share cache entries.
+    # Every rule is `None` to `apply` (see `Plan`): spelt the same, the two commands can share entries.
     enabled = None if settings.enabled == select_rules() else settings.enabled
     return Plan(enabled, settings.torch_npu_version, PipelineMode.DIFF)
 
