@@ -116,6 +116,10 @@ def analyze_command(
     config_file: Annotated[
         Optional[Path], typer.Option("--config", help="pyproject.toml to read (default: found from PATHS upwards).")
     ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option("--no-cache", help="Neither read nor write .npu_migrate_cache/ (config: cache = false)."),
+    ] = False,
 ) -> None:
     """Analyse a code base for the move to Ascend NPUs: APIs, libraries, kernels, fused ops, shapes, model."""
     # Here, not at the top: every `npu-migrate` run imports this module, and only `analyze` needs the engine.
@@ -180,6 +184,7 @@ def analyze_command(
                 excludes=excludes,
                 respect_gitignore=not no_gitignore,
                 progress=progress,
+                cache_root=config.root if config.cache and not no_cache else None,
             )
         finally:
             bar.clear()

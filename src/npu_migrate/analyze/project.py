@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,9 @@ from npu_migrate.files.source import parse_python, read_source
 from npu_migrate.findings import Finding
 from npu_migrate.program.api import NpuApi
 from npu_migrate.program.names import Names
+
+#: A line as `ast.get_source_segment` counts them: ended by \r\n, \r or \n (not by a form feed).
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
 
 #: Why a file that killed its worker process (`runner.run_each` retries it alone to find it) is not analysed.
 WORKER_DIED = "the worker process died while analysing this file (a crash in the parser?)"
@@ -49,6 +53,23 @@ class Source:
     tree: ast.Module
     names: Names
     lines: list[str]
+    #: The lines as `ast.get_source_segment` splits them, split once: that function splits the whole file
+    #: on every call, which was a fifth of `analyze` on a large tree (#26).
+    _ends: list[str] | None = field(default=None, repr=False, compare=False)
+
+    def _segment(self, node: ast.AST) -> str:
+        """`ast.get_source_segment(self.text, node) or ""`, without splitting the text again."""
+        end_line, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+        if end_line is None or end_col is None or not hasattr(node, "lineno"):
+            return ""
+        if self._ends is None:
+            self._ends = _LINE.findall(self.text)
+        first, last, lines = node.lineno - 1, end_line - 1, self._ends
+        if first == last:
+            return lines[first].encode()[node.col_offset : end_col].decode()
+        head = lines[first].encode()[node.col_offset :].decode()
+        tail = lines[last].encode()[:end_col].decode()
+        return "".join([head, *lines[first + 1 : last], tail])
 
     def pos(self, node: ast.AST) -> tuple[int, int]:
         """1-based line and column in characters, as the rule findings count them (ast counts UTF-8 bytes)."""
@@ -64,7 +85,7 @@ class Source:
         return f"{self.display}:{line}:{col}"
 
     def segment(self, node: ast.AST, limit: int = 120) -> str:
-        text = ast.get_source_segment(self.text, node) or ""
+        text = self._segment(node)
         text = " ".join(text.split())
         return text if len(text) <= limit else text[: limit - 3] + "..."
 

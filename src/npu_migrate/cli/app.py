@@ -235,6 +235,10 @@ def apply(
             "--timeout", min=0.1, metavar="SECONDS", help="Seconds one file may take; a slower file fails, untouched."
         ),
     ] = 300.0,
+    no_cache: Annotated[
+        bool,
+        typer.Option("--no-cache", help="Neither read nor write .npu_migrate_cache/ (config: cache = false)."),
+    ] = False,
 ) -> None:
     """Rewrite CUDA code for Ascend NPUs: in place, into --output, or as a --diff / --check dry run.
 
@@ -271,6 +275,7 @@ def apply(
         config_file=config_file,
         no_gitignore=no_gitignore,
         timeout=timeout,
+        no_cache=no_cache,
     )
     raise typer.Exit(run_apply(options, _settings))
 

@@ -61,6 +61,7 @@ class ApplyOptions:
     config_file: Path | None = None
     no_gitignore: bool = False
     timeout: float = 300.0
+    no_cache: bool = False
 
     @property
     def stdin(self) -> bool:
@@ -109,8 +110,13 @@ def run(o: ApplyOptions, settings) -> int:
     if o.interactive:
         return _review(job_list, plan, quiet=o.quiet)
 
+    cache = None
+    if config.cache and not o.no_cache and mode is not Mode.OUTPUT:
+        from npu_migrate.engine.cache import Cache
+
+        cache = Cache.open(config.root, plan)
     shower = _Shower(o, mode, shown, total=len(job_list))
-    shower.migrate(job_list, plan, root)
+    shower.migrate(job_list, plan, root, cache)
     shower.finish(job_list)
     if found.errors or shower.summary.failed:
         return EXIT_ERROR
@@ -261,13 +267,13 @@ class _Shower:
             if o.show_fixes if finding.fixed else finding.severity.at_least(self.shown):
                 self.say(format_finding(finding, written=not self.dry_run), err=self.dry_run)
 
-    def migrate(self, job_list, plan, root: Path) -> None:
+    def migrate(self, job_list, plan, root: Path, cache=None) -> None:
         """Every file on the pool, then the packages' helper modules, once every file that imports them is done."""
         from npu_migrate.engine.runner import run as run_jobs
         from npu_migrate.program.packages import collect
 
         helper_imports: dict[Path, set[str]] = {}
-        for job, result in zip(job_list, run_jobs(job_list, plan, self.o.jobs)):
+        for job, result in zip(job_list, run_jobs(job_list, plan, self.o.jobs, cache)):
             self.progress.advance()
             collect(helper_imports, job.path, result.helper_module, result.helper_imports)
             self.show(result)

@@ -16,6 +16,7 @@ errors that name the file and the key, never silently ignored.
     require-clean-git = true         # in-place apply refuses files with uncommitted changes (--force)
     fail-on = "rewrite"              # or "error" / "warning": what else makes `apply` exit 1 (--fail-on)
     min-severity = "warning"         # or "error" / "info": the open findings `apply` prints (--min-severity)
+    cache = true                     # keep per-file results in .npu_migrate_cache/ (--no-cache)
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Config:
     fail_on: str = "rewrite"
     #: The open findings `apply` prints, this severity or worse; None: the format's default (`--min-severity`).
     min_severity: str | None = None
+    cache: bool = True  # answer unchanged files from .npu_migrate_cache/ (`engine/cache.py`)
     path: Path | None = None  # the pyproject.toml it came from
 
     @property
@@ -132,6 +134,7 @@ def load_config(path: Path | None) -> Config:
         "require-clean-git",
         "fail-on",
         "min-severity",
+        "cache",
     }
     for key in data:
         if key not in known:
@@ -162,6 +165,9 @@ def load_config(path: Path | None) -> Config:
     min_severity = data.get("min-severity")
     if min_severity is not None and min_severity not in SEVERITIES:
         raise ConfigError(f"{path}: [tool.{SECTION}] min-severity: expected one of {', '.join(map(repr, SEVERITIES))}")
+    cache = data.get("cache", True)
+    if not isinstance(cache, bool):
+        raise ConfigError(f"{path}: [tool.{SECTION}] cache: expected true or false")
     return Config(
         select=_strings(path, "select", data["select"]) if "select" in data else None,
         ignore=_strings(path, "ignore", data.get("ignore", [])),
@@ -174,6 +180,7 @@ def load_config(path: Path | None) -> Config:
         require_clean_git=clean,
         fail_on=fail_on,
         min_severity=min_severity,
+        cache=cache,
         path=path,
     )
 

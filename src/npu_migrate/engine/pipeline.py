@@ -391,14 +391,15 @@ def _on_alarm(signum, frame):
     raise FileTimeout
 
 
-def process(job: Job, plan: Plan) -> FileResult:
-    """One file, with the per-file time limit (SIGALRM, so only where signals are available)."""
+def process(job: Job, plan: Plan, seen: list[bytes] | None = None) -> FileResult:
+    """One file, with the per-file time limit (SIGALRM, so only where signals are available). The bytes
+    read are appended to `seen`, if given: what the result was computed from (the cache's key)."""
     use_alarm = plan.timeout is not None and hasattr(signal, "setitimer") and _in_main_thread()
     if use_alarm:
         previous = signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, plan.timeout)
     try:
-        return _process(job, plan)
+        return _process(job, plan, seen)
     except FileTimeout:
         return FileResult(
             job.display, Status.FAILED, error=f"took longer than {plan.timeout:g} s (--timeout); file left untouched"
@@ -413,9 +414,11 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _process(job: Job, plan: Plan) -> FileResult:
+def _process(job: Job, plan: Plan, seen: list[bytes] | None = None) -> FileResult:
     try:
         source = read_source(job.path)
+        if seen is not None:
+            seen.append(source.raw)
         api = api_for(plan)
         kind = kinds.kind_of(job.path) or kinds.PYTHON
         helper_module = job.helper_module if kind == kinds.PYTHON else None

@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from npu_migrate.engine.pipeline import FileResult, Job, Plan, Status, process
+from npu_migrate.engine.pipeline import FileResult, Job, Mode, Plan, Status, process
 
 if TYPE_CHECKING:  # the pool (multiprocessing, sockets ...) is imported only by a run that starts one
     from concurrent.futures import ProcessPoolExecutor
+
+    from npu_migrate.engine.cache import Cache
 
 #: Below this many files a pool costs more to start than it saves.
 INLINE_LIMIT = 8
@@ -34,9 +36,56 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
-def run(jobs: list[Job], plan: Plan, workers: int | None = None) -> Iterator[FileResult]:
-    """The pipeline over `jobs`: `process(job, plan)` for each, in the order of `jobs`."""
-    return run_each(process, jobs, plan, crashed=_not_migrated, workers=workers)
+def run(jobs: list[Job], plan: Plan, workers: int | None = None, cache: Cache | None = None) -> Iterator[FileResult]:
+    """The pipeline over `jobs`: `process(job, plan)` for each, in the order of `jobs`. With a `cache`, a
+    file whose entry is there is answered from it (`cached`), and the workers store what they compute."""
+    if cache is None or plan.mode is Mode.OUTPUT:
+        return run_each(process, jobs, plan, crashed=_not_migrated, workers=workers)
+    return cached(jobs, plan, workers, cache)
+
+
+def cached(jobs: list[Job], plan: Plan, workers: int | None, cache: Cache) -> Iterator[FileResult]:
+    """`run` through the cache. First every file is read and hashed here, in the main process, and looked
+    up; only the misses go to the pool (started at the first miss; a tree with none starts no process), and
+    the results come out in the order of `jobs` still. Nothing but the keys is held for the whole run: a hit is read again when its
+    turn comes (and, should its entry have gone since, computed here), so memory does not grow with the
+    number of files. In place, only an entry saying "no change" counts: a write is never taken from the
+    cache. `--output` does not come here (its unchanged files are copied, which needs the worker)."""
+    from npu_migrate.engine.cache import read_for_key
+
+    keys: list[str | None] = []
+    for job in jobs:
+        raw = read_for_key(job.path)
+        key = cache.key(job, raw) if raw is not None else None
+        if key is not None and plan.mode is Mode.DIFF:
+            # Any entry will do: read it once, when its turn comes (a torn one is computed then).
+            keys.append(key if cache.has(key) else None)
+        else:  # in place, only an entry of "no change" saves the worker: read it now to know
+            keys.append(key if key is not None and _usable(cache.get(key), plan) else None)
+    misses = [job for job, key in zip(jobs, keys) if key is None]
+    computed = run_each(process_and_store, misses, (plan, cache), crashed=_not_migrated, workers=workers)
+    for job, key in zip(jobs, keys):
+        if key is None:
+            yield next(computed)
+            continue
+        result = cache.get(key)
+        yield result if _usable(result, plan) else process_and_store(job, (plan, cache))
+
+
+def _usable(result: FileResult | None, plan: Plan) -> bool:
+    if result is None:
+        return False
+    return plan.mode is Mode.DIFF or (plan.mode is Mode.IN_PLACE and result.status is Status.UNCHANGED)
+
+
+def process_and_store(job: Job, context: tuple[Plan, Cache]) -> FileResult:
+    """`process`, then the result filed under the bytes the worker itself read."""
+    plan, cache = context
+    seen: list[bytes] = []
+    result = process(job, plan, seen)
+    if seen:
+        cache.put(cache.key(job, seen[0]), result)
+    return result
 
 
 def _not_migrated(job: Job) -> FileResult:

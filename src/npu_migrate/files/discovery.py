@@ -35,6 +35,7 @@ SKIPPED_DIRS = frozenset(
         ".mypy_cache",
         ".pytest_cache",
         ".ruff_cache",
+        ".npu_migrate_cache",  # our own result cache (engine/cache.py): thousands of entries, never input
         ".hypothesis",
         "node_modules",
         ".ipynb_checkpoints",
