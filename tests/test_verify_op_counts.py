@@ -18,6 +18,8 @@ import torch
 
 from npu_migrate.verify import op_counts, reference
 
+pytestmark = pytest.mark.integration
+
 PROJECT = Path(__file__).resolve().parent.parent / "fixtures" / "projects" / "fused_package"
 
 

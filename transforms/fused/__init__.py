@@ -417,6 +417,7 @@ class FusedOpsChecker(TreeChecker):
         names = Names.of(tree)
         self.bindings = names.bindings
         self.shadowed = names.shadowed
+        self.alternatives = names.alternatives
         self._qualname = names.resolve
         self.functions = _ModuleFunctions(tree)
         self.reports: list[TreeReport] = []
@@ -506,6 +507,19 @@ class FusedOpsChecker(TreeChecker):
         if name is None and isinstance(node.func, ast.Name) and node.func.id in self.shadowed:
             name = self.shadowed[node.func.id]
             if all(i.optional_package is None for i in CALL_IDIOMS.get(name, ())):
+                return
+            bound = sorted({t for t in self.alternatives.get(node.func.id, ()) if t in CALL_IDIOMS})
+            if len({t.rsplit(".", 1)[-1] for t in bound}) > 1:
+                # A version-dependent try chain (`flash_attn_unpadded_func as flash_attn_varlen_func`): the
+                # kernels differ in causal alignment and arguments, and which one runs is only known there.
+                idiom = next((i for i in CALL_IDIOMS[name] if i.rule.id in self.enabled), None)
+                if idiom is not None:
+                    either = " or ".join(f"`{t.rsplit('.', 1)[-1]}`" for t in bound)
+                    message = (
+                        f"`{node.func.id}` not fused: the imports bind it to {either}, whichever imports, and "
+                        "their causal alignment and arguments differ; call each by its own name to fuse it"
+                    )
+                    self._decide(node, Outcome(idiom.rule, message))
                 return
         idiom = next((i for i in CALL_IDIOMS.get(name, ()) if i.rule.id in self.enabled), None)
         if idiom is None:

@@ -499,14 +499,7 @@ class Evaluation:
 
     def _sized_table(self, node: ast.expr) -> bool:
         """Whether `node` is an operation on a table that reads x only for its sizes, dtype or device."""
-        base = node
-        while True:
-            if isinstance(base, ast.Subscript):
-                base = base.value
-            elif isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
-                base = base.func.value
-            else:
-                break
+        base = chain_base(node)
         if base is node or not isinstance(node, (ast.Subscript, ast.Call)):
             return False
         sizes = isinstance(base, ast.Attribute) and base.attr in ("shape", "dtype", "device", "ndim")
@@ -900,3 +893,15 @@ _FUNCTIONS: dict[str, Callable] = {
 #: What the interpreter reads, for a cheap test before an expensive one.
 KNOWN_FUNCTIONS = frozenset(_FUNCTIONS)
 KNOWN_METHODS = frozenset(_METHODS)
+
+
+def chain_base(node: ast.expr) -> ast.expr:
+    """What a chain of subscripts and method calls starts from: `x` of `x.float()[..., :2].view(-1)`."""
+    base = node
+    while True:
+        if isinstance(base, ast.Subscript):
+            base = base.value
+        elif isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
+            base = base.func.value
+        else:
+            return base

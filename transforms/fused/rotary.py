@@ -20,7 +20,7 @@ import ast
 
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.program.api import load_table
-from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS, Structure
+from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS, Structure, chain_base
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
@@ -165,14 +165,7 @@ def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.
     for sub in walk_shared(node):
         if sub is node:
             continue
-        base = sub
-        while True:
-            if isinstance(base, ast.Subscript):
-                base = base.value
-            elif isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute):
-                base = base.func.value
-            else:
-                break
+        base = chain_base(sub)
         if isinstance(base, ast.Name) and fn.qualname(base) is None:
             counts.setdefault(structure.of(sub), []).append(sub)
     return [found[0] for found in counts.values() if len(found) > 1][:8]

@@ -66,6 +66,8 @@ class Names:
     bindings: dict[str, str] = field(default_factory=dict)  # local name -> qualified name
     #: Imported names that are bound in another way too, with what the import would make them.
     shadowed: dict[str, str] = field(default_factory=dict)
+    #: Every target the imports bind a shadowed name to (`shadowed` names the first only).
+    alternatives: dict[str, frozenset[str]] = field(default_factory=dict)
     modules: set[str] = field(default_factory=set)  # every module an import statement loads
     #: (qualified module, line) of each import statement, for the third-party package check.
     imports: list[tuple[str, ast.stmt]] = field(default_factory=list)
@@ -118,6 +120,7 @@ class Names:
                 for case in node.cases:
                     _bind_captures(case.pattern, rebound)
         table.bindings, table.shadowed = split_trusted(imported, rebound, lambda qualname: qualname)
+        table.alternatives = {local: frozenset(imported[local]) for local in table.shadowed}
         return table
 
     def resolve(self, node: ast.AST) -> str | None:
