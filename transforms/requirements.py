@@ -16,7 +16,7 @@ from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.findings import Severity
 from npu_migrate.program.api import package_table
 from npu_migrate.program.guards import cuda_only_package, presence_names, presence_node, presence_package
-from npu_migrate.program.imports import IMPORT_ERRORS
+from npu_migrate.program.imports import handler_catches_import_error
 
 REQUIRED_PACKAGE = Rule(
     id="NPU803",
@@ -93,7 +93,7 @@ class RequiredPackageChecker(Checker):
             package = _imported_package(node, names)
             if package is not None:
                 for handler in node.handlers:
-                    if _raises(handler.body) and _catches_import_error(handler):
+                    if _raises(handler.body) and handler_catches_import_error(handler):
                         return handler.body.body[-1], package
         return None
 
@@ -166,10 +166,3 @@ def _imported_package(node: cst.Try, names: dict[str, str]) -> str | None:
                     if package is not None:
                         return package
     return None
-
-
-def _catches_import_error(handler: cst.ExceptHandler) -> bool:
-    if handler.type is None:
-        return True
-    kinds = [e.value for e in handler.type.elements] if isinstance(handler.type, cst.Tuple) else [handler.type]
-    return any(cst.helpers.get_full_name_for_node(kind).rsplit(".", 1)[-1] in IMPORT_ERRORS for kind in kinds)

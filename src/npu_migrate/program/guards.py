@@ -39,7 +39,7 @@ from libcst.helpers import get_full_name_for_node
 
 from npu_migrate.findings import Severity
 from npu_migrate.program.api import cuda_package, package_table
-from npu_migrate.program.imports import IMPORT_ERRORS
+from npu_migrate.program.imports import handler_catches_import_error
 
 # `ctx` below is the file's `context.FileContext` (which calls `check`), a report its `context.CstReport`.
 
@@ -381,10 +381,7 @@ def _catches_import_error(handler: cst.ExceptHandler) -> bool:
     body = handler.body.body
     if body and isinstance(body[-1], cst.SimpleStatementLine) and isinstance(body[-1].body[-1], cst.Raise):
         return False
-    if handler.type is None:
-        return True
-    kinds = [e.value for e in handler.type.elements] if isinstance(handler.type, cst.Tuple) else [handler.type]
-    return any((get_full_name_for_node(kind) or "").rsplit(".", 1)[-1] in IMPORT_ERRORS for kind in kinds)
+    return handler_catches_import_error(handler)
 
 
 def _enclosing(tree: _Tree, node: cst.CSTNode, kind: type[cst.CSTNode]):

@@ -15,12 +15,24 @@ import unicodedata
 from dataclasses import dataclass, field
 
 import libcst as cst
+from libcst.helpers import get_full_name_for_node
 
 from npu_migrate.program.names import split_trusted
 
 #: What a handler catches a failed import with: one that catches these (or everything) and goes on makes the
 #: import in its `try` body optional. Read by the flash_attn import rule and the guard-flip check alike.
 IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def handler_catches_import_error(handler: cst.ExceptHandler) -> bool:
+    """Whether the handler's type catches a failed import: a bare `except:`, or a type (or a tuple's
+    element) whose last dotted name is in IMPORT_ERRORS. A type with no dotted name (`(ImportError,) +
+    EXTRA`, a call) is not known to, and must not crash the rule that asks: `get_full_name_for_node`
+    returns None for it."""
+    if handler.type is None:
+        return True
+    kinds = [e.value for e in handler.type.elements] if isinstance(handler.type, cst.Tuple) else [handler.type]
+    return any((get_full_name_for_node(kind) or "").rsplit(".", 1)[-1] in IMPORT_ERRORS for kind in kinds)
 
 
 def identifier(name: str) -> str:
