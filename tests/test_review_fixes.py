@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from test_cli import run_cli
 
 CUDA = "import torch\n\nx = torch.ones(2).cuda()\n"
@@ -19,3 +20,54 @@ def test_npu803_reads_an_except_type_with_no_dotted_name_without_losing_the_file
     assert done.returncode == 0, done.stdout + done.stderr
     assert "+x = torch.zeros(3).npu()" in done.stdout
     assert "failed" not in done.stdout.replace("0 failed", "")
+
+
+def _two_places(tmp_path):
+    """A module of a package (`pkg/mod.py`) and a script (`solo/solo.py`), and a third folder to run from."""
+    package = tmp_path / "repo" / "pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(CUDA)
+    (tmp_path / "solo").mkdir()
+    (tmp_path / "solo" / "solo.py").write_text(CUDA)
+    (tmp_path / "elsewhere").mkdir()
+    return package / "mod.py", tmp_path / "solo" / "solo.py"
+
+
+@pytest.mark.parametrize("cache", [["--no-cache"], []])
+def test_npu001_says_part_of_a_package_by_the_files_place_not_the_current_folder(tmp_path, cache):
+    module, script = _two_places(tmp_path)
+    # Run from inside the package (the display name `solo.py` resolved there named `pkg/solo.py`...) and from
+    # a folder holding neither, twice each: the cache must not serve one place's message for the other's.
+    for cwd in (module.parent, tmp_path / "elsewhere", module.parent, tmp_path / "elsewhere"):
+        solo = run_cli("apply", "--diff", "--show-fixes", *cache, script, cwd=cwd)
+        assert "part of a package" not in solo.stderr, (cwd, solo.stderr)
+        # ...and a package's module run from elsewhere was told nothing.
+        mod = run_cli("apply", "--diff", "--show-fixes", *cache, module, cwd=cwd)
+        assert "part of a package" in mod.stderr, (cwd, mod.stderr)
+
+
+def test_npu001_on_stdin_reads_the_place_from_stdin_filename(tmp_path, monkeypatch):
+    # `apply -` prints no fixed finding, so what is checked is the message the rule made.
+    from typer.testing import CliRunner
+
+    from npu_migrate.cli.app import app
+    from npu_migrate.engine import pipeline
+
+    seen: list[str] = []
+    real = pipeline.migrate_file
+
+    def recording(*args, **kw):
+        new_text, findings, parsed = real(*args, **kw)
+        seen.extend(f.message for f in findings if f.rule_id == "NPU001")
+        return new_text, findings, parsed
+
+    monkeypatch.setattr(pipeline, "migrate_file", recording)
+    module, script = _two_places(tmp_path)
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for name, told in ((module, True), (script, False), ("-", False)):
+        seen.clear()
+        args = ["apply", "--diff", *(["--stdin-filename", str(name)] if name != "-" else []), "-"]
+        done = CliRunner().invoke(app, args, input=CUDA)
+        assert done.exit_code == 0, done.output
+        assert len(seen) == 1 and ("part of a package" in seen[0]) is told, (name, seen)

@@ -13,7 +13,6 @@ import instead where there is one).
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import libcst as cst
 
@@ -239,7 +238,10 @@ class TorchNpuImportChecker(Checker):
         importer of the package now needs torch_npu; the npu target is for code that runs on Ascend only."""
         from npu_migrate.program.packages import helper_module
 
-        if not self.ctx.path or helper_module(Path(self.ctx.path)) is None or _MAIN_GUARD in self.ctx.text:
+        # The file's place on disk, not its display name: that is relative to the run's root, and resolved
+        # against the current folder it named another file (or none).
+        file = self.ctx.file
+        if file is None or helper_module(file) is None or _MAIN_GUARD in self.ctx.text:
             return ""
         return (
             ": this module is part of a package, which now needs torch_npu to import (a CPU or CUDA host can no "

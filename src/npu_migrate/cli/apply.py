@@ -429,7 +429,14 @@ def _apply_stdin(
     try:
         source = decode_source(Path(name), raw)
         new_text, findings, _ = migrate_file(
-            source, display, plan, api_for(plan), kind, config.ignored_for(relative_to(Path(name), config.root))
+            source,
+            display,
+            plan,
+            api_for(plan),
+            kind,
+            config.ignored_for(relative_to(Path(name), config.root)),
+            # --stdin-filename says where the text lies (the package it is a module of); without it, nowhere.
+            file=Path(name) if name != "-" else None,
         )
         if new_text != source.text:
             validate(new_text, display, kind)

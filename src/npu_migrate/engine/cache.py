@@ -119,8 +119,12 @@ class Cache:
 
     def key(self, job: Job, raw: bytes) -> str:
         from npu_migrate.files import kinds
+        from npu_migrate.program.packages import helper_module
 
-        job_fields = [self.run_key, job.display, kinds.kind_of(job.path), list(job.ignore), job.helper_module]
+        # Whether the file is a package's module changes NPU001's message; `apply` says so in
+        # `job.helper_module`, `analyze`'s jobs carry none, so it is asked of the file's place.
+        package = job.helper_module is not None or helper_module(job.path) is not None
+        job_fields = [self.run_key, job.display, kinds.kind_of(job.path), list(job.ignore), job.helper_module, package]
         digest = hashlib.sha256(json.dumps(job_fields).encode())
         digest.update(hashlib.sha256(raw).digest())
         return digest.hexdigest()

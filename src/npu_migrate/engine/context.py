@@ -26,6 +26,8 @@ from npu_migrate.program import guards as coherence
 from npu_migrate.program.imports import Binding, ImportTable, rebind_import
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from npu_migrate.program.api import NpuApi
 
 
@@ -74,9 +76,13 @@ class BindingPlan:
 
 
 class FileContext:
-    def __init__(self, module: cst.Module, path: str, api: NpuApi, text: str = "") -> None:
+    def __init__(self, module: cst.Module, path: str, api: NpuApi, text: str = "", *, file: Path | None = None) -> None:
         self.module = module
+        #: The display name (relative to the run's root, not to the current folder): for messages only.
         self.path = path
+        #: Where the file lies on disk (None: not known, as for stdin without --stdin-filename): what a rule
+        #: reads to learn about its place (its package), never `path`, which the current folder would resolve.
+        self.file = file
         self.api = api
         #: The source `module` was parsed from ("" when unknown): cheap substring tests before a walk.
         self.text = text

@@ -149,9 +149,12 @@ def migrate_source(
     api: NpuApi,
     job_ignore: tuple[str, ...] = (),
     helper_module: str | None = None,
+    file: Path | None = None,
 ) -> tuple[str, list[Finding], bool]:
     """The migrated text of one file, its findings, and whether any rule looked into it; the fused-op
-    helpers are imported from `helper_module` if given. Raises SourceError for unparsable input."""
+    helpers are imported from `helper_module` if given. `file` is where it lies on disk (None: nowhere
+    known), which rules read for what the display name cannot say (whether it is a package's module).
+    Raises SourceError for unparsable input."""
     text = source.text
     if not markers.may_match(text):
         return text, [], False
@@ -180,7 +183,7 @@ def migrate_source(
     new_text, findings = text, []
     if on_cst:
         on_cst += [c for c in checkers if c.follows_others]
-        new_text, findings = _migrate_cst(text, display, plan, api, enabled, on_cst)
+        new_text, findings = _migrate_cst(text, display, plan, api, enabled, on_cst, file)
     if on_tree:
         if new_text != text:
             tree = validate(new_text, display)
@@ -205,7 +208,13 @@ def migrate_source(
 
 
 def _migrate_cst(
-    text: str, display: str, plan: Plan, api: NpuApi, enabled: frozenset[str], active: list[type[Checker]]
+    text: str,
+    display: str,
+    plan: Plan,
+    api: NpuApi,
+    enabled: frozenset[str],
+    active: list[type[Checker]],
+    file: Path | None = None,
 ) -> tuple[str, list[Finding]]:
     """The libcst checkers' part: parse, visit, decide, fix, all on the whole module."""
     import libcst as cst
@@ -221,7 +230,7 @@ def _migrate_cst(
         raise SourceError(f"syntax error at line {exc.raw_line}, column {exc.raw_column}: {exc.message}") from None
     except RecursionError:
         raise SourceError("too deeply nested for the parser (recursion limit)") from None
-    ctx = FileContext(module, display, api, text)
+    ctx = FileContext(module, display, api, text, file=file)
     visitors = [checker(ctx, enabled) for checker in active]
     cst.visit_batched(module, visitors)
     for visitor in visitors:
@@ -308,9 +317,10 @@ def migrate_file(
     kind: str,
     job_ignore: tuple[str, ...] = (),
     helper_module: str | None = None,
+    file: Path | None = None,
 ) -> tuple[str, list[Finding], bool]:
     """Any supported file: Python through libcst, notebooks cell by cell, the rest as text. A Python file
-    of a package imports the fused-op helpers from `helper_module`."""
+    of a package imports the fused-op helpers from `helper_module`; `file` is where it lies (`migrate_source`)."""
     if kind == kinds.NOTEBOOK:
         return _migrate_notebook(source, display, plan, api, job_ignore)
     if kind in kinds.TEXT_KINDS:
@@ -324,7 +334,7 @@ def migrate_file(
         ]
         new_text, findings = apply_reports(source.text, reports, display)
         return new_text, findings, False
-    return migrate_source(source, display, plan, api, job_ignore, helper_module)
+    return migrate_source(source, display, plan, api, job_ignore, helper_module, file)
 
 
 def helper_imports(text: str, tree: ast.Module | None, helper_module: str | None) -> tuple[str | None, tuple[str, ...]]:
@@ -422,7 +432,9 @@ def _process(job: Job, plan: Plan, seen: list[bytes] | None = None) -> FileResul
         api = api_for(plan)
         kind = kinds.kind_of(job.path) or kinds.PYTHON
         helper_module = job.helper_module if kind == kinds.PYTHON else None
-        new_text, findings, parsed = migrate_file(source, job.display, plan, api, kind, job.ignore, helper_module)
+        new_text, findings, parsed = migrate_file(
+            source, job.display, plan, api, kind, job.ignore, helper_module, job.path
+        )
         if new_text == source.text:
             if plan.mode is Mode.OUTPUT and job.destination is not None:
                 write_output(job.destination, source.raw, plan.output_root)
@@ -508,7 +520,7 @@ def migrate_text(
     source = decode_source(Path(path), text.encode("utf-8"))
     kind = kinds.kind_of(Path(path)) or kinds.PYTHON  # "<string>" and other unknown names are Python
     helper_module = helper_module if kind == kinds.PYTHON else None
-    new_text, findings, _ = migrate_file(source, path, plan, api_for(plan), kind, (), helper_module)
+    new_text, findings, _ = migrate_file(source, path, plan, api_for(plan), kind, (), helper_module, Path(path))
     if new_text != text:
         validate(new_text, path, kind)
     return new_text, findings

@@ -124,7 +124,7 @@ def prepare(job: Job, plan: Plan, api: NpuApi) -> Review | None:
     source = read_source(job.path)
     kind = kinds.kind_of(job.path) or kinds.PYTHON
     helper_module = job.helper_module if kind == kinds.PYTHON else None
-    migrated, findings, _ = migrate_file(source, job.display, plan, api, kind, job.ignore, helper_module)
+    migrated, findings, _ = migrate_file(source, job.display, plan, api, kind, job.ignore, helper_module, job.path)
     if migrated == source.text:
         return None
     validate(migrated, job.display, kind)
