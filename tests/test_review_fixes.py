@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import ROOT
 from test_cli import run_cli
 
 CUDA = "import torch\n\nx = torch.ones(2).cuda()\n"
@@ -71,3 +72,37 @@ def test_npu001_on_stdin_reads_the_place_from_stdin_filename(tmp_path, monkeypat
         done = CliRunner().invoke(app, args, input=CUDA)
         assert done.exit_code == 0, done.output
         assert len(seen) == 1 and ("part of a package" in seen[0]) is told, (name, seen)
+
+
+def _sdpa_project(tmp_path):
+    (tmp_path / "pyproject.toml").write_text("[tool.npu-migrate]\nfused = { fused-sdpa = true }\n")
+    (tmp_path / "f.py").write_text((ROOT / "fixtures" / "rules" / "NPU707" / "sdpa_functional.in.py").read_text())
+
+
+@pytest.mark.parametrize(("select", "runs"), [("NPU1", False), ("NPU7", True), ("NPU707", True), ("ALL", True)])
+def test_apply_adds_a_fused_opt_in_only_where_the_selection_takes_in_its_family(tmp_path, select, runs):
+    _sdpa_project(tmp_path)
+    done = run_cli("apply", "--diff", "--no-cache", "--select", select, "f.py", cwd=tmp_path)
+    assert ("NPU707" in done.stderr) is runs, done.stderr
+
+
+@pytest.mark.parametrize(("select", "runs"), [("NPU1", False), ("NPU7", True), (None, True)])
+def test_analyze_adds_a_fused_opt_in_only_where_the_selection_takes_in_its_family(tmp_path, monkeypatch, select, runs):
+    from typer.testing import CliRunner
+
+    from npu_migrate.analyze import project
+    from npu_migrate.cli.app import app
+
+    _sdpa_project(tmp_path)
+    chosen = []
+    real = project.Settings
+
+    def recording(**kw):
+        chosen.append(kw["enabled"])
+        return real(**kw)
+
+    monkeypatch.setattr(project, "Settings", recording)
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(app, ["analyze", *(["--select", select] if select else []), "f.py"])
+    assert done.exit_code == 0, done.output
+    assert ("NPU707" in chosen[0]) is runs

@@ -146,8 +146,9 @@ def analyze_command(
     try:
         config = discover_config(paths, config_file)
         chosen_ignore = split_codes(ignore) if ignore else list(config.ignore)
+        chosen_select = split_codes(select) or list(config.select or ["ALL"])
         enabled = select_rules(
-            [*(split_codes(select) or list(config.select or ["ALL"])), *config.fused_opt_ins(fused_rule_names())],
+            [*chosen_select, *config.fused_opt_ins(fused_rule_names(), chosen_select)],
             [*chosen_ignore, *config.fused_ignores(fused_rule_names())],
         )
         opt_in = [r.id for r in rules_tagged("lever") if "opt-in" in r.tags]

@@ -313,7 +313,7 @@ def _selected(config, chosen_select: list[str], chosen_ignore: list[str], target
 
     try:
         chosen_ignore = chosen_ignore + config.fused_ignores(fused_rule_names())
-        chosen_select = chosen_select + config.fused_opt_ins(fused_rule_names())
+        chosen_select = chosen_select + config.fused_opt_ins(fused_rule_names(), chosen_select)
         return with_torch_npu_import(select_rules(chosen_select, chosen_ignore, target), chosen_ignore)
     except SelectionError as exc:
         raise fail(str(exc)) from None

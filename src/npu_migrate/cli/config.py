@@ -76,11 +76,15 @@ class Config:
             )
         return [fused_rule_names[name] for name, on in self.fused.items() if not on]
 
-    def fused_opt_ins(self, fused_rule_names: dict[str, str]) -> list[str]:
-        """Rule ids `fused = {...}` names true: an opt-in fused rule (NPU707) is selected only so, or by its id."""
+    def fused_opt_ins(self, fused_rule_names: dict[str, str], select: list[str]) -> list[str]:
+        """Rule ids `fused = {...}` names true: an opt-in fused rule (NPU707) is selected only so, or by its id.
+        Only where `select` (the selection in force) takes in the rule's family (ALL, NPU7, NPU707): the
+        switch turns the rule on beside the rest of its family, never against `--select NPU1`."""
         if not isinstance(self.fused, dict):
             return []
-        return [fused_rule_names[name] for name, on in self.fused.items() if on and name in fused_rule_names]
+        codes = [c.strip().upper() for c in select if c.strip()]
+        chosen = [fused_rule_names[name] for name, on in self.fused.items() if on and name in fused_rule_names]
+        return [i for i in chosen if any(c == "ALL" or i.startswith(c) for c in codes)]
 
     def ignored_for(self, display_path: str) -> tuple[str, ...]:
         """Rules `per-file-ignores` switches off for one file (its path relative to the project)."""
