@@ -106,3 +106,47 @@ def test_analyze_adds_a_fused_opt_in_only_where_the_selection_takes_in_its_famil
     done = CliRunner().invoke(app, ["analyze", *(["--select", select] if select else []), "f.py"])
     assert done.exit_code == 0, done.output
     assert ("NPU707" in chosen[0]) is runs
+
+
+CONFIGS = {
+    "nope.toml": None,  # missing
+    "folder": None,  # a directory
+    "bad.toml": "[tool.npu-migrate\n",
+    "other.toml": "[tool.other]\nx = 1\n",
+    "tool.toml": "tool = 3\n",
+}
+
+
+def _one_line_error(done, *names):
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("npu-migrate: error: "), done.stderr
+    assert all(name in lines[0] for name in names), lines[0]
+
+
+@pytest.mark.parametrize("command", [["apply", "--diff"], ["analyze"], ["rules"]])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_config_that_cannot_be_read_is_a_one_line_error(tmp_path, command, name):
+    (tmp_path / "a.py").write_text(CUDA)
+    (tmp_path / "folder").mkdir()
+    if CONFIGS[name] is not None:
+        (tmp_path / name).write_text(CONFIGS[name])
+    files = [] if command == ["rules"] else ["a.py"]
+    _one_line_error(run_cli(*command, "--config", name, *files, cwd=tmp_path), name)
+
+
+def test_an_output_folder_that_cannot_be_made_is_a_one_line_error(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text(CUDA)
+    (tmp_path / "src" / "README.txt").write_text("copied as it is\n")
+    (tmp_path / "afile").write_text("")
+    for output in ("/proc/npu-migrate-out", "afile/out"):
+        for given in ("src/a.py", "src"):
+            _one_line_error(run_cli("apply", "--output", output, given, cwd=tmp_path), output)
+
+
+def test_a_change_list_that_cannot_be_written_is_a_one_line_error(tmp_path):
+    (tmp_path / "a.py").write_text(CUDA)
+    (tmp_path / "out" / "change_list.csv").mkdir(parents=True)  # a folder where the file goes
+    _one_line_error(run_cli("apply", "--output", "out", "a.py", cwd=tmp_path), "change_list.csv")

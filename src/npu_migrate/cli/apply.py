@@ -197,7 +197,18 @@ def _prepare_output_tree(o: ApplyOptions, root: Path) -> None:
         g = absolute(given)
         if given.is_dir() and (out == g or g in out.parents):
             raise fail(f"--output {o.output} is inside the input tree {given}; choose a folder outside it")
-    _copy_tree_skeleton(o.paths, root, out)
+    # Made before any file is migrated: an output folder that cannot be written is one line and exit 2,
+    # not an internal error per file and a traceback from change_list.csv at the end.
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _copy_tree_skeleton(o.paths, root, out)
+    except OSError as exc:
+        raise fail(_cannot_write(o.output, exc)) from None
+
+
+def _cannot_write(output: Path, exc: OSError) -> str:
+    where = exc.filename if exc.filename is not None else output
+    return f"--output {output}: cannot write {where}: {exc.strerror or exc}"
 
 
 def _warn_outside_git(files: list[Path], root: Path) -> None:
@@ -297,7 +308,10 @@ class _Shower:
         o = self.o
         if o.output is not None:
             destinations = {job.display: job.destination for job in job_list}
-            write_change_list(absolute(o.output) / "change_list.csv", self.findings, destinations)
+            try:
+                write_change_list(absolute(o.output) / "change_list.csv", self.findings, destinations)
+            except OSError as exc:
+                raise fail(_cannot_write(o.output, exc)) from None
         if o.output_format == "json":
             write_json(sys.stdout, "apply", self.results, self.summary)
         elif o.output_format == "sarif":

@@ -123,7 +123,18 @@ def _strings(path: Path, key: str, value) -> tuple[str, ...]:
 def load_config(path: Path | None) -> Config:
     if path is None:
         return Config()
-    data = tomllib.loads(path.read_text(encoding="utf-8"))["tool"][SECTION]
+    # An explicit --config may name anything: a missing file, a folder, bad TOML, a file without the
+    # section. Each is a one-line usage error naming the file, never a traceback.
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    tool = document.get("tool")
+    if not isinstance(tool, dict) or SECTION not in tool:
+        raise ConfigError(f"{path}: no [tool.{SECTION}] section")
+    data = tool[SECTION]
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: [tool.{SECTION}] must be a table")
     known = {
