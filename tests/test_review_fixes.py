@@ -6,6 +6,8 @@ import pytest
 from conftest import ROOT
 from test_cli import run_cli
 
+from npu_migrate.engine.cache import FOLDER
+
 CUDA = "import torch\n\nx = torch.ones(2).cuda()\n"
 
 
@@ -150,3 +152,58 @@ def test_a_change_list_that_cannot_be_written_is_a_one_line_error(tmp_path):
     (tmp_path / "a.py").write_text(CUDA)
     (tmp_path / "out" / "change_list.csv").mkdir(parents=True)  # a folder where the file goes
     _one_line_error(run_cli("apply", "--output", "out", "a.py", cwd=tmp_path), "change_list.csv")
+
+
+def test_the_tool_fingerprint_changes_with_jinja2s_version(tmp_path, monkeypatch):
+    # jinja2 renders the injected helpers: another version may render them differently.
+    import importlib.util
+
+    from npu_migrate.engine import cache
+
+    real = importlib.util.find_spec
+    fingerprints = []
+    for version in ("3.1.6", "9.9.9"):
+        fake = tmp_path / version / "jinja2"
+        fake.mkdir(parents=True)
+        (fake / "__init__.py").write_text(f'__version__ = "{version}"\n')
+        spec = importlib.util.spec_from_file_location("jinja2", fake / "__init__.py", submodule_search_locations=[])
+        spec.submodule_search_locations.append(str(fake))
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda name, *a, _s=spec: _s if name == "jinja2" else real(name, *a)
+        )
+        monkeypatch.setattr(cache, "_TOOL_FINGERPRINT", None)
+        fingerprints.append(cache.tool_fingerprint())
+    assert fingerprints[0] != fingerprints[1]
+
+
+def test_the_cache_root_is_decided_by_the_inputs_not_the_working_folder(tmp_path):
+    from npu_migrate.engine.cache import cache_root
+
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "src" / "pkg").mkdir(parents=True)
+    (repo / "src" / "pkg" / "a.py").write_text(CUDA)
+    sub = repo / "tools"  # a project of its own inside the repository
+    sub.mkdir()
+    (sub / "pyproject.toml").write_text("[project]\nname = 't'\n")
+    (sub / "t.py").write_text(CUDA)
+    assert cache_root([repo / "src" / "pkg" / "a.py"]) == repo  # the nearest .git above
+    assert cache_root([repo / "src", sub / "t.py"]) == repo  # the common folder's
+    assert cache_root([sub / "t.py"]) == sub  # the nearest pyproject.toml
+    assert cache_root([sub / "t.py"], repo / "pyproject.toml") == repo  # the configuration's, covering it
+    assert cache_root([sub / "t.py"], tmp_path / "other" / "pyproject.toml") == sub  # not covering it
+
+
+@pytest.mark.parametrize("command", [["apply", "--diff"], ["analyze"]])
+def test_a_run_from_a_repository_on_a_file_elsewhere_leaves_no_cache_in_the_repository(tmp_path, command):
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("[tool.npu-migrate]\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "pyproject.toml").write_text("[project]\nname = 'x'\n")  # its project's root
+    (elsewhere / "x.py").write_text(CUDA)
+    done = run_cli(*command, elsewhere / "x.py", cwd=repo)
+    assert done.returncode in (0, 1), done.stderr
+    assert not (repo / FOLDER).exists()
+    assert (elsewhere / FOLDER).is_dir()

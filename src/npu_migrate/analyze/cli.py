@@ -127,6 +127,7 @@ def analyze_command(
     from npu_migrate.analyze.output import render, summary_lines, write_reports
     from npu_migrate.analyze.project import AnalysisError, Project, Settings
     from npu_migrate.cli.config import ConfigError, discover_config, split_codes
+    from npu_migrate.engine.cache import cache_root
     from npu_migrate.engine.registry import SelectionError, fused_rule_names, rules_tagged, select_rules
     from npu_migrate.engine.runner import Progress
     from npu_migrate.program.api import NpuApi, UnknownVersionError
@@ -185,7 +186,7 @@ def analyze_command(
                 excludes=excludes,
                 respect_gitignore=not no_gitignore,
                 progress=progress,
-                cache_root=config.root if config.cache and not no_cache else None,
+                cache_root=cache_root(paths, config.path) if config.cache and not no_cache else None,
             )
         finally:
             bar.clear()

@@ -112,9 +112,11 @@ def run(o: ApplyOptions, settings) -> int:
 
     cache = None
     if config.cache and not o.no_cache and mode is not Mode.OUTPUT:
-        from npu_migrate.engine.cache import Cache
+        from npu_migrate.engine.cache import Cache, cache_root
 
-        cache = Cache.open(config.root, plan)
+        # Beside the inputs (their project), not in the working folder: a run from a repository on
+        # /tmp/x.py must not leave a cache folder in the repository.
+        cache = Cache.open(cache_root(o.paths, config.path), plan)
     shower = _Shower(o, mode, shown, total=len(job_list))
     shower.migrate(job_list, plan, root, cache)
     shower.finish(job_list)

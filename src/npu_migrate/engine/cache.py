@@ -7,7 +7,8 @@ everything its result depends on:
 * the file's bytes (their SHA-256; the main process hashes what it reads, the worker what *it* reads, so an
   entry is never filed under content the result was not computed from);
 * the tool: a hash of every source, table and template file of the installed package (rules change during
-  development without a version bump), the Python version (what `ast` accepts) and libcst's version;
+  development without a version bump), the Python version (what `ast` accepts), libcst's version, and
+  jinja2's (it renders the injected helpers);
 * the run's settings that reach a file: the enabled rules, the torch_npu version, the target and its torch
   version, `--annotate`;
 * the job: the name it is shown under (findings and diffs quote it), its kind, its per-file ignores, and the
@@ -19,6 +20,7 @@ what the cache saw; `--output` does not read the cache at all. Failures are not 
 crash says nothing about the next run).
 
 On disk: `<project>/.npu_migrate_cache/<tool fingerprint>/<2 hex>/<key>.json`, with its own `.gitignore`
+(`<project>`: `cache_root`, decided from the inputs, never the working folder alone)
 (like ruff's `.ruff_cache`). An entry is written to a temporary file and renamed into place, so two runs at
 once (two pre-commit hooks) each see a whole entry or none; each entry carries a checksum of its body, so an
 entry torn by a crash or a full disk, or edited by hand, reads as absent. Entries are JSON, never pickle:
@@ -44,8 +46,10 @@ from npu_migrate.findings import Finding, FindingData, Severity
 if TYPE_CHECKING:
     from npu_migrate.engine.pipeline import FileResult, Job, Plan
 
-#: The cache folder's name, in the project's root (the folder of its pyproject.toml, else the working dir).
+#: The cache folder's name, in the project's root (`cache_root`).
 FOLDER = ".npu_migrate_cache"
+#: What marks a project's root above the inputs, as ruff finds where its `.ruff_cache` goes.
+_ROOT_MARKERS = (".git", "pyproject.toml")
 #: Bumped when the entry format changes; part of every key.
 FORMAT = 1
 _MAGIC = b"npu-migrate-cache"
@@ -58,18 +62,21 @@ _TOOL_FINGERPRINT: str | None = None
 
 
 def tool_fingerprint() -> str:
-    """A hash of the installed package's source, tables and templates, the Python version and libcst's
-    version: once per process (about 200 small files; a few milliseconds)."""
+    """A hash of the installed package's source, tables and templates, the Python version, and the versions
+    of libcst (which parses and prints) and jinja2 (which renders the injected helpers): once per process
+    (about 200 small files; a few milliseconds)."""
     global _TOOL_FINGERPRINT
     if _TOOL_FINGERPRINT is None:
         import importlib.util
 
         digest = hashlib.sha256(f"format {FORMAT}\npython {sys.version_info[:3]}\n".encode())
-        # libcst's version by its `_version.py` (importlib.metadata costs more start-up than the whole look-up).
-        libcst = importlib.util.find_spec("libcst")
-        if libcst is not None and libcst.submodule_search_locations:
-            version_file = Path(next(iter(libcst.submodule_search_locations)), "_version.py")
-            digest.update(version_file.read_bytes() if version_file.is_file() else str(version_file).encode())
+        # Each version by the small file that holds it (importlib.metadata costs more start-up than the whole
+        # look-up): libcst's `_version.py`, jinja2's `__init__.py` (its `__version__`).
+        for dependency, version_name in (("libcst", "_version.py"), ("jinja2", "__init__.py")):
+            spec = importlib.util.find_spec(dependency)
+            if spec is not None and spec.submodule_search_locations:
+                version_file = Path(next(iter(spec.submodule_search_locations)), version_name)
+                digest.update(version_file.read_bytes() if version_file.is_file() else str(version_file).encode())
         roots = []
         for package in ("npu_migrate", "npu_migrate.transforms", "npu_migrate.templates"):
             spec = importlib.util.find_spec(package)  # finds a subpackage without running its __init__
@@ -81,6 +88,23 @@ def tool_fingerprint() -> str:
                 digest.update(hashlib.sha256(path.read_bytes()).digest())
         _TOOL_FINGERPRINT = digest.hexdigest()[:24]
     return _TOOL_FINGERPRINT
+
+
+def cache_root(paths: list[Path], config_path: Path | None = None) -> Path:
+    """Where a run on `paths` keeps its cache: the folder of the configuration (`config_path`, the
+    pyproject.toml in force) when every input lies under it; else the nearest folder above the inputs'
+    common folder that holds `.git` or `pyproject.toml`; else that common folder. Never the working folder
+    for inputs elsewhere: a run from a repository on /tmp/x.py must not write the cache into the repository."""
+    dirs = [os.path.abspath(p) if os.path.isdir(p) else os.path.dirname(os.path.abspath(p)) for p in paths]
+    common = Path(os.path.commonpath(dirs)) if dirs else Path(os.path.abspath(os.curdir))
+    if config_path is not None:
+        project = Path(os.path.abspath(config_path)).parent
+        if common == project or project in common.parents:
+            return project
+    for folder in (common, *common.parents):
+        if any((folder / marker).exists() for marker in _ROOT_MARKERS):
+            return folder
+    return common
 
 
 def plan_fingerprint(plan: Plan) -> str:
