@@ -1,0 +1,105 @@
+"""Review defects in NPU703's branch: a user call run twice on an NPU, a misleading decline, scalar tables.
+
+The migrated code is executed with `_is_npu` forced true and verify's CPU reference kernels as `torch_npu`,
+as in test_rotary_meaning.py.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.verify import reference
+
+pytestmark = pytest.mark.integration  # needs torch
+
+TORCH_NPU = reference.torch_npu_module()
+
+SOURCE = textwrap.dedent(
+    """
+    import torch
+    import torch.nn.functional as F
+
+
+    def rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+
+    def apply(q, cos, sin):
+        return q * cos + rotate_half(q) * sin
+
+
+    class Rope(torch.nn.Module):
+        def __init__(self, bn):
+            super().__init__()
+            self.bn = bn
+
+        def forward(self, x, cos, sin):
+            x = self.bn(x)
+            return x * cos + rotate_half(x) * sin
+
+
+    class RopeTables(torch.nn.Module):
+        def __init__(self, bn):
+            super().__init__()
+            self.bn = bn
+
+        def forward(self, x, cos, sin):
+            x = self.bn(x)
+            cos = cos.unsqueeze(2)
+            sin = sin.unsqueeze(2)
+            return x * cos + rotate_half(x) * sin
+
+
+    class RopeInline(torch.nn.Module):
+        def forward(self, x, cos, sin):
+            return self.bn(x) * cos + rotate_half(self.bn(x)) * sin
+
+
+    def relu_inline(x, cos, sin):
+        return torch.relu(x) * cos + rotate_half(torch.relu(x)) * sin
+
+
+    def rms_inline(x, cos, sin):
+        return F.rms_norm(x, (x.shape[-1],)) * cos + rotate_half(F.rms_norm(x, (x.shape[-1],))) * sin
+    """
+)
+
+
+class _Counting(torch.nn.Module):
+    """Stands for BatchNorm / dropout: what it returns depends on how often it ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * self.calls
+
+
+def _namespace(text: str, *, fits=None) -> dict:
+    namespace = {"__name__": "rope"}
+    exec(compile(text, "rope.py", "exec"), namespace)
+    namespace["_is_npu"] = lambda x: True
+    namespace["torch_npu"] = TORCH_NPU
+    if fits is not None:
+        namespace["_npu_rotary_fits"] = lambda *args, **kwargs: fits
+    return namespace
+
+
+def _tables():
+    angles = torch.rand(1, 5, 1, 16) * 6
+    return angles.cos(), angles.sin()
+
+
+def test_python_number_tables_fall_back_to_the_original_on_an_npu():
+    text, _ = migrate_text(SOURCE, path="rope.py", select=["NPU703"])
+    assert "_npu_rotary_fits(cos, sin, q" in text
+    q = torch.randn(2, 5, 3, 16)
+    got = _namespace(text)["apply"](q, 0.5, 0.25)
+    torch.testing.assert_close(got, _namespace(SOURCE)["apply"](q, 0.5, 0.25))
