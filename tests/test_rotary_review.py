@@ -97,6 +97,34 @@ def _tables():
     return angles.cos(), angles.sin()
 
 
+@pytest.mark.parametrize("fits", [False, True])
+@pytest.mark.parametrize("name", ["Rope", "RopeTables"])
+def test_a_module_call_before_the_rotation_runs_once_on_an_npu(name, fits):
+    text, _ = migrate_text(SOURCE, path="rope.py", select=["NPU703"])
+    method = text.split(f"class {name}(")[1].split("\nclass ")[0]
+    assert "_npu_rotary_mul(" in method, "the rotation after the call is still fused"
+    x = torch.randn(2, 5, 3, 16)
+    cos, sin = _tables()
+    if name == "RopeTables":
+        cos, sin = cos[:, :, 0], sin[:, :, 0]
+    original = _namespace(SOURCE)[name](_Counting())(x, cos, sin)
+    before = TORCH_NPU.calls["npu_rotary_mul"]
+    bn = _Counting()
+    got = _namespace(text, fits=fits)[name](bn)(x, cos, sin)
+    assert bn.calls == 1
+    assert TORCH_NPU.calls["npu_rotary_mul"] - before == (1 if fits else 0)
+    torch.testing.assert_close(got, original)
+
+
+def test_a_module_call_inside_the_rotation_is_declined_not_run_twice():
+    text, findings = migrate_text(SOURCE, path="rope.py", select=["NPU703"])
+    assert "_npu_rotary_mul(" not in text.split("class RopeInline(")[1].split("\ndef ")[0]
+    lines = SOURCE.splitlines()
+    line = lines.index("    def forward(self, x, cos, sin):", lines.index("class RopeInline(torch.nn.Module):")) + 1
+    (message,) = [f.message for f in findings if f.line == line]
+    assert "not fused" in message and "`self.bn`" in message and "again" in message
+
+
 def test_python_number_tables_fall_back_to_the_original_on_an_npu():
     text, _ = migrate_text(SOURCE, path="rope.py", select=["NPU703"])
     assert "_npu_rotary_fits(cos, sin, q" in text

@@ -10,8 +10,11 @@ spelling, and the kernel tables are read off as expressions over the tables the 
 What the branch must preserve and the kernel cannot see is checked at run time by `_npu_rotary_fits`:
 the original broadcasts `x * cos`, the kernel returns x's shape and dtype, so cos/sin may only
 broadcast *into* x (never grow it), in one of the shapes the kernel's table allows, with x's dtype (an
-fp32 table with bf16 activations would promote the original's result). The cos/sin expressions and
-the rotated tensors, where computed by a call, are bound once at the top of the branch and reused.
+fp32 table with bf16 activations would promote the original's result), and to be tensors at all (a
+Python number is a table for the original). The cos/sin expressions and the rotated tensors, where
+computed by a call, are bound once at the top of the branch and reused; the original runs them again
+when `_npu_rotary_fits` says no, so only tensor operations may be bound there: a rotation of what a
+module returns (`x = self.bn(x)`) gets its branch after that statement, reading the value it computed.
 """
 
 from __future__ import annotations
@@ -81,9 +84,11 @@ ROTARY = Rule(
     with, a term scaled by a constant, a kernel table that would be a sum of tables, elements not
     rotated, a computation that differs at another head dim (a fixed-width slice), interleaved rotary
     where the torch_npu version has no rotary_mode, a rotation under control flow, rotations with
-    different tables in one function. An operation the evaluator does not know is never guessed: the
-    function is left alone, and one that multiplies what a `rotate*` helper returns gets a finding
-    saying why (the helper imported or not recognised).
+    different tables in one function, a branch that would call anything but a tensor operation
+    (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
+    original calls it again when the kernel does not apply). An operation the evaluator does not know is
+    never guessed: the function is left alone, and one that multiplies what a `rotate*` helper returns
+    gets a finding saying why (the helper imported or not recognised).
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
@@ -310,7 +315,11 @@ def match(fn: Function) -> Outcome | None:
         if not calls_rotation:
             return _rotate_helper_outcome(fn)
         return Outcome(ROTARY, f"rotary embedding not fused: {why}")
-    return _outcome(fn, result)
+    outcome = _outcome(fn, result)
+    if _reruns(outcome):
+        # `x = self.bn(x)` then the rotation: the branch after the call reads what it computed
+        outcome = _straight_tail_outcome(fn) or outcome
+    return outcome
 
 
 def _straight_tail_outcome(fn: Function) -> Outcome | None:
@@ -348,6 +357,8 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
         if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
             return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")
         outcome = _outcome(tail, result)
+        if _reruns(outcome) and start + 1 < len(body):
+            continue  # the call is in this tail: a shorter one may begin after it
         if outcome is not None and outcome.template is not None:
             outcome.before = body[start]
         return outcome
@@ -508,6 +519,18 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             bindings = [(name, replace_nodes(value, uses)) for name, value in bindings if name not in aliases]
             rewritten = replace_nodes(rewritten, uses)
     evaluated = [value for _, value in bindings]
+    # The bindings run before `_npu_rotary_fits` decides, and the original runs again when it says no: a
+    # call that is not a tensor operation (`self.bn(x)`, dropout, a hook) would run twice, changing
+    # numbers (BatchNorm's running stats, a second random draw). `match` then tries the branch after the
+    # statement that makes the call, reading the value it computed.
+    user_call = next((c for _, value in bindings for c in _user_calls(value, fn)), None)
+    if user_call is not None:
+        return Outcome(
+            ROTARY,
+            f"rotary embedding not fused: the branch would call `{source(user_call.func)}`{_RERUN}, and the "
+            "original would call it again where the kernel does not apply (running stats, random draws and hooks "
+            "twice); compute it in a statement of its own before the rotation",
+        )
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
         return Outcome(ROTARY, "rotary embedding not fused: the branch would evaluate a call of the original twice")
     # The guard tests the rotated tensor's parameter (`t` of `t[..., start:end]`), else any it is computed from.
@@ -560,6 +583,55 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         "result": source(rewritten),
     }
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+#: What the finding of a branch declined for calling user code twice says (`_reruns`): a later placement,
+#: after the statement that makes the call, may do.
+_RERUN = " before knowing whether the kernel applies"
+
+
+def _reruns(outcome: Outcome | None) -> bool:
+    return outcome is not None and outcome.template is None and _RERUN in outcome.message
+
+
+#: Calls of tensor operations besides the ones the evaluator models (`KNOWN_*`), that compute a new value
+#: and nothing else: the branch may run them again (the tables `freqs.cos()`, `t.repeat_interleave(2)`).
+_PURE_METHODS = KNOWN_METHODS | {
+    "cos",
+    "sin",
+    "exp",
+    "detach",
+    "expand",
+    "expand_as",
+    "narrow",
+    "repeat",
+    "repeat_interleave",
+    "select",
+    "tile",
+}
+_PURE_FUNCTIONS = KNOWN_FUNCTIONS | {"torch.cos", "torch.sin", "torch.repeat_interleave", "torch.tile", "torch.polar"}
+
+
+def _user_calls(expr: ast.expr, fn: Function) -> list[ast.Call]:
+    """The calls in `expr` that are not known tensor operations: modules (`self.bn(x)`), methods of the
+    instance, functions the evaluator did not read. They may have side effects, so run once only."""
+    found = []
+    for node in walk_shared(expr):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if fn.qualname(func) in _PURE_FUNCTIONS:
+            continue
+        if isinstance(func, ast.Attribute):
+            receiver = func.value.id if isinstance(func.value, ast.Name) else None
+            # `torch.stack` as the branch spells a table it builds, whatever the file imports
+            if receiver == "torch" and source(func) in _PURE_FUNCTIONS:
+                continue
+            # a method of a tensor, but not of the module itself (`self.view(...)` is the module's own)
+            if func.attr in _PURE_METHODS and (receiver is None or receiver != fn.self_name):
+                continue
+        found.append(node)
+    return found
 
 
 def _repeated_calls(exprs: list[ast.expr]) -> list[ast.expr]:
