@@ -125,6 +125,15 @@ def test_a_module_call_inside_the_rotation_is_declined_not_run_twice():
     assert "not fused" in message and "`self.bn`" in message and "again" in message
 
 
+@pytest.mark.parametrize(("name", "computed"), [("relu_inline", "torch.relu(x)"), ("rms_inline", "F.rms_norm(x")])
+def test_a_rotated_tensor_computed_by_an_unmodelled_call_is_declined_for_that(name, computed):
+    _, findings = migrate_text(SOURCE, path="rope.py", select=["NPU703"])
+    line = SOURCE.splitlines().index(f"def {name}(x, cos, sin):") + 1
+    (message,) = [f.message for f in findings if f.line == line]
+    assert "not fused" in message and computed in message
+    assert "not recognised as rotate_half" not in message
+
+
 def test_python_number_tables_fall_back_to_the_original_on_an_npu():
     text, _ = migrate_text(SOURCE, path="rope.py", select=["NPU703"])
     assert "_npu_rotary_fits(cos, sin, q" in text

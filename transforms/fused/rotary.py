@@ -88,7 +88,8 @@ ROTARY = Rule(
     (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
     original calls it again when the kernel does not apply). An operation the evaluator does not know is
     never guessed: the function is left alone, and one that multiplies what a `rotate*` helper returns
-    gets a finding saying why (the helper imported or not recognised).
+    gets a finding saying why (the helper imported or not recognised, or the tensor it rotates computed
+    by a call the evaluator does not model).
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
@@ -429,7 +430,15 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
             name = factor.func.id if isinstance(factor.func, ast.Name) else getattr(factor.func, "attr", "")
             if "rotate" not in name.lower():
                 continue
-            if isinstance(factor.func, ast.Name) and name in fn.functions:
+            computed = _unmodelled_argument(factor, fn) if isinstance(factor.func, ast.Name) else None
+            if computed is not None:
+                # The helper is a rotation (as it is in the function next door): what is declined is its argument.
+                why = (
+                    f"the tensor that `{name}` rotates, `{source(computed)}`, is computed by a call the evaluator does not "
+                    "model, so it cannot be shown to be the tensor multiplied by cos; compute it in a statement of "
+                    "its own (`x = ...`) before the rotation"
+                )
+            elif isinstance(factor.func, ast.Name) and name in fn.functions:
                 why = (
                     f"`{name}` is not recognised as rotate_half (`cat((-x2, x1), -1)` of the halves of the last "
                     "dim) or its interleaved form, the rotations npu_rotary_mul applies"
@@ -442,6 +451,19 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                 )
             return Outcome(ROTARY, f"rotary embedding not fused: {why}")
     return None
+
+
+def _unmodelled_argument(call: ast.Call, fn: Function) -> ast.expr | None:
+    """The argument of `rotate_half(torch.relu(x))` when the helper is a rotation of a plain name (its body
+    recognised) and the argument is a call the evaluator does not read (`torch.relu`, `F.rms_norm`)."""
+    if len(call.args) != 1 or not isinstance(call.args[0], ast.Call) or call.func.id not in fn.functions:
+        return None
+    probe = ast.Call(call.func, [ast.Name("_npu_probe", ast.Load())], [])
+    try:
+        found = _rotates(inline_functions(fn, probe), fn)
+    except NotStraightLine:
+        return None
+    return call.args[0] if found is not None and source(found[1]) == "_npu_probe" else None
 
 
 def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Outcome:
