@@ -64,6 +64,11 @@ SOURCE = textwrap.dedent(
         return torch.relu(x) * cos + rotate_half(torch.relu(x)) * sin
 
 
+    def relu_statement(x, cos, sin):
+        x = torch.relu(x)
+        return x * cos + rotate_half(x) * sin
+
+
     def rms_inline(x, cos, sin):
         return F.rms_norm(x, (x.shape[-1],)) * cos + rotate_half(F.rms_norm(x, (x.shape[-1],))) * sin
     """
@@ -140,3 +145,14 @@ def test_python_number_tables_fall_back_to_the_original_on_an_npu():
     q = torch.randn(2, 5, 3, 16)
     got = _namespace(text)["apply"](q, 0.5, 0.25)
     torch.testing.assert_close(got, _namespace(SOURCE)["apply"](q, 0.5, 0.25))
+
+
+def test_a_rotated_tensor_computed_by_an_unmodelled_call_in_its_own_statement_is_fused():
+    text, _ = migrate_text(SOURCE, path="rope.py", select=["NPU703"])
+    assert "_npu_rotary_mul(x, cos, sin" in text.split("def relu_statement(")[1].split("\ndef ")[0]
+    x = torch.randn(2, 5, 3, 16)
+    cos, sin = _tables()
+    before = TORCH_NPU.calls["npu_rotary_mul"]
+    got = _namespace(text)["relu_statement"](x, cos, sin)
+    assert TORCH_NPU.calls["npu_rotary_mul"] - before == 1
+    torch.testing.assert_close(got, _namespace(SOURCE)["relu_statement"](x, cos, sin))

@@ -14,7 +14,8 @@ fp32 table with bf16 activations would promote the original's result), and to be
 Python number is a table for the original). The cos/sin expressions and the rotated tensors, where
 computed by a call, are bound once at the top of the branch and reused; the original runs them again
 when `_npu_rotary_fits` says no, so only tensor operations may be bound there: a rotation of what a
-module returns (`x = self.bn(x)`) gets its branch after that statement, reading the value it computed.
+module returns (`x = self.bn(x)`), or of a call the evaluator does not model (`x = torch.relu(x)`),
+gets its branch after that statement, reading the value it computed.
 """
 
 from __future__ import annotations
@@ -317,9 +318,13 @@ def match(fn: Function) -> Outcome | None:
             return _rotate_helper_outcome(fn)
         return Outcome(ROTARY, f"rotary embedding not fused: {why}")
     outcome = _outcome(fn, result)
-    if _reruns(outcome):
-        # `x = self.bn(x)` then the rotation: the branch after the call reads what it computed
-        outcome = _straight_tail_outcome(fn) or outcome
+    if outcome is not None and outcome.template is None and len(body_statements(fn.tree)) > 1:
+        # `x = self.bn(x)` or `x = torch.relu(x)` then the rotation: folded, the rotated tensor is that call
+        # (run twice by a branch in front, or not read by the evaluator); a branch after the statement
+        # reads the value it computed, as a name. Taken only where that one fuses.
+        later = _straight_tail_outcome(fn)
+        if later is not None and later.template is not None:
+            return later
     return outcome
 
 
