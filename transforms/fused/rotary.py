@@ -10,8 +10,12 @@ spelling, and the kernel tables are read off as expressions over the tables the 
 What the branch must preserve and the kernel cannot see is checked at run time by `_npu_rotary_fits`:
 the original broadcasts `x * cos`, the kernel returns x's shape and dtype, so cos/sin may only
 broadcast *into* x (never grow it), in one of the shapes the kernel's table allows, with x's dtype (an
-fp32 table with bf16 activations would promote the original's result). The cos/sin expressions and
-the rotated tensors, where computed by a call, are bound once at the top of the branch and reused.
+fp32 table with bf16 activations would promote the original's result), and to be tensors at all (a
+Python number is a table for the original). The cos/sin expressions and the rotated tensors, where
+computed by a call, are bound once at the top of the branch and reused; the original runs them again
+when `_npu_rotary_fits` says no, so only tensor operations may be bound there: a rotation of what a
+module returns (`x = self.bn(x)`), or of a call the evaluator does not model (`x = torch.relu(x)`),
+gets its branch after that statement, reading the value it computed.
 """
 
 from __future__ import annotations
@@ -81,9 +85,12 @@ ROTARY = Rule(
     with, a term scaled by a constant, a kernel table that would be a sum of tables, elements not
     rotated, a computation that differs at another head dim (a fixed-width slice), interleaved rotary
     where the torch_npu version has no rotary_mode, a rotation under control flow, rotations with
-    different tables in one function. An operation the evaluator does not know is never guessed: the
-    function is left alone, and one that multiplies what a `rotate*` helper returns gets a finding
-    saying why (the helper imported or not recognised).
+    different tables in one function, a branch that would call anything but a tensor operation
+    (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
+    original calls it again when the kernel does not apply). An operation the evaluator does not know is
+    never guessed: the function is left alone, and one that multiplies what a `rotate*` helper returns
+    gets a finding saying why (the helper imported or not recognised, or the tensor it rotates computed
+    by a call the evaluator does not model).
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
@@ -310,7 +317,15 @@ def match(fn: Function) -> Outcome | None:
         if not calls_rotation:
             return _rotate_helper_outcome(fn)
         return Outcome(ROTARY, f"rotary embedding not fused: {why}")
-    return _outcome(fn, result)
+    outcome = _outcome(fn, result)
+    if outcome is not None and outcome.template is None and len(body_statements(fn.tree)) > 1:
+        # `x = self.bn(x)` or `x = torch.relu(x)` then the rotation: folded, the rotated tensor is that call
+        # (run twice by a branch in front, or not read by the evaluator); a branch after the statement
+        # reads the value it computed, as a name. Taken only where that one fuses.
+        later = _straight_tail_outcome(fn)
+        if later is not None and later.template is not None:
+            return later
+    return outcome
 
 
 def _straight_tail_outcome(fn: Function) -> Outcome | None:
@@ -348,6 +363,8 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
         if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
             return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")
         outcome = _outcome(tail, result)
+        if _reruns(outcome) and start + 1 < len(body):
+            continue  # the call is in this tail: a shorter one may begin after it
         if outcome is not None and outcome.template is not None:
             outcome.before = body[start]
         return outcome
@@ -418,7 +435,15 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
             name = factor.func.id if isinstance(factor.func, ast.Name) else getattr(factor.func, "attr", "")
             if "rotate" not in name.lower():
                 continue
-            if isinstance(factor.func, ast.Name) and name in fn.functions:
+            computed = _unmodelled_argument(factor, fn) if isinstance(factor.func, ast.Name) else None
+            if computed is not None:
+                # The helper is a rotation (as it is in the function next door): what is declined is its argument.
+                why = (
+                    f"the tensor that `{name}` rotates, `{source(computed)}`, is computed by a call the evaluator does not "
+                    "model, so it cannot be shown to be the tensor multiplied by cos; compute it in a statement of "
+                    "its own (`x = ...`) before the rotation"
+                )
+            elif isinstance(factor.func, ast.Name) and name in fn.functions:
                 why = (
                     f"`{name}` is not recognised as rotate_half (`cat((-x2, x1), -1)` of the halves of the last "
                     "dim) or its interleaved form, the rotations npu_rotary_mul applies"
@@ -431,6 +456,19 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                 )
             return Outcome(ROTARY, f"rotary embedding not fused: {why}")
     return None
+
+
+def _unmodelled_argument(call: ast.Call, fn: Function) -> ast.expr | None:
+    """The argument of `rotate_half(torch.relu(x))` when the helper is a rotation of a plain name (its body
+    recognised) and the argument is a call the evaluator does not read (`torch.relu`, `F.rms_norm`)."""
+    if len(call.args) != 1 or not isinstance(call.args[0], ast.Call) or call.func.id not in fn.functions:
+        return None
+    probe = ast.Call(call.func, [ast.Name("_npu_probe", ast.Load())], [])
+    try:
+        found = _rotates(inline_functions(fn, probe), fn)
+    except NotStraightLine:
+        return None
+    return call.args[0] if found is not None and source(found[1]) == "_npu_probe" else None
 
 
 def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Outcome:
@@ -508,6 +546,18 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             bindings = [(name, replace_nodes(value, uses)) for name, value in bindings if name not in aliases]
             rewritten = replace_nodes(rewritten, uses)
     evaluated = [value for _, value in bindings]
+    # The bindings run before `_npu_rotary_fits` decides, and the original runs again when it says no: a
+    # call that is not a tensor operation (`self.bn(x)`, dropout, a hook) would run twice, changing
+    # numbers (BatchNorm's running stats, a second random draw). `match` then tries the branch after the
+    # statement that makes the call, reading the value it computed.
+    user_call = next((c for _, value in bindings for c in _user_calls(value, fn)), None)
+    if user_call is not None:
+        return Outcome(
+            ROTARY,
+            f"rotary embedding not fused: the branch would call `{source(user_call.func)}`{_RERUN}, and the "
+            "original would call it again where the kernel does not apply (running stats, random draws and hooks "
+            "twice); compute it in a statement of its own before the rotation",
+        )
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
         return Outcome(ROTARY, "rotary embedding not fused: the branch would evaluate a call of the original twice")
     # The guard tests the rotated tensor's parameter (`t` of `t[..., start:end]`), else any it is computed from.
@@ -560,6 +610,55 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         "result": source(rewritten),
     }
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+#: What the finding of a branch declined for calling user code twice says (`_reruns`): a later placement,
+#: after the statement that makes the call, may do.
+_RERUN = " before knowing whether the kernel applies"
+
+
+def _reruns(outcome: Outcome | None) -> bool:
+    return outcome is not None and outcome.template is None and _RERUN in outcome.message
+
+
+#: Calls of tensor operations besides the ones the evaluator models (`KNOWN_*`), that compute a new value
+#: and nothing else: the branch may run them again (the tables `freqs.cos()`, `t.repeat_interleave(2)`).
+_PURE_METHODS = KNOWN_METHODS | {
+    "cos",
+    "sin",
+    "exp",
+    "detach",
+    "expand",
+    "expand_as",
+    "narrow",
+    "repeat",
+    "repeat_interleave",
+    "select",
+    "tile",
+}
+_PURE_FUNCTIONS = KNOWN_FUNCTIONS | {"torch.cos", "torch.sin", "torch.repeat_interleave", "torch.tile", "torch.polar"}
+
+
+def _user_calls(expr: ast.expr, fn: Function) -> list[ast.Call]:
+    """The calls in `expr` that are not known tensor operations: modules (`self.bn(x)`), methods of the
+    instance, functions the evaluator did not read. They may have side effects, so run once only."""
+    found = []
+    for node in walk_shared(expr):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if fn.qualname(func) in _PURE_FUNCTIONS:
+            continue
+        if isinstance(func, ast.Attribute):
+            receiver = func.value.id if isinstance(func.value, ast.Name) else None
+            # `torch.stack` as the branch spells a table it builds, whatever the file imports
+            if receiver == "torch" and source(func) in _PURE_FUNCTIONS:
+                continue
+            # a method of a tensor, but not of the module itself (`self.view(...)` is the module's own)
+            if func.attr in _PURE_METHODS and (receiver is None or receiver != fn.self_name):
+                continue
+        found.append(node)
+    return found
 
 
 def _repeated_calls(exprs: list[ast.expr]) -> list[ast.expr]:
