@@ -213,10 +213,10 @@ def match_call(name: str, api, names=None, call: ast.Call | None = None, guards=
             FLASH_ATTN,
             f"`{name}` (FlashAttention-3) not rewritten: its arguments and return value are not flash-attn 2's "
             "(no dropout_p, fp8 descales; `out` or `(out, softmax_lse)` by release), and flash_attn_interface "
-            "does not install on an NPU host: port the call to torch_npu.npu_fusion_attention (BSND, or TND with "
-            "actual_seq_qlen / actual_seq_kvlen = cu_seqlens[1:] as host ints; scale = softmax_scale or D**-0.5; "
-            "causal = sparse_mode 3 with the 2048x2048 triu mask), or call flash-attn 2's function, which "
-            "npu-migrate wraps",
+            "does not install on an NPU host",
+            remedy="to fuse it, call flash-attn 2's function, which npu-migrate wraps, or port the call to "
+            "torch_npu.npu_fusion_attention (BSND, or TND with actual_seq_qlen / actual_seq_kvlen = cu_seqlens[1:] "
+            "as host ints; scale = softmax_scale or D**-0.5; causal = sparse_mode 3 with the 2048x2048 triu mask)",
         )
     function = QUALIFIED[name]
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
