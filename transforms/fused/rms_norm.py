@@ -267,7 +267,7 @@ def _check_site(site: Site, fn: Function) -> tuple[ast.expr | None, str, str]:
         return (
             None,
             "the mean takes arguments the kernel has no counterpart for",
-            "to fuse it, pass the mean only dim and keepdim",
+            "to fuse it, give the mean only dim and keepdim",
         )
     squared = _square_base(reduced, fn)
     if squared is None:
