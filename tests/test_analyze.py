@@ -39,9 +39,14 @@ def run_analyze(*args, cwd=ROOT):
     )
 
 
+#: Run from the repository root, analyze names the project's files as `apply` does from there (issue #25):
+#: `fixtures/projects/analyze_demo/demo/train.py`. The assertions name them from the project.
+SHOWN_FROM_ROOT = PROJECT.relative_to(ROOT).as_posix() + "/"
+
+
 def read_csv(path: Path) -> list[list[str]]:
     with path.open(newline="", encoding="utf-8") as handle:
-        return list(csv.reader(handle))
+        return [[cell.replace(SHOWN_FROM_ROOT, "") for cell in row] for row in csv.reader(handle)]
 
 
 @pytest.fixture(scope="module")
@@ -608,7 +613,10 @@ def test_text_and_csv_formats(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "location,rule,severity,category,fixed,message"
-    assert lines[1].startswith("model.py:42:66,NPU951,warning,torch_apis,False,torch.float64: ")
+    # Relative to the current folder, where the tree is under it, as `apply` shows the file.
+    assert lines[1].startswith(
+        "fixtures/projects/analyze_demo/demo/model.py:42:66,NPU951,warning,torch_apis,False,torch.float64: "
+    )
     text = run_analyze(PROJECT / "demo")
     assert text.returncode == 0
     assert "train.py:30:8: NPU204 `torch.cuda.get_device_properties`" in text.stdout
@@ -618,6 +626,39 @@ def test_text_and_csv_formats(tmp_path):
         "torch_apis: 37 distinct torch APIs in 54 uses (torch_npu 2.14.0): 34 supported, 1 unsupported, 2 unknown"
         in text.stdout
     )
+
+
+def test_analyze_shows_the_paths_apply_shows_from_a_parent_folder(tmp_path):
+    """Issue #25: run from above the tree, analyze's findings and location columns name a file as apply's
+    diff and findings do (relative to the current folder), not relative to the analysed root."""
+    package = tmp_path / "proj" / "pkg"
+    package.mkdir(parents=True)
+    (package / "mod.py").write_text(
+        "import torch\n\n\ndef f(x):\n    torch.cuda.synchronize()\n    return x.cuda()\n", encoding="utf-8"
+    )
+    applied = subprocess.run(
+        [sys.executable, "-m", "npu_migrate", "apply", "--diff", "--show-fixes", "-j", "1", "proj"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        timeout=300,
+    )
+    assert applied.returncode == 0, applied.stderr
+    apply_says = applied.stdout + applied.stderr
+    assert "+++ b/proj/pkg/mod.py" in apply_says
+    assert "proj/pkg/mod.py:5:5: NPU201" in apply_says
+
+    text = run_analyze("proj", "-j", "1", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "proj/pkg/mod.py:5:5: NPU201 [fixable]" in text.stdout
+    assert "\npkg/mod.py" not in "\n" + text.stdout
+    as_csv = run_analyze("proj", "-j", "1", "--format", "csv", cwd=tmp_path)
+    assert any(line.startswith("proj/pkg/mod.py:5:5,NPU201,") for line in as_csv.stdout.splitlines())
+    written = run_analyze("proj", "-j", "1", "-q", "--output", "out", cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    rows = read_csv(tmp_path / "out" / "cuda_op_list.csv")
+    assert [r[0] for r in rows[1:]] == ["proj/pkg/mod.py:5:5", "proj/pkg/mod.py:6:12"]
 
 
 # --- errors ----------------------------------------------------------------------------------------

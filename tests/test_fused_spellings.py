@@ -582,7 +582,7 @@ def test_a_file_with_its_own_npu_attention_path_gets_no_second_one():
     assert migrated == source
     assert [f.message for f in findings if f.rule_id == "NPU707"] == [
         "scaled_dot_product_attention not wrapped, here or at the file's other calls: this file already calls "
-        "torch_npu's npu_fusion_attention (its own NPU path); select that path on an NPU"
+        "torch_npu's npu_fusion_attention (its own NPU path); to fuse it, select that path on an NPU"
     ], "one finding for the file's two calls: diffusers' attention_processor.py has 32"
 
 

@@ -517,7 +517,7 @@ class FusedOpsChecker(TreeChecker):
                     either = " or ".join(f"`{t.rsplit('.', 1)[-1]}`" for t in bound)
                     message = (
                         f"`{node.func.id}` not fused: the imports bind it to {either}, whichever imports, and "
-                        "their causal alignment and arguments differ; call each by its own name to fuse it"
+                        "their causal alignment and arguments differ; to fuse it, call each by its own name"
                     )
                     self._decide(node, Outcome(idiom.rule, message))
                 return
@@ -533,6 +533,7 @@ class FusedOpsChecker(TreeChecker):
                 f"{function} not fused: the file does not `import torch` at module level, which the wrapper uses"
             )
             outcome.template = None
+            outcome.remedy = "to fuse it, add `import torch` at module level"
         context, laid_out = outcome.context, self._call_layout(node)
         if idiom.optional_package is not None:
             # Filled by `_optional_imports`, read when the fix runs: the modules imported conditionally.
@@ -576,6 +577,7 @@ class FusedOpsChecker(TreeChecker):
         if outcome.template is not None and self.bindings.get("torch") != "torch":
             outcome.message += " not injected: the file does not `import torch` at module level, which the branch uses"
             outcome.template = None
+            outcome.remedy = "to fuse it, add `import torch` at module level"
         if outcome.template is not None and isinstance(node, _DEFS):
             before = outcome.before or node.body[0]
             if not self.source.starts_line(before):
@@ -586,7 +588,10 @@ class FusedOpsChecker(TreeChecker):
                 )
                 outcome.message += f" not injected: {where}"
                 outcome.template = None
+                outcome.remedy = "to fuse it, put each statement of the body on its own line"
         if outcome.template is None:
+            if outcome.remedy:
+                outcome.message += f"; {outcome.remedy}"
             if outcome.per_file and any(r.message == brief(outcome.message) for r in self.reports):
                 return  # diffusers' attention processors: 32 calls, one reason
             self.reports.append(TreeReport(outcome.rule, node, brief(outcome.message), data=outcome.data or None))

@@ -140,7 +140,9 @@ def match(fn: Function) -> Outcome | None:
     try:
         fusion = attention_eager.fuse(fn)
     except attention_eager.Declined as why:
-        return Outcome(ATTENTION, f"hand-written attention (softmax of q @ k^T, then @ v) not fused: {why}")
+        return Outcome(
+            ATTENTION, f"hand-written attention (softmax of q @ k^T, then @ v) not fused: {why}", remedy=why.remedy
+        )
     if fusion is None:
         return None  # fused by an earlier run
     return Outcome(

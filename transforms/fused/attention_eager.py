@@ -60,7 +60,12 @@ _CASTS = frozenset("float half bfloat16 to type type_as".split())
 
 
 class Declined(Exception):
-    """The function is hand-written attention the kernel cannot be proven to compute; the message says why."""
+    """The function is hand-written attention the kernel cannot be proven to compute; the message says why,
+    `remedy` what would let it be fused (`Outcome.remedy`)."""
+
+    def __init__(self, why: str, remedy: str = "") -> None:
+        super().__init__(why)
+        self.remedy = remedy
 
 
 class _NotProbabilities(Exception):
@@ -322,7 +327,9 @@ def _probabilities(node: ast.expr, fn: Function, attention: Attention) -> ast.ex
             dropout = _dropout(step, fn)
             if dropout is not None and dropout[0] is skipped:
                 if attention.dropout_p is not None:
-                    raise Declined("it applies dropout twice")
+                    raise Declined(
+                        "it applies dropout twice", remedy="to fuse it, apply dropout once, to the probabilities"
+                    )
                 attention.dropout_p = ast.IfExp(test, dropout[1], ast.Constant(0.0))
             elif _softmax_input(step, fn) is None:
                 # `if head_mask is not None: probs = probs * head_mask`: the kernel has no such step, so the
@@ -335,7 +342,9 @@ def _probabilities(node: ast.expr, fn: Function, attention: Attention) -> ast.ex
         dropout = _dropout(node, fn)
         if dropout is not None:
             if attention.dropout_p is not None:
-                raise Declined("it applies dropout twice")
+                raise Declined(
+                    "it applies dropout twice", remedy="to fuse it, apply dropout once, to the probabilities"
+                )
             node, attention.dropout_p = dropout
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS:
@@ -351,12 +360,18 @@ def _probabilities(node: ast.expr, fn: Function, attention: Attention) -> ast.ex
                         break
                     step = step.func.value  # `self.proj_w(...).permute(...)`: name the call it starts from
                 step = f"{source(step.func)}(...)" if isinstance(step, ast.Call) else source(node)
-                raise Declined(f"the probabilities go through `{step}` before `@ v`, which the kernel does not")
+                raise Declined(
+                    f"the probabilities go through `{step}` before `@ v`, which the kernel does not",
+                    remedy="nothing in the code can: the kernel multiplies the softmax by v directly",
+                )
             raise _NotProbabilities
         at = 1 if fn.qualname(node.func) in _SOFTMAX else 0  # `F.softmax(s, dim)` or `s.softmax(dim)`
         dim = node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == "dim"), None)
         if not (isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub) and _constant(dim.operand) == 1):
-            raise Declined(f"the softmax is not over the last dim (`{source(node)}`)")
+            raise Declined(
+                f"the softmax is not over the last dim (`{source(node)}`)",
+                remedy="nothing in the code can: the kernel takes the softmax over the keys (last dim)",
+            )
         return scores
 
 
@@ -412,11 +427,17 @@ def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
         if isinstance(node, ast.IfExp):
             found = _conditional_step(node)
             if found is None or not _reevaluable(node.test, fn):
-                raise Declined(f"the scores are chosen by `{source(node.test)}`")
+                raise Declined(
+                    f"the scores are chosen by `{source(node.test)}`",
+                    remedy="to fuse it, choose between the scores outside the function",
+                )
             step, skipped, test = found
             before = (attention.additive_mask, attention.masked_out)
             if _mask_step(step, skipped, fn, attention) is None:
-                raise Declined(f"the scores go through `{source(step)}` where `{source(test)}`")
+                raise Declined(
+                    f"the scores go through `{source(step)}` where `{source(test)}`",
+                    remedy="nothing in the code can: the kernel applies no step but a mask",
+                )
             # A mask applied under a test: the branch passes it under the same test (`if mask is not None`
             # needs none: the mask is None where the test is false).
             if attention.additive_mask is not before[0]:
@@ -424,7 +445,9 @@ def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
             else:
                 attention.masked_out = _under(test, attention.masked_out)
             if scaled:
-                raise Declined("it scales the scores after masking them")
+                raise Declined(
+                    "it scales the scores after masking them", remedy="to fuse it, scale the scores before masking them"
+                )
             node = skipped
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS:
@@ -433,7 +456,9 @@ def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
         inner = _mask_step(node, None, fn, attention)
         if inner is not None:
             if scaled:
-                raise Declined("it scales the scores after masking them")
+                raise Declined(
+                    "it scales the scores after masking them", remedy="to fuse it, scale the scores before masking them"
+                )
             node = inner
             continue
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)):
@@ -442,14 +467,23 @@ def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
             for inner, factor in sides:
                 if _contains_scores(inner, fn) and not _contains_scores(factor, fn):
                     if not _reevaluable(factor, fn):
-                        raise Declined(f"the scale `{source(factor)}` is computed by a call the branch cannot repeat")
+                        raise Declined(
+                            f"the scale `{source(factor)}` is computed by a call the branch cannot repeat",
+                            remedy="to fuse it, compute that value before the attention",
+                        )
                     attention.scale.insert(0, (node.op, factor))
                     scaled, node = True, inner
                     break
             else:
-                raise Declined(f"the scores go through `{source(node)}`")
+                raise Declined(
+                    f"the scores go through `{source(node)}`",
+                    remedy="nothing in the code can: the kernel scales and masks the scores only",
+                )
             continue
-        raise Declined(f"the scores go through `{source(node)}`, which the kernel does not compute")
+        raise Declined(
+            f"the scores go through `{source(node)}`, which the kernel does not compute",
+            remedy="nothing in the code can: the kernel scales and masks the scores only",
+        )
 
 
 def _under(test: ast.expr, mask: ast.expr) -> ast.expr:
@@ -475,12 +509,14 @@ def _mask_step(node: ast.expr, inner: ast.expr | None, fn: Function, attention: 
                 if not _reevaluable(mask, fn):
                     raise Declined(
                         f"the scores get an additive term computed here (`{source(mask)}`): a bias such as"
-                        " ALiBi or a relative position is no mask the kernel can take"
+                        " ALiBi or a relative position is no mask the kernel can take",
+                        remedy="to fuse it, compute the bias outside the function and pass it in as a mask",
                     )
                 if attention.additive_mask is not None:
                     raise Declined(
                         f"it adds more than one term to the scores (`{source(mask)}`, "
-                        f"`{source(attention.additive_mask)}`): only a single mask of 0 and -inf converts"
+                        f"`{source(attention.additive_mask)}`): only a single mask of 0 and -inf converts",
+                        remedy="to fuse it, add the terms into one mask before the attention",
                     )
                 attention.additive_mask = mask
                 return scores
@@ -496,12 +532,18 @@ def _mask_step(node: ast.expr, inner: ast.expr | None, fn: Function, attention: 
         return None
     if not _lowest_value(value, fn):
         raise Declined(
-            f"masked scores are set to `{source(value)}`, not -inf or the dtype's lowest: not the kernel's masking"
+            f"masked scores are set to `{source(value)}`, not -inf or the dtype's lowest: not the kernel's masking",
+            remedy='to fuse it, fill with float("-inf") or torch.finfo(dtype).min',
         )
     if not _reevaluable(dropped, fn):
-        raise Declined(f"the mask `{source(dropped)}` is computed by a call the branch cannot repeat")
+        raise Declined(
+            f"the mask `{source(dropped)}` is computed by a call the branch cannot repeat",
+            remedy="to fuse it, compute the mask before the attention",
+        )
     if attention.masked_out is not None:
-        raise Declined("it masks the scores twice with `masked_fill`")
+        raise Declined(
+            "it masks the scores twice with `masked_fill`", remedy="to fuse it, combine the masks and fill once"
+        )
     attention.masked_out = dropped
     return scores
 
@@ -514,7 +556,8 @@ def _fold_if(stmt: ast.If, env: dict[str, ast.expr], fn: Function) -> None:
     test = substitute(stmt.test, env)
     if not _reevaluable(test, fn):
         raise Declined(
-            f"a step of the attention runs under `if {source(stmt.test)}`, which the branch cannot test first"
+            f"a step of the attention runs under `if {source(stmt.test)}`, which the branch cannot test first",
+            remedy="to fuse it, test that condition outside the attention",
         )
     arms = []
     for block in (stmt.body, stmt.orelse):
@@ -553,7 +596,10 @@ def _fold_assignment(stmt: ast.stmt, env: dict[str, ast.expr], fn: Function) -> 
         _fold_if(stmt, env, fn)
     else:
         first_line = ast.unparse(stmt).splitlines()[0]
-        raise Declined(f"the attention is interleaved with other code (`{first_line}`)")
+        raise Declined(
+            f"the attention is interleaved with other code (`{first_line}`)",
+            remedy="to fuse it, move that code before or after the attention",
+        )
 
 
 def _output(stmt: ast.stmt, env: dict[str, ast.expr], fn: Function) -> tuple[ast.AST, Attention] | None:
@@ -628,7 +674,10 @@ def fuse(fn: Function) -> Fusion | None:
         (i for i, stmt in enumerate(body) if softmax_at and i <= softmax_at[-1] and _contains_scores(stmt, fn)), None
     )
     if start is None:
-        raise Declined("the scores are not `q @ k.transpose(-2, -1)` (einsum, bmm or a 3-D layout)")
+        raise Declined(
+            "the scores are not `q @ k.transpose(-2, -1)` (einsum, bmm or a 3-D layout)",
+            remedy="to fuse it, compute the scores as q @ k.transpose(-2, -1) on (batch, heads, seq, dim)",
+        )
     env: dict[str, ast.expr] = {}
     for index in range(start, len(body)):
         stmt = body[index]
@@ -640,25 +689,41 @@ def fuse(fn: Function) -> Fusion | None:
         except Declined:
             if index == start and isinstance(stmt, ast.If):
                 raise Declined(
-                    f"the attention is computed inside `if {source(stmt.test)}:`, which the branch cannot fold"
+                    f"the attention is computed inside `if {source(stmt.test)}:`, which the branch cannot fold",
+                    remedy="to fuse it, move the attention into a function of its own",
                 ) from None
             raise
     else:
-        raise Declined("its output is not a statement of the function's body (it is computed under control flow)")
+        raise Declined(
+            "its output is not a statement of the function's body (it is computed under control flow)",
+            remedy="to fuse it, compute the output at the top level of the body",
+        )
     matmul, attention = found
     if not all(_reevaluable(part, fn) for part in (attention.query, attention.key, attention.value)):
-        raise Declined("q, k or v is computed by a call in the attention, which the branch cannot repeat")
+        raise Declined(
+            "q, k or v is computed by a call in the attention, which the branch cannot repeat",
+            remedy="to fuse it, compute q, k and v before the attention",
+        )
     if attention.dropout_p is not None and not _reevaluable(attention.dropout_p, fn):
-        raise Declined(f"the dropout probability `{source(attention.dropout_p)}` is computed by a call")
+        raise Declined(
+            f"the dropout probability `{source(attention.dropout_p)}` is computed by a call",
+            remedy="to fuse it, compute the dropout probability before the attention",
+        )
     intermediates = set(env)  # names the attention binds: unbound where the branch runs
     # Of those, the scores and what is computed from them (the probabilities) are what the kernel does not
     # return: only they may become None; any other (a cache built beside them) declines where it is used.
     from_scores = {name for name, value in env.items() if _contains_scores(value, fn)}
     tail = [replace_nodes(stmt, {id(matmul): ast.Name(FUSED, ast.Load())}), *body[index + 1 :]]
     if not isinstance(tail[-1], ast.Return):
-        raise Declined("the function does not end with a `return` after the attention")
+        raise Declined(
+            "the function does not end with a `return` after the attention",
+            remedy="to fuse it, return after the attention",
+        )
     if FUSED in {n.id for n in fn.nodes if isinstance(n, ast.Name)}:
-        raise Declined(f"the function already uses the name `{FUSED}`, which the branch would bind")
+        raise Declined(
+            f"the function already uses the name `{FUSED}`, which the branch would bind",
+            remedy=f"to fuse it, rename your `{FUSED}`",
+        )
     tail, positions = _without_probabilities(tail, intermediates, from_scores)
     if positions:
         _weights_not_needed(fn, attention)
@@ -705,12 +770,21 @@ def _without_probabilities(
             expressions = [c for c in ast.iter_child_nodes(stmt) if not isinstance(c, ast.stmt)]
         for node in (n for e in expressions for n in ast.walk(e)):
             if isinstance(node, ast.Name) and node.id in holders:
-                raise Declined(f"the tuple holding the probabilities is used, not only returned (`{line}`)")
+                raise Declined(
+                    f"the tuple holding the probabilities is used, not only returned (`{line}`)",
+                    remedy="to fuse it, keep the probabilities out of anything but the return",
+                )
         for node in ast.walk(stmt if not isinstance(stmt, _COMPOUND) else ast.Module(expressions, [])):
             if isinstance(node, ast.Name) and node.id in intermediates and id(node) not in replaced:
-                raise Declined(f"it uses `{node.id}`, computed by the attention, after its output (`{line}`)")
+                raise Declined(
+                    f"it uses `{node.id}`, computed by the attention, after its output (`{line}`)",
+                    remedy=f"to fuse it, return only the attention output, or compute `{node.id}` apart from it",
+                )
             if id(node) in replaced and not isinstance(stmt, (ast.Return, ast.Assign)):
-                raise Declined(f"the probabilities are used, not only returned (`{line}`)")
+                raise Declined(
+                    f"the probabilities are used, not only returned (`{line}`)",
+                    remedy="to fuse it, keep the probabilities out of anything but the return",
+                )
     return [replace_nodes(stmt, replaced) for stmt in tail], positions
 
 
@@ -725,8 +799,8 @@ def _weights_not_needed(fn: Function, attention: Attention) -> None:
     # what it returns, and a None there would fail on the NPU only.
     raise Declined(
         "it returns the attention probabilities, which npu_fusion_attention does not compute, and no "
-        f"parameter ({' / '.join(f'`{p}`' for p in WEIGHT_FLAGS)}) says when they are not wanted; where they "
-        'are not, SDPA is fused (transformers: `attn_implementation="sdpa"`, the default)'
+        f"parameter ({' / '.join(f'`{p}`' for p in WEIGHT_FLAGS)}) says when they are not wanted",
+        remedy='to fuse it, add such a parameter, or use SDPA (transformers: `attn_implementation="sdpa"`)',
     )
 
 

@@ -66,11 +66,27 @@ def _template(function: str) -> str:
 
 #: Keyword arguments whose non-default value the kernel cannot compute, with the default and the reason: a call
 #: passing one is not rewritten.
-DECLINED = {
-    "alibi_slopes": (None, "ALiBi slopes (npu_fusion_attention takes a bias tensor, not slopes)"),
-    "softcap": (0, "logit soft-capping (npu_fusion_attention has none)"),
-    "return_attn_probs": (False, "the attention probabilities (npu_fusion_attention does not return them)"),
-    "block_table": (None, "a paged KV cache (block_table)"),
+DECLINED = {  # keyword: (its default, what it asks for, what would let the call be fused: `Outcome.remedy`)
+    "alibi_slopes": (
+        None,
+        "ALiBi slopes (npu_fusion_attention takes a bias tensor, not slopes)",
+        "nothing in the code can: the slopes would have to become a bias tensor, by hand",
+    ),
+    "softcap": (
+        0,
+        "logit soft-capping (npu_fusion_attention has none)",
+        "nothing in the code can: the kernel has no soft-capping",
+    ),
+    "return_attn_probs": (
+        False,
+        "the attention probabilities (npu_fusion_attention does not return them)",
+        "to fuse it, drop return_attn_probs where the probabilities are not used",
+    ),
+    "block_table": (
+        None,
+        "a paged KV cache (block_table)",
+        "nothing in the code can: the kernel takes no paged KV cache",
+    ),
 }
 
 FLASH_ATTN = Rule(
@@ -197,23 +213,28 @@ def match_call(name: str, api, names=None, call: ast.Call | None = None, guards=
             FLASH_ATTN,
             f"`{name}` (FlashAttention-3) not rewritten: its arguments and return value are not flash-attn 2's "
             "(no dropout_p, fp8 descales; `out` or `(out, softmax_lse)` by release), and flash_attn_interface "
-            "does not install on an NPU host: port the call to torch_npu.npu_fusion_attention (BSND, or TND with "
-            "actual_seq_qlen / actual_seq_kvlen = cu_seqlens[1:] as host ints; scale = softmax_scale or D**-0.5; "
-            "causal = sparse_mode 3 with the 2048x2048 triu mask), or call flash-attn 2's function, which "
-            "npu-migrate wraps",
+            "does not install on an NPU host",
+            remedy="to fuse it, call flash-attn 2's function, which npu-migrate wraps, or port the call to "
+            "torch_npu.npu_fusion_attention (BSND, or TND with actual_seq_qlen / actual_seq_kvlen = cu_seqlens[1:] "
+            "as host ints; scale = softmax_scale or D**-0.5; causal = sparse_mode 3 with the 2048x2048 triu mask)",
         )
     function = QUALIFIED[name]
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
-        return Outcome(FLASH_ATTN, f"`{function}` not rewritten: torch_npu {api.version} has no npu_fusion_attention")
+        return Outcome(
+            FLASH_ATTN,
+            f"`{function}` not rewritten: torch_npu {api.version} has no npu_fusion_attention",
+            remedy="nothing in the code can: target a torch_npu that has it (--torch-npu-version)",
+        )
     for keyword in call.keywords if call is not None else ():
-        default, what = DECLINED.get(keyword.arg, (None, None))
+        default, what, remedy = DECLINED.get(keyword.arg, (None, None, None))
         if what is not None and _passes(keyword, default):
-            return Outcome(FLASH_ATTN, f"`{function}` not rewritten: it passes `{keyword.arg}`, {what}")
+            return Outcome(FLASH_ATTN, f"`{function}` not rewritten: it passes `{keyword.arg}`, {what}", remedy=remedy)
     if call is not None and len(call.args) > POSITIONAL.get(function, len(call.args)):
         return Outcome(
             FLASH_ATTN,
             f"`{function}` not rewritten: it passes arguments after `causal` by position, whose order differs "
-            "between flash-attn versions; pass them by keyword",
+            "between flash-attn versions",
+            remedy="to fuse it, pass them by keyword",
         )
     varlen = ("flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_unpadded_func")
     layout = "TND" if function in varlen else "BSND"

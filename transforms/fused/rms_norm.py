@@ -20,6 +20,7 @@ import ast
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import (
+    STRAIGHT_LINE,
     Function,
     NotStraightLine,
     Outcome,
@@ -117,6 +118,11 @@ RMS_NORM = Rule(
 
 TEMPLATE = "fused/rms_norm.py.j2"
 KERNEL_DTYPES = "(torch.float16, torch.bfloat16, torch.float32)"
+
+
+#: Remedies shared by several declines (`Outcome.remedy`).
+PARAMETER = "to fuse it, pass the tensor it normalises as a parameter"
+EPS_CONSTANT = "to fuse it, make eps a constant or attribute"
 
 
 def _is_fp32(dtype: ast.expr, fn: Function) -> bool:
@@ -238,8 +244,9 @@ def _core(node: ast.expr, site: Site) -> ast.expr | None:
     return None
 
 
-def _check_site(site: Site, fn: Function) -> tuple[ast.expr | None, str]:
-    """The squared tensor, or None and why this is not RMS normalisation over the last dim. A dim held
+def _check_site(site: Site, fn: Function) -> tuple[ast.expr | None, str, str]:
+    """The squared tensor, or None, why this is not RMS normalisation over the last dim and what would let
+    it be (an `Outcome.remedy`). A dim held
     by an attribute (`self.dim`) is checked at run time: `site.dim` is then that attribute."""
     reduced, call, dim_at = _mean(site.mean, fn)
     dim = argument(call, dim_at, "dim")
@@ -248,20 +255,32 @@ def _check_site(site: Site, fn: Function) -> tuple[ast.expr | None, str]:
         site.dim = dim
     elif not _is_last_dim(dim):
         where = f"dim {source(dim)}" if dim is not None else "all dims"
-        return None, f"it reduces over {where}, not the last dim alone"
+        return (
+            None,
+            f"it reduces over {where}, not the last dim alone",
+            "nothing in the code can: npu_rms_norm normalises the last dim",
+        )
     keepdim = argument(call, dim_at + 1, "keepdim")
     if not (isinstance(keepdim, ast.Constant) and keepdim.value is True):
-        return None, "the mean is taken without keepdim=True"
+        return None, "the mean is taken without keepdim=True", "to fuse it, pass keepdim=True to the mean"
     if any(k.arg not in ("dim", "keepdim") for k in call.keywords) or len(call.args) > dim_at + 2:
-        return None, "the mean takes arguments the kernel has no counterpart for"
+        return (
+            None,
+            "the mean takes arguments the kernel has no counterpart for",
+            "to fuse it, give the mean only dim and keepdim",
+        )
     squared = _square_base(reduced, fn)
     if squared is None:
-        return None, "the mean is not over a square"
+        return None, "the mean is not over a square", "nothing in the code can: npu_rms_norm averages squares"
     if isinstance(squared, ast.BinOp) and isinstance(squared.op, ast.Sub):
-        return None, "it subtracts the mean first (LayerNorm, not RMSNorm)"
+        return (
+            None,
+            "it subtracts the mean first (LayerNorm, not RMSNorm)",
+            "nothing in the code can: npu_rms_norm does not centre",
+        )
     if not is_pure(site.eps):
-        return None, "eps is computed, not a constant or attribute"
-    return squared, ""
+        return None, "eps is computed, not a constant or attribute", "to fuse it, pass eps as a constant or attribute"
+    return squared, "", ""
 
 
 def _weight_leaf(weight: ast.expr, fn: Function) -> tuple[ast.expr, bool] | None:
@@ -340,6 +359,7 @@ def _normalize_decline(fn: Function) -> Outcome | None:
                         RMS_NORM,
                         "RMS-like normalisation not fused: `F.normalize` divides by max(norm, eps), where"
                         " npu_rms_norm adds eps to the mean square: the two differ for small inputs",
+                        remedy="to fuse it, compute it as x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)",
                     )
     return None
 
@@ -351,7 +371,7 @@ def match(fn: Function) -> Outcome | None:
         result = fold(fn)
     except NotStraightLine as why:
         if sites(fn.tree, fn) or _functional_calls(fn.tree, fn):
-            return Outcome(RMS_NORM, f"RMS normalisation not fused: {why}")
+            return Outcome(RMS_NORM, f"RMS normalisation not fused: {why}", remedy=STRAIGHT_LINE)
         return _normalize_decline(fn)
     found = sites(result, fn)
     if not found:
@@ -360,26 +380,36 @@ def match(fn: Function) -> Outcome | None:
             return _match_functional(fn, result, functional)
         return _normalize_decline(fn)
     if len(found) > 1:
-        return Outcome(RMS_NORM, "RMS normalisation not fused: the function normalises more than once")
+        return Outcome(
+            RMS_NORM,
+            "RMS normalisation not fused: the function normalises more than once",
+            remedy="to fuse it, give each normalisation its own function",
+        )
     site = found[0]
-    squared, why = _check_site(site, fn)
+    squared, why, remedy = _check_site(site, fn)
     if squared is None:
-        return Outcome(RMS_NORM, f"RMS-like normalisation not fused: {why}")
+        return Outcome(RMS_NORM, f"RMS-like normalisation not fused: {why}", remedy=remedy)
     return _match_output(fn, result, site, squared)
 
 
 def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr) -> Outcome | None:
     core = next((n for n in walk_shared(result) if _core(n, site) is not None), None)
     if core is None or not same(_core(core, site), squared):
-        return Outcome(RMS_NORM, "RMS normalisation not fused: it scales a different tensor than it squares")
+        return Outcome(
+            RMS_NORM,
+            "RMS normalisation not fused: it scales a different tensor than it squares",
+            remedy="nothing in the code can: npu_rms_norm scales the tensor it squares",
+        )
     upcast = upcast_base(squared, fn)
     x = upcast if upcast is not None else squared
     if not (isinstance(x, ast.Name) and x.id in fn.params):
         return Outcome(
-            RMS_NORM, "RMS normalisation not fused: the normalised tensor is not a parameter of the function"
+            RMS_NORM,
+            "RMS normalisation not fused: the normalised tensor is not a parameter of the function",
+            remedy=PARAMETER,
         )
     if _mentions(site.eps, x.id):
-        return Outcome(RMS_NORM, "RMS normalisation not fused: eps depends on the input")
+        return Outcome(RMS_NORM, "RMS normalisation not fused: eps depends on the input", remedy=EPS_CONSTANT)
 
     def lift(node: ast.expr) -> ast.expr:
         inner = downcast_inner(node, x)
@@ -404,31 +434,48 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
                 for n in ast.walk(sibling)
             ):
                 return None  # a helper such as Gemma's `_norm`: its caller is the candidate
-            return Outcome(RMS_NORM, "RMS normalisation not fused: there is no weight to pass as gamma")
+            return Outcome(
+                RMS_NORM,
+                "RMS normalisation not fused: there is no weight to pass as gamma",
+                remedy="to fuse it, multiply the result by a weight parameter, or call F.rms_norm",
+            )
         if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Mult):
             for w, normed in ((inner.left, inner.right), (inner.right, inner.left)):
                 if normed is core:
                     weight = w
                     break
     if weight is None:
-        return Outcome(RMS_NORM, "RMS normalisation not fused: the result is combined with more than a weight")
+        return Outcome(
+            RMS_NORM,
+            "RMS normalisation not fused: the result is combined with more than a weight",
+            remedy="to fuse it, return the weighted norm and combine it in the caller",
+        )
     if _mentions(weight, x.id):
-        return Outcome(RMS_NORM, "RMS normalisation not fused: the weight depends on the input")
+        return Outcome(
+            RMS_NORM,
+            "RMS normalisation not fused: the weight depends on the input",
+            remedy="nothing in the code can: npu_rms_norm's gamma is a fixed tensor",
+        )
     leaf = _weight_leaf(weight, fn)
     if leaf is None:
         return Outcome(
             RMS_NORM,
             f"RMS normalisation not fused: the weight `{source(weight)}` is not a parameter or `1 + parameter`",
+            remedy="to fuse it, multiply by a parameter or attribute (or `1 + parameter`)",
         )
     leaf, weight_fp32 = leaf
     if upcast is not None and not cast_back:
         return Outcome(
-            RMS_NORM, "RMS normalisation not fused: the float32 result is never cast back to the input dtype"
+            RMS_NORM,
+            "RMS normalisation not fused: the float32 result is never cast back to the input dtype",
+            remedy="to fuse it, cast the result back with `.to(x.dtype)`",
         )
 
     if not set(fn.fast_path_tensors) <= {x.id}:
         return Outcome(
-            RMS_NORM, "RMS normalisation not fused: its CUDA fast path tests another tensor than it normalises"
+            RMS_NORM,
+            "RMS normalisation not fused: its CUDA fast path tests another tensor than it normalises",
+            remedy="to fuse it, test the normalised tensor's device in the fast path",
         )
 
     xs = source(x)
@@ -444,7 +491,9 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
     else:
         if weight_fp32:
             return Outcome(
-                RMS_NORM, "RMS normalisation not fused: a float32 weight on the input-dtype result promotes it"
+                RMS_NORM,
+                "RMS normalisation not fused: a float32 weight on the input-dtype result promotes it",
+                remedy="to fuse it, keep the weight in the input's dtype, or multiply before casting back",
             )
         guards += [f"{source(leaf)}.dtype == {xs}.dtype", f"{xs}.dtype in {KERNEL_DTYPES}"]
         context = {"x_arg": xs, "gamma": source(weight), "cast": ""}
@@ -475,14 +524,26 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
     """`F.rms_norm(x, shape, weight, eps)`, optionally on `x.float()` and cast back: the kernel takes the same
     arguments, with a gamma of ones when there is no weight."""
     if len(calls) > 1:
-        return Outcome(RMS_NORM, "RMS normalisation not fused: the function normalises more than once")
+        return Outcome(
+            RMS_NORM,
+            "RMS normalisation not fused: the function normalises more than once",
+            remedy="to fuse it, give each normalisation its own function",
+        )
     call = calls[0]
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-        return Outcome(RMS_NORM, "RMS normalisation not fused: `rms_norm` takes unpacked arguments")
+        return Outcome(
+            RMS_NORM,
+            "RMS normalisation not fused: `rms_norm` takes unpacked arguments",
+            remedy="to fuse it, pass its arguments one by one",
+        )
     tensor, shape = argument(call, 0, "input"), argument(call, 1, "normalized_shape")
     weight, eps = argument(call, 2, "weight"), argument(call, 3, "eps")
     if tensor is None or shape is None:
-        return Outcome(RMS_NORM, "RMS normalisation not fused: `rms_norm` is called without its input or shape")
+        return Outcome(
+            RMS_NORM,
+            "RMS normalisation not fused: `rms_norm` is called without its input or shape",
+            remedy="to fuse it, pass the input and normalized_shape",
+        )
     # eps omitted or None: rms_norm's default is the epsilon of the type it computes in, float32 for every
     # dtype the kernel takes (fp16 / bf16 are computed in float32: not their own finfo().eps, which is
     # 8192x / 65536x larger). The kernel needs it explicitly; TorchScript has no torch.finfo, so a literal.
@@ -491,24 +552,38 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
     x = upcast if upcast is not None else tensor
     if not (isinstance(x, ast.Name) and x.id in fn.params):
         return Outcome(
-            RMS_NORM, "RMS normalisation not fused: the normalised tensor is not a parameter of the function"
+            RMS_NORM,
+            "RMS normalisation not fused: the normalised tensor is not a parameter of the function",
+            remedy=PARAMETER,
         )
     if not set(fn.fast_path_tensors) <= {x.id}:
         return Outcome(
-            RMS_NORM, "RMS normalisation not fused: its CUDA fast path tests another tensor than it normalises"
+            RMS_NORM,
+            "RMS normalisation not fused: its CUDA fast path tests another tensor than it normalises",
+            remedy="to fuse it, test the normalised tensor's device in the fast path",
         )
     for part, what in ((shape, "the shape"), (weight, "the weight"), (None if default_eps else eps, "eps")):
         if part is not None and not (isinstance(part, ast.Constant) and part.value is None):
             if not is_pure(part) and not (part is shape and _is_last_dim_shape(shape, x)):
                 return Outcome(
-                    RMS_NORM, f"RMS normalisation not fused: {what} is computed, not a constant or attribute"
+                    RMS_NORM,
+                    f"RMS normalisation not fused: {what} is computed, not a constant or attribute",
+                    remedy=f"to fuse it, pass {what} as a constant or attribute",
                 )
             if _mentions(part, x.id) and part is not shape:
-                return Outcome(RMS_NORM, f"RMS normalisation not fused: {what} depends on the input")
+                return Outcome(
+                    RMS_NORM,
+                    f"RMS normalisation not fused: {what} depends on the input",
+                    remedy="nothing in the code can: npu_rms_norm takes it as a fixed value",
+                )
     has_weight = weight is not None and not (isinstance(weight, ast.Constant) and weight.value is None)
     inner = downcast_inner(result, x)
     if result is not call and not (upcast is not None and inner is call):
-        return Outcome(RMS_NORM, "RMS normalisation not fused: the result is combined with more than the norm")
+        return Outcome(
+            RMS_NORM,
+            "RMS normalisation not fused: the result is combined with more than the norm",
+            remedy="to fuse it, return the norm and combine it in the caller",
+        )
     xs = source(x)
     guards = [f"2 <= {xs}.dim() <= 8"]
     for part in (weight, eps):

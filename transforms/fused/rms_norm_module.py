@@ -90,7 +90,11 @@ RMS_NORM_MODULE = Rule(
 
 def match_call(name: str, api, names=None, call=None, guards=()) -> Outcome:
     if api is not None and "npu_rms_norm" not in api.fused_ops:
-        return Outcome(RMS_NORM_MODULE, f"nn.RMSNorm not fused: torch_npu {api.version} has no npu_rms_norm")
+        return Outcome(
+            RMS_NORM_MODULE,
+            f"nn.RMSNorm not fused: torch_npu {api.version} has no npu_rms_norm",
+            remedy="nothing in the code can: target a torch_npu that has it (--torch-npu-version)",
+        )
     return Outcome(
         RMS_NORM_MODULE,
         f"nn.RMSNorm built as `{CLASS}`, an nn.RMSNorm whose forward runs torch_npu's npu_rms_norm on NPU tensors "

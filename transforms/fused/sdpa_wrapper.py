@@ -111,13 +111,15 @@ def match_call(name: str | None, api, names=None, call=None, guards=()) -> Outco
         return Outcome(
             SDPA_WRAPPER,
             "scaled_dot_product_attention not wrapped, here or at the file's other calls: this file already calls "
-            "torch_npu's npu_fusion_attention (its own NPU path); select that path on an NPU",
+            "torch_npu's npu_fusion_attention (its own NPU path)",
             per_file=True,
+            remedy="to fuse it, select that path on an NPU",
         )
     if api is not None and "npu_fusion_attention" not in api.fused_ops:
         return Outcome(
             SDPA_WRAPPER,
             f"scaled_dot_product_attention not fused: torch_npu {api.version} has no npu_fusion_attention",
+            remedy="nothing in the code can: target a torch_npu that has it (--torch-npu-version)",
         )
     return Outcome(
         SDPA_WRAPPER,

@@ -13,6 +13,7 @@ import ast
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.symbolic import (
+    STRAIGHT_LINE,
     Function,
     NotStraightLine,
     Outcome,
@@ -158,7 +159,7 @@ def match(fn: Function) -> Outcome | None:
             and (_activation(n.left, fn) or _activation(n.right, fn))
             for n in fn.nodes
         )
-        return Outcome(SWIGLU, f"SwiGLU not fused: {why}") if has_silu else None
+        return Outcome(SWIGLU, f"SwiGLU not fused: {why}", remedy=STRAIGHT_LINE) if has_silu else None
     gates = {}  # by identity: a product used twice in the expression is computed once
     for node in walk_shared(result):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and id(node) not in gates:
@@ -172,13 +173,25 @@ def match(fn: Function) -> Outcome | None:
     if not gates:
         return None
     if len(gates) > 1:
-        return Outcome(SWIGLU, "SwiGLU not fused: the function gates more than once")
+        return Outcome(
+            SWIGLU,
+            "SwiGLU not fused: the function gates more than once",
+            remedy="to fuse it, give each gate its own function",
+        )
     product, gate, up, check = gates[0]
     x = next((p for p in fn.params if any(isinstance(n, ast.Name) and n.id == p for n in walk_shared(result))), None)
     if x is None:
-        return Outcome(SWIGLU, "SwiGLU not fused: no tensor parameter to test for the NPU")
+        return Outcome(
+            SWIGLU,
+            "SwiGLU not fused: no tensor parameter to test for the NPU",
+            remedy="to fuse it, pass the input tensor as a parameter",
+        )
     if not set(fn.fast_path_tensors) <= {x}:
-        return Outcome(SWIGLU, "SwiGLU not fused: its CUDA fast path tests another tensor than the branch would")
+        return Outcome(
+            SWIGLU,
+            "SwiGLU not fused: its CUDA fast path tests another tensor than the branch would",
+            remedy="to fuse it, test the input's device in the fast path",
+        )
     guards = [check] if check else []
     helpers = (IS_SILU,) if check else ()
     gate_half, up_half = _chunk_half(gate), _chunk_half(up)
@@ -187,6 +200,7 @@ def match(fn: Function) -> Outcome | None:
             return Outcome(
                 SWIGLU,
                 "SwiGLU not fused: SiLU is applied to the second chunk, npu_swiglu activates the first",
+                remedy="to fuse it, swap the halves of the projection's weight and apply SiLU to the first chunk",
             )
         tensor, dim = _chunked_tensor(gate_half[0], fn)
         # The chunked tensor is computed in the branch: the helper checks it against the kernel's limits.
@@ -194,7 +208,11 @@ def match(fn: Function) -> Outcome | None:
         helpers += (SWIGLU_HALVES,)
     else:
         if _chunk_half(gate) or _chunk_half(up):
-            return Outcome(SWIGLU, "SwiGLU not fused: only one operand is a chunk")
+            return Outcome(
+                SWIGLU,
+                "SwiGLU not fused: only one operand is a chunk",
+                remedy="to fuse it, gate two chunks of one tensor, or two tensors",
+            )
         # Two operands of one shape and dtype concatenate for the kernel; `_npu_silu_mul` checks that at
         # run time, and computes the original product otherwise.
         fused = ast.Call(ast.Name("_npu_silu_mul", ast.Load()), [gate, up], [])
@@ -205,7 +223,11 @@ def match(fn: Function) -> Outcome | None:
 
     rewritten = replace(result)
     if evaluates_twice(rewritten):
-        return Outcome(SWIGLU, "SwiGLU not fused: the branch would evaluate a projection twice")
+        return Outcome(
+            SWIGLU,
+            "SwiGLU not fused: the branch would evaluate a projection twice",
+            remedy="to fuse it, give the projection's result a name used once",
+        )
     context = {"x": x, "guards": guards, "result": source(rewritten)}
     return Outcome(SWIGLU, "SwiGLU gets a fused `torch_npu.npu_swiglu` branch", TEMPLATE, context, helpers)
 

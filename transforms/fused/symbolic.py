@@ -40,6 +40,10 @@ class Outcome:
     per_file: bool = False
     #: The finding's data (`Report.data`): {"fused": "native"} for a site torch_npu already fuses (SDPA).
     data: dict[str, str] = field(default_factory=dict)
+    #: For a declined outcome, what would let it apply, joined to the message by the checker so that every
+    #: decline tells the user what to do: "to fuse it, <a change in their code>", or "nothing in the code
+    #: can: <why>" where no edit of theirs would (LayerNorm is not RMSNorm; the torch_npu lacks the kernel).
+    remedy: str = ""
 
 
 def nodes_of(tree: ast.AST) -> list[ast.AST]:
@@ -57,6 +61,10 @@ def nodes_of(tree: ast.AST) -> list[ast.AST]:
 
 class NotStraightLine(Exception):
     """The body has control flow or side effects: it has no single expression to match."""
+
+
+#: The remedy (`Outcome.remedy`) of a decline for `NotStraightLine`.
+STRAIGHT_LINE = "to fuse it, move that statement out of the function (the caller may do it)"
 
 
 @dataclass

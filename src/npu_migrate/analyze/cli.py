@@ -191,7 +191,7 @@ def analyze_command(
         finally:
             bar.clear()
         for path, reason in analysis.errors:
-            typer.echo(f"{path}: error: {reason}", err=True)
+            typer.echo(f"{analysis.shown(path)}: error: {reason}", err=True)
         if instrument is not None:
             from npu_migrate.analyze.modes import dynamic_shape
 

@@ -10,8 +10,10 @@ top-down: the rating and the charts first, then what to do rule by rule, then th
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -45,11 +47,37 @@ def summary_lines(analysis: Analysis) -> list[str]:
     return lines
 
 
-def write_csv(path: Path, table: Table) -> None:
+#: The columns of a table that hold root-relative locations (`path:line:col`); `locations` lists several,
+#: space-separated, maybe ending in "...".
+_LOCATION_COLUMNS = ("location", "first_location", "locations")
+_LOCATION = re.compile(r"(?P<path>.+?)(?P<position>(:\d+)*)")
+
+
+def write_csv(path: Path, table: Table, shown=None) -> None:
+    """`table` as CSV; with `shown` (`Analysis.shown`), its location columns' paths as `apply` shows them."""
+    at = [i for i, name in enumerate(table.header) if name in _LOCATION_COLUMNS] if shown is not None else []
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(table.header)
-        writer.writerows(table.rows)
+        for row in table.rows:
+            if at:
+                row = [
+                    _relocated(cell, shown) if i in at and isinstance(cell, str) else cell for i, cell in enumerate(row)
+                ]
+            writer.writerow(row)
+
+
+def _relocated(cell: str, shown) -> str:
+    def one(location: str) -> str:
+        parts = _LOCATION.fullmatch(location)
+        return location if parts is None else shown(parts["path"]) + parts["position"]
+
+    return " ".join(one(word) for word in cell.split(" "))
+
+
+def as_shown(analysis: Analysis) -> list[Finding]:
+    """The findings with the paths `apply` shows for the same files from the current folder."""
+    return [dataclasses.replace(f, path=analysis.shown(f.path)) for f in analysis.findings]
 
 
 def findings_csv(findings: list[Finding]) -> str:
@@ -220,7 +248,7 @@ def write_reports(analysis: Analysis, out: Path) -> list[Path]:
     for result in analysis.results:
         for table in result.tables:
             path = out / table.name
-            write_csv(path, table)
+            write_csv(path, table, lambda where: analysis.shown(where) if (analysis.root / where).is_file() else where)
             written.append(path)
     for name, text in (
         ("report.json", json.dumps(json_document(analysis), indent=2) + "\n"),
@@ -245,6 +273,6 @@ def render(analysis: Analysis, fmt: str) -> str:
     if fmt == "html":
         return html(analysis)
     if fmt == "csv":
-        return findings_csv(analysis.findings)
-    lines = [format_finding(f, written=False) for f in analysis.findings]
+        return findings_csv(as_shown(analysis))
+    lines = [format_finding(f, written=False) for f in as_shown(analysis)]
     return "\n".join(lines) + ("\n" if lines else "")

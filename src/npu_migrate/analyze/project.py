@@ -226,6 +226,19 @@ class Analysis:
     errors: list[tuple[str, str]]  # (path, reason)
     torch_npu_version: str
 
+    def shown(self, path: str) -> str:
+        """A root-relative `path` (a finding's, a file's) as `apply` shows the same file from the current
+        folder (`cli.shared.display`): relative to it when the root is under it, else root-relative, which
+        `path` already is. Only what is printed or written as a finding list is shown so: module names,
+        report.json (which names the root) and SARIF (its base URI is the root) keep the root-relative path."""
+        if not path or Path(path).is_absolute():
+            return path
+        try:
+            prefix = self.root.relative_to(Path.cwd().resolve())
+        except ValueError:
+            return path
+        return (prefix / path).as_posix()
+
     @property
     def findings(self) -> list[Finding]:
         seen: dict[tuple, Finding] = {}
