@@ -338,5 +338,7 @@ def test_interleaved_spellings_are_declined_where_the_version_has_no_rotary_mode
     text, findings = migrate_text(SOURCE, path="rope.py", select=["NPU703"], torch_npu_version="2.1.0.post8")
     messages = [f.message for f in findings if f.rule_id == "NPU703"]
     assert sum("has no rotary_mode='interleave'" in m for m in messages) == 3, messages
+    # ... and says what would let it apply (issue #25: a decline says what to do)
+    assert sum("; to fuse it, target a torch_npu that has it" in m for m in messages) == 3, messages
     assert 'rotary_mode="interleave"' not in text
     assert text.count('rotary_mode="half")') == 3  # the half-mode spellings still fused

@@ -361,7 +361,11 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
                 continue
             return None
         if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
-            return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")
+            return Outcome(
+                ROTARY,
+                "rotary embedding not fused: the code already uses `_npu_` names the branch needs",
+                remedy="to fuse it, rename the code's own `_npu_` names",
+            )
         outcome = _outcome(tail, result)
         if _reruns(outcome) and start + 1 < len(body):
             continue  # the call is in this tail: a shorter one may begin after it
@@ -382,16 +386,25 @@ def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
         return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn)
     modes = {s.mode for s in found}
     if len(modes) > 1:
-        return Outcome(ROTARY, "rotary embedding not fused: it mixes half and interleaved rotations")
+        return Outcome(
+            ROTARY,
+            "rotary embedding not fused: it mixes half and interleaved rotations",
+            remedy="to fuse it, rotate each mode in a function of its own (the kernel applies one mode per call)",
+        )
     mode = modes.pop()
     exists, has_mode = _rotary_modes(fn)
     version = fn.api.version if fn.api is not None else "?"
     if not exists:
-        return Outcome(ROTARY, f"rotary embedding not fused: torch_npu {version} has no npu_rotary_mul")
+        return Outcome(
+            ROTARY,
+            f"rotary embedding not fused: torch_npu {version} has no npu_rotary_mul",
+            remedy="to fuse it, target a newer torch_npu (--torch-npu-version)",
+        )
     if mode == "interleave" and not has_mode:
         return Outcome(
             ROTARY,
             f"interleaved rotary embedding not fused: npu_rotary_mul in torch_npu {version} has no rotary_mode='interleave'",
+            remedy="to fuse it, target a torch_npu that has it (2.1.0.post17 or newer: --torch-npu-version)",
         )
     return _rewrite(fn, result, found, mode)
 
@@ -478,9 +491,17 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     for site in found[1:]:
         for mine, first in ((site.cos, cos), (site.sin, sin)):
             if not (mine is first or (same(mine, first) and not contains_call(mine))):
-                return Outcome(ROTARY, "rotary embedding not fused: its rotations use different cos/sin tables")
+                return Outcome(
+                    ROTARY,
+                    "rotary embedding not fused: its rotations use different cos/sin tables",
+                    remedy="to fuse it, rotate each tensor with its own tables in a function of its own",
+                )
     if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
-        return Outcome(ROTARY, "rotary embedding not fused: the code already uses `_npu_` names the branch needs")
+        return Outcome(
+            ROTARY,
+            "rotary embedding not fused: the code already uses `_npu_` names the branch needs",
+            remedy="to fuse it, rename the code's own `_npu_` names",
+        )
     replacements: dict[int, ast.AST] = {}
     # What the guard and the kernel share and the original computes by a call (`cos.unsqueeze(1)`,
     # `q.float()`) is bound once, first thing in the branch, in the original's order.
@@ -556,10 +577,15 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             ROTARY,
             f"rotary embedding not fused: the branch would call `{source(user_call.func)}`{_RERUN}, and the "
             "original would call it again where the kernel does not apply (running stats, random draws and hooks "
-            "twice); compute it in a statement of its own before the rotation",
+            "twice)",
+            remedy="to fuse it, compute it in a statement of its own before the rotation",
         )
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
-        return Outcome(ROTARY, "rotary embedding not fused: the branch would evaluate a call of the original twice")
+        return Outcome(
+            ROTARY,
+            "rotary embedding not fused: the branch would evaluate a call of the original twice",
+            remedy="to fuse it, compute that call in a statement of its own before the rotation",
+        )
     # The guard tests the rotated tensor's parameter (`t` of `t[..., start:end]`), else any it is computed from.
     rotated = found[0].x
     while isinstance(rotated, ast.Subscript):
@@ -572,9 +598,17 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             None,
         )
     if x_param is None:
-        return Outcome(ROTARY, "rotary embedding not fused: the rotated tensor is not computed from a parameter")
+        return Outcome(
+            ROTARY,
+            "rotary embedding not fused: the rotated tensor is not computed from a parameter",
+            remedy="to fuse it, pass the tensor it rotates as a parameter of the function",
+        )
     if not set(fn.fast_path_tensors) <= {x_param}:
-        return Outcome(ROTARY, "rotary embedding not fused: its CUDA fast path tests another tensor than it rotates")
+        return Outcome(
+            ROTARY,
+            "rotary embedding not fused: its CUDA fast path tests another tensor than it rotates",
+            remedy="to fuse it, test the tensor it rotates in the fast path's condition",
+        )
     # Tables passed in as arguments may be Python numbers or lists: the kernel needs tensors.
     tensors = [f"isinstance({source(t)}, torch.Tensor)" for t in _unique(list(found[0].source_tables)) if is_pure(t)]
     # One check per rotated tensor, in the order the original computes them.
