@@ -29,46 +29,14 @@ from npu_migrate.engine.astindex import name_sets, words_may_name
 from npu_migrate.engine.checkers import Checker
 from npu_migrate.engine.layout import line_width
 from npu_migrate.engine.rule import Example, FixSafety, Rule
+from npu_migrate.engine.templating import render
 from npu_migrate.findings import Severity
 from npu_migrate.program.api import _version_key
 from npu_migrate.transforms.common.arguments import keyword
 
 HELPER = "_npu_fused_optimizer"
 #: Written once after the imports of a file whose optimizer NPU411 rewrites.
-HELPER_CODE = """
-def _npu_fused_optimizer(optimizer, params, **options):
-    # npu-migrate NPU411: torch_npu's NpuFused<Name> twin of a torch.optim class
-    # runs the same update on all parameters combined into one tensor (a few
-    # kernel launches instead of several per parameter). It needs every
-    # parameter on the NPU in float32 or float16, never re-allocated after this
-    # call; anywhere else, the original class is built.
-    import torch
-
-    if isinstance(params, torch.Tensor):
-        return optimizer(params, **options)
-    groups = list(params)
-    tensors = []
-    for group in groups:
-        if not isinstance(group, dict):
-            tensors.append(group)
-            continue
-        if isinstance(group["params"], torch.Tensor):
-            group["params"] = [group["params"]]
-        group["params"] = list(group["params"])  # as torch.optim does
-        tensors += group["params"]
-    fits = all(
-        isinstance(t, torch.Tensor)
-        and t.device.type == "npu"
-        and t.dtype in (torch.float32, torch.float16)
-        for t in tensors
-    )
-    tensor_option = any(isinstance(v, torch.Tensor) for v in options.values())
-    if tensors and fits and not tensor_option:
-        from torch_npu import optim
-
-        optimizer = getattr(optim, "NpuFused" + optimizer.__name__)
-    return optimizer(groups, **options)
-""".lstrip("\n")
+HELPER_CODE = render("training/fused_optimizer.py.j2")
 
 FUSED_OPTIMIZER = Rule(
     id="NPU411",
