@@ -96,6 +96,15 @@ class Function:
         return self.names is None or any(q.rsplit(".", 1)[-1] in self.names for q in qualnames)
 
     @functools.cached_property
+    def stores(self) -> list[list[str]]:
+        """Per body statement (after the docstring), the names it binds: `straight_tail` asks for every
+        prefix of the body, so they are walked once, not once per prefix."""
+        return [
+            [node.id for node in ast.walk(stmt) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)]
+            for stmt in body_statements(self.tree)
+        ]
+
+    @functools.cached_property
     def calls(self) -> list[ast.Call]:
         return [node for node in self.nodes if isinstance(node, ast.Call)]
 
@@ -160,13 +169,7 @@ def straight_tail(fn: Function, start: int, keep: bool = False) -> Function:
     body = body_statements(fn.tree)
     kept = _still_valid(body[:start]) if keep else []
     kept_ids = {id(k) for k in kept}
-    bound = [
-        node.id
-        for stmt in body[:start]
-        if id(stmt) not in kept_ids
-        for node in ast.walk(stmt)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
-    ]
+    bound = [name for stmt, names in zip(body[:start], fn.stores) if id(stmt) not in kept_ids for name in names]
     args = copy.copy(fn.tree.args)
     known = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
     args.args = [*args.args, *(ast.arg(name) for name in dict.fromkeys(bound) if name not in known)]
