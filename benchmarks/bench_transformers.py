@@ -235,8 +235,11 @@ def main() -> None:
     if not args.skip_baselines:
         t["libcst parse+code every file"] = timed_pool(_libcst, files, args.jobs)
     rel = root.relative_to(workdir).as_posix()
-    jobs = ("--jobs", str(args.jobs))
-    # The cache lives in the project root, here the working folder (no pyproject.toml above the tree).
+    # The unpacked tree sits in benchmarks/.cache, which git ignores: --no-gitignore, or apply finds nothing.
+    jobs = ("--jobs", str(args.jobs), "--no-gitignore")
+    # The cache lives in the project root: a pyproject.toml of its own makes it the working folder (else the
+    # nearest folder with .git above the tree, this checkout, would hold it).
+    (workdir / "pyproject.toml").write_text("[tool.npu-migrate]\n", encoding="utf-8")
     shutil.rmtree(workdir / ".npu_migrate_cache", ignore_errors=True)
     t["apply --diff cold"] = timed_command(npu_migrate("apply", "--diff", *jobs, rel), workdir)
     t["apply --check warm (cache)"] = timed_command(npu_migrate("apply", "--check", *jobs, rel), workdir)

@@ -104,6 +104,10 @@ _EXPORT = re.compile(r"^\s*export\s+([A-Za-z_][A-Za-z0-9_]*)=")
 _ENV = re.compile(r"^\s*ENV\s+([A-Za-z_][A-Za-z0-9_]*)[=\s]")
 _LAUNCH = re.compile(r"(?<![\w-])(torchrun|python3?|deepspeed|accelerate|mpirun|srun)(?![\w-])")
 _MARK = "npu-migrate NPU606"
+_FROM = re.compile(r"^\s*FROM\s", re.IGNORECASE)
+# Shell compound commands (and function bodies) that open and close a block, as whole words at a command's start.
+_OPENS = re.compile(r"(?:^|[;&|(]\s*|\bthen\s+|\bdo\s+)(?:if|for|while|until|case|select)\b|\{\s*$")
+_CLOSES = re.compile(r"(?:^|[;&|]\s*)\s*(?:fi|done|esac|\})(?=\s|;|$)")
 
 
 class LaunchEnvChecker(TextChecker):
@@ -116,10 +120,16 @@ class LaunchEnvChecker(TextChecker):
         lines = split_lines(text)
         setter = _ENV if kind == kinds.DOCKERFILE else _EXPORT
         last = first = None
+        depth = 0  # shell blocks open at this line: an export inside `if ... fi` is conditional
         for index, line in enumerate(lines):
             if kind == kinds.SHELL and _LAUNCH.search(line.code) and not setter.match(line.code):
                 break
-            if setter.match(line.code):
+            if kind == kinds.DOCKERFILE and _FROM.match(line.code):
+                last = first = None  # a new stage: only the last one's environment reaches training
+            opened = depth
+            if kind == kinds.SHELL:
+                depth = max(0, depth + len(_OPENS.findall(line.code)) - len(_CLOSES.findall(line.code)))
+            if setter.match(line.code) and opened == 0:
                 last = first = index
                 while lines[last].text.rstrip().endswith("\\") and last + 1 < len(lines):
                     last += 1  # a continued `ENV A=1 \` / `export A=1 \`
