@@ -16,8 +16,7 @@ import typer
 
 from npu_migrate.analyze import MODES
 from npu_migrate.cli.command import CONTEXT_SETTINGS, Command, examples, run
-
-EXIT_OK, EXIT_ERROR = 0, 2
+from npu_migrate.cli.shared import EXIT_ERROR, fail
 
 #: What --mode accepts: the registered modes, and `all` for every one.
 MODE_CHOICES = (*MODES, "all")
@@ -36,11 +35,6 @@ class ReportFormat(str, enum.Enum):
     csv = "csv"
     json = "json"
     sarif = "sarif"
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"npu-migrate: error: {message}", err=True)
-    return typer.Exit(EXIT_ERROR)
 
 
 def analyze_command(
@@ -135,29 +129,26 @@ def analyze_command(
     chosen = split_codes(mode) or ["torch_apis"]
     unknown = [m for m in chosen if m not in MODE_CHOICES]
     if unknown:
-        raise _fail(f"--mode {unknown[0]!r}: unknown analysis (known: {', '.join(MODE_CHOICES)})")
+        raise fail(f"--mode {unknown[0]!r}: unknown analysis (known: {', '.join(MODE_CHOICES)})")
     modes = MODES if "all" in chosen else tuple(m for m in MODES if m in chosen)
     if instrument is not None and "dynamic_shape" not in modes:
-        raise _fail("--instrument needs --mode dynamic_shape (or --mode all)")
+        raise fail("--instrument needs --mode dynamic_shape (or --mode all)")
     if (env_path or api_files) and "third_party" not in modes:
-        raise _fail("--env-path and --api-files need --mode third_party (or --mode all)")
+        raise fail("--env-path and --api-files need --mode third_party (or --mode all)")
     for given in paths:
         if not given.exists():
-            raise _fail(f"{given}: no such file or directory")
+            raise fail(f"{given}: no such file or directory")
     try:
         config = discover_config(paths, config_file)
         chosen_ignore = split_codes(ignore) if ignore else list(config.ignore)
         chosen_select = split_codes(select) or list(config.select or ["ALL"])
-        enabled = select_rules(
-            [*chosen_select, *config.fused_opt_ins(fused_rule_names(), chosen_select)],
-            [*chosen_ignore, *config.fused_ignores(fused_rule_names())],
-        )
+        enabled = select_rules(*config.with_fused(chosen_select, chosen_ignore, fused_rule_names()))
         opt_in = [r.id for r in rules_tagged("lever") if "opt-in" in r.tags]
         levers = select_rules(opt_in, chosen_ignore) - enabled if opt_in else frozenset()
         version = torch_npu_version or config.torch_npu_version
         NpuApi(version)
     except (ConfigError, SelectionError, UnknownVersionError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
     settings = Settings(
         modes=modes,
@@ -207,9 +198,9 @@ def analyze_command(
                 raise AnalysisError(f"--output {output}: exists and is not a folder")
             write_reports(analysis, output)
     except AnalysisError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except OSError as exc:
-        raise _fail(f"{exc.filename or output}: {exc.strerror or exc}") from None
+        raise fail(f"{exc.filename or output}: {exc.strerror or exc}") from None
 
     # With --output the reports are in the folder: the terminal gets the summary, not the report again
     # (4,000 lines on a large tree), unless a --format asks for it on stdout.

@@ -312,8 +312,7 @@ def _selected(config, chosen_select: list[str], chosen_ignore: list[str], target
     from npu_migrate.engine.registry import SelectionError, fused_rule_names, select_rules, with_torch_npu_import
 
     try:
-        chosen_ignore = chosen_ignore + config.fused_ignores(fused_rule_names())
-        chosen_select = chosen_select + config.fused_opt_ins(fused_rule_names(), chosen_select)
+        chosen_select, chosen_ignore = config.with_fused(chosen_select, chosen_ignore, fused_rule_names())
         return with_torch_npu_import(select_rules(chosen_select, chosen_ignore, target), chosen_ignore)
     except SelectionError as exc:
         raise fail(str(exc)) from None

@@ -86,6 +86,16 @@ class Config:
         chosen = [fused_rule_names[name] for name, on in self.fused.items() if on and name in fused_rule_names]
         return [i for i in chosen if any(c == "ALL" or i.startswith(c) for c in codes)]
 
+    def with_fused(
+        self, select: list[str], ignore: list[str], fused_rule_names: dict[str, str]
+    ) -> tuple[list[str], list[str]]:
+        """The selection in force with `fused = ...` applied: its opt-ins added to `select`, its switched-off
+        ops added to `ignore`. One place for `apply`, `rules` and `analyze`."""
+        return (
+            [*select, *self.fused_opt_ins(fused_rule_names, select)],
+            [*ignore, *self.fused_ignores(fused_rule_names)],
+        )
+
     def ignored_for(self, display_path: str) -> tuple[str, ...]:
         """Rules `per-file-ignores` switches off for one file (its path relative to the project)."""
         posix = PurePosixPath(display_path)
