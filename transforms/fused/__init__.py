@@ -134,6 +134,13 @@ def _identifiers(node: ast.AST) -> set[str]:
     return found
 
 
+def _dotted_root(node: ast.expr) -> ast.Name | None:
+    """The Name a Name/Attribute chain (`a.b.c`) starts with, else None."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node if isinstance(node, ast.Name) else None
+
+
 #: In the text of every file that holds a block of helpers (`_is_npu` is the prelude's).
 _HELPERS_MARKER = "def _is_npu("
 
@@ -341,6 +348,18 @@ def _own_line(indent: str) -> cst.ParenthesizedWhitespace:
     )
 
 
+def _one_a_line(call: cst.Call) -> cst.Call:
+    """An argument `call` (itself one argument a line) with its own arguments one a line, indented once more."""
+    args = [
+        arg.with_changes(
+            comma=cst.Comma(whitespace_after=_own_line("    " if position == len(call.args) - 1 else "        ")),
+            whitespace_after_arg=cst.SimpleWhitespace(""),
+        )
+        for position, arg in enumerate(call.args)
+    ]
+    return call.with_changes(whitespace_before_args=_own_line("        "), args=args)
+
+
 def _statement_index(node: ast.FunctionDef, statement: ast.stmt) -> int:
     """The position of the top-level body `statement` (which starts its line) among libcst's statements,
     where simple statements sharing a line are one."""
@@ -504,11 +523,15 @@ class FusedOpsChecker(TreeChecker):
 
     def _call(self, node: ast.Call) -> None:
         name = self._qualname(node.func)
-        if name is None and isinstance(node.func, ast.Name) and node.func.id in self.shadowed:
-            name = self.shadowed[node.func.id]
+        root = _dotted_root(node.func)
+        if name is None and root is not None and root.id in self.shadowed:
+            # A name (or, `xops.memory_efficient_attention`, the module it is read from) that a try-import
+            # binds and its `except` rebinds (`xops = None`).
+            rest = ast.unparse(node.func)[len(root.id) :]
+            name = self.shadowed[root.id] + rest
             if all(i.optional_package is None for i in CALL_IDIOMS.get(name, ())):
                 return
-            bound = sorted({t for t in self.alternatives.get(node.func.id, ()) if t in CALL_IDIOMS})
+            bound = sorted({t + rest for t in self.alternatives.get(root.id, ()) if t + rest in CALL_IDIOMS})
             if len({t.rsplit(".", 1)[-1] for t in bound}) > 1:
                 # A version-dependent try chain (`flash_attn_unpadded_func as flash_attn_varlen_func`): the
                 # kernels differ in causal alignment and arguments, and which one runs is only known there.
@@ -516,15 +539,16 @@ class FusedOpsChecker(TreeChecker):
                 if idiom is not None:
                     either = " or ".join(f"`{t.rsplit('.', 1)[-1]}`" for t in bound)
                     message = (
-                        f"`{node.func.id}` not fused: the imports bind it to {either}, whichever imports, and "
-                        "their causal alignment and arguments differ; to fuse it, call each by its own name"
+                        f"`{ast.unparse(node.func)}` not fused: the imports bind it to {either}, whichever imports, "
+                        "and their causal alignment and arguments differ; to fuse it, call each by its own name"
                     )
                     self._decide(node, Outcome(idiom.rule, message))
                 return
         idiom = next((i for i in CALL_IDIOMS.get(name, ()) if i.rule.id in self.enabled), None)
         if idiom is None:
             return
-        outcome = idiom.match_call(name, self.api, self.names, node, tuple(self._guards))
+        resolving = {"resolve": self._optional_qualname} if idiom.resolves_arguments else {}
+        outcome = idiom.match_call(name, self.api, self.names, node, tuple(self._guards), **resolving)
         if outcome is None:
             return
         function = name.rsplit(".", 1)[-1]
@@ -540,25 +564,40 @@ class FusedOpsChecker(TreeChecker):
             context = {**context, "optional": self.optional_modules}
         self._decide(node, outcome, fix=lambda call: laid_out(idiom.wrap_call(call, **context)))
 
+    def _optional_qualname(self, node: ast.expr) -> str | None:
+        """The qualified name of a Name/Attribute chain of a call's arguments, read through a trusted import
+        or a try-import that its `except` rebinds (`xops.LowerTriangularMask`, `xops = None` there)."""
+        name = self._qualname(node)
+        root = _dotted_root(node)
+        if name is None and root is not None and root.id in self.shadowed:
+            name = self.shadowed[root.id] + ast.unparse(node)[len(root.id) :]
+        return name
+
     def _call_layout(self, node: ast.Call):
-        """A fix of the renamed call that keeps a one-line call within the file's width: its arguments on
-        a line of their own, or one a line, black's way."""
+        """A fix of the renamed call that keeps it within the file's width: its arguments on a line of their
+        own, or one a line, black's way, and the arguments of one that is itself a call too wide for its
+        line (xformers' bias read at the call) one a line too. A call on several lines that still fits
+        keeps its layout."""
         line = self.source.lines[node.lineno - 1]
-        if node.end_lineno != node.lineno:
-            return lambda call: call
         margin = line[: len(line) - len(line.lstrip(" \t"))]
         before, after = len(line[: node.col_offset]), len(line) - node.end_col_offset
         width = line_width(self.source.text)
+        several = node.end_lineno != node.lineno
+
+        def fits(call: cst.Call) -> bool:
+            lines = cst.Module([]).code_for_node(call).split("\n")
+            if several:  # the lines after the first carry their indentation relative to the block's
+                return before + len(lines[0]) <= width and all(len(margin) + len(rest) <= width for rest in lines[1:])
+            return before + len(lines[0]) + after <= max(width, len(line))  # fits, or no wider than it was
 
         def laid_out(call: cst.Call) -> cst.Call:
-            code = cst.Module([]).code_for_node(call)
-            if before + len(code) + after <= max(width, len(line)):  # fits, or no wider than the line it was
+            if fits(call):
                 return call
             inner = margin + "    "
             flat = ", ".join(
                 cst.Module([]).code_for_node(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for a in call.args
             )
-            one_line = len(inner) + len(flat) <= width
+            one_line = len(inner) + len(flat) <= width and not several
             args = []
             for position, arg in enumerate(call.args):
                 last = position == len(call.args) - 1
@@ -568,6 +607,9 @@ class FusedOpsChecker(TreeChecker):
                 else:
                     comma = cst.Comma(whitespace_after=_own_line("" if last else "    "))
                     trailing = cst.SimpleWhitespace("")
+                    code = cst.Module([]).code_for_node(arg.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+                    if len(inner) + len(code) + 1 > width and isinstance(arg.value, cst.Call) and arg.value.args:
+                        arg = arg.with_changes(value=_one_a_line(arg.value))
                 args.append(arg.with_changes(comma=comma, whitespace_after_arg=trailing))
             return call.with_changes(whitespace_before_args=_own_line("    "), args=args)
 
@@ -632,7 +674,8 @@ class FusedOpsChecker(TreeChecker):
             if package is None or idiom.rule.id not in self.enabled or package not in self.names:
                 continue
             wrapped = [r.node for *_, r in self.applied if r.rule is idiom.rule and isinstance(r.node, ast.Call)]
-            for decision in optional_imports.decide(tree, package, wrapped, self._alone):
+            deferred = [part for call in wrapped for part in idiom.deferred(call)] if idiom.deferred else []
+            for decision in optional_imports.decide(tree, package, wrapped, self._alone, deferred):
                 self.optional_modules.update(decision.modules)
                 # Not a site of the idiom: analyze's affinity report counts sites, not this.
                 self.reports.append(

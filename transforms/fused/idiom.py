@@ -54,6 +54,12 @@ class Idiom:
     #: it that only feeds wrapped calls is made conditional, and any other an NPU host runs is reported
     #: (`optional_imports`; the package must be one of `identifiers`, so that its files are looked at).
     optional_package: str | None = None
+    #: `match_call` also gets `resolve`, the qualified name of a Name/Attribute chain of the call's arguments
+    #: (through a try-import too): xformers' `attn_bias=xops.LowerTriangularMask()`.
+    resolves_arguments: bool = False
+    #: Call -> the parts of its arguments `wrap_call` defers to where the original function runs (behind a
+    #: lambda): an import of `optional_package` they read may still be made conditional.
+    deferred: Callable[[ast.Call], list[ast.expr]] | None = None
 
     def __post_init__(self) -> None:
         if bool(self.calls) != (self.match_call is not None) or bool(self.calls) != (self.wrap_call is not None):

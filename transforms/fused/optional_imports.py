@@ -70,12 +70,19 @@ class _Site:
 
 
 def decide(
-    tree: ast.Module, package: str, wrapped: list[ast.Call], one_line: Callable[[ast.stmt], bool]
+    tree: ast.Module,
+    package: str,
+    wrapped: list[ast.Call],
+    one_line: Callable[[ast.stmt], bool],
+    deferred: list[ast.expr] = (),
 ) -> Iterator[Decision]:
     """For each import of `package` (or a submodule) an NPU host can run, in a file whose calls `wrapped`
     were wrapped (with the original function as their first argument): made conditional, or why not and
-    what to do. `one_line(stmt)`: whether the statement is alone on its line(s)."""
+    what to do. `one_line(stmt)`: whether the statement is alone on its line(s). `deferred`: parts of the
+    wrapped calls' arguments the rewrite evaluates only where the original function runs (xformers'
+    `xops.LowerTriangularMask`, behind a lambda): the names they read count as the wrapped calls' own."""
     funcs = {id(call.func) for call in wrapped}
+    funcs |= {id(node) for part in deferred for node in ast.walk(part) if isinstance(node, ast.Name)}
     # The module names the wrapped calls read their function through (`flash_attn` in
     # `flash_attn.flash_attn_varlen_func(...)`), by node.
     modules = {id(root) for call in wrapped if (root := _root_name(call.func)) is not None and root is not call.func}
@@ -122,6 +129,8 @@ def _decision(site: _Site, package: str, funcs: set[int], roots: set, one_line) 
         f"{imported} made conditional: {package} does not install on an NPU host, where the wrapped calls take "
         "torch_npu's kernel",
         fix=_conditional(package, bound),
+        # `from xformers.ops import fmha` read by `fmha.memory_efficient_attention(...)`: None there too.
+        modules=tuple(sorted(set(bound) & roots)),
     )
 
 
