@@ -449,7 +449,9 @@ class FusedOpsChecker(TreeChecker):
             for name, idioms in CALL_IDIOMS.items()
         )
         self._guards: list[ast.expr] = []  # the tests of the `if`s, in the function, whose body is walked
-        self.optional_modules: set[str] = set()  # `import flash_attn` made conditional (`optional_imports`)
+        #: Modules the wrapped calls read their function from that are None where the package is absent:
+        #: `import flash_attn` made conditional (`optional_imports`), `xops` of a try-import (`xops = None`).
+        self.optional_modules: set[str] = set()
         self._walk(tree.body, owner=None)
         self._optional_imports(tree)
         self._prelude(tree)
@@ -531,6 +533,9 @@ class FusedOpsChecker(TreeChecker):
             name = self.shadowed[root.id] + rest
             if all(i.optional_package is None for i in CALL_IDIOMS.get(name, ())):
                 return
+            if rest:
+                # The module may be None there (`xops = None`): the wrapped call reads `xops and xops.f`.
+                self.optional_modules.add(root.id)
             bound = sorted({t + rest for t in self.alternatives.get(root.id, ()) if t + rest in CALL_IDIOMS})
             if len({t.rsplit(".", 1)[-1] for t in bound}) > 1:
                 # A version-dependent try chain (`flash_attn_unpadded_func as flash_attn_varlen_func`): the

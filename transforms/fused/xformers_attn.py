@@ -70,11 +70,13 @@ OTHER_BIASES = {
     "BlockDiagonalCausalWithOffsetGappyKeysMask": "gappy keys",
     "PagedBlockDiagonalGappyKeysMask": "a paged KV cache",
 }
-#: What reads a bias at the call can do: spell it as one of these.
-_SPELLINGS = (
-    "`xops.LowerTriangularMask()`, `LowerTriangularFromBottomRightMask()`, "
-    "`BlockDiagonal[Causal[FromBottomRight]]Mask.from_seqlens(q_seqlen, kv_seqlen)` or None"
+#: What makes a bias readable at the call.
+_BUILD_IN_CALL = (
+    "to fuse it, build the bias in the call: `xops.LowerTriangularMask()`, "
+    "`LowerTriangularFromBottomRightMask()`, a `BlockDiagonal*Mask.from_seqlens(...)` of the three, or None"
 )
+#: What to do about a bias the kernel is not given.
+_BY_HAND = "nothing in the code can: npu_fusion_attention is not given it here; port the call by hand"
 
 XFORMERS_ATTENTION = Rule(
     id="NPU708",
@@ -178,40 +180,48 @@ def _bias_class(node: ast.expr, resolve: Callable[[ast.expr], str | None]) -> st
     return last if module in _BIAS_MODULES else None
 
 
-def _read_bias(node: ast.expr, resolve) -> tuple[list[str], str]:
-    """The bias classes of the leaves of `node` (in `_leaves`' order), or why it cannot be read at the call."""
+def _read_bias(node: ast.expr, resolve) -> tuple[list[str], str, str]:
+    """The bias classes of the leaves of `node` (in `_leaves`' order), or why it cannot be read at the call
+    and what would make it (`Outcome.remedy`)."""
     if isinstance(node, ast.IfExp):
-        body, why = _read_bias(node.body, resolve)
+        body, why, remedy = _read_bias(node.body, resolve)
         if why:
-            return [], why
-        orelse, why = _read_bias(node.orelse, resolve)
-        return body + orelse, why
+            return [], why, remedy
+        orelse, why, remedy = _read_bias(node.orelse, resolve)
+        return body + orelse, why, remedy
     if isinstance(node, ast.Constant) and node.value is None:
-        return [], ""
+        return [], "", ""
     shown = ast.unparse(node)
     if isinstance(node, ast.Call):
         func = node.func
         kind = _bias_class(func, resolve)
         if kind in MASKS:
             if node.args or node.keywords:
-                return [], f"its bias `{shown}` passes arguments (a device) the read at the call does not take"
-            return [kind], ""
+                return (
+                    [],
+                    f"its bias `{shown}` passes arguments (a device) the read at the call does not take",
+                    (f"to fuse it, build it as `{kind}()`"),
+                )
+            return [kind], "", ""
         if isinstance(func, ast.Attribute) and func.attr == "from_seqlens":
             kind = _bias_class(func.value, resolve)
             if kind in BLOCK_DIAGONAL:
                 if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
-                    return [], f"its bias `{shown}` passes the lengths by `*` / `**`"
-                return [kind], ""
+                    return [], f"its bias `{shown}` passes the lengths by `*` / `**`", _BUILD_IN_CALL
+                return [kind], "", ""
         if kind is None and isinstance(func, ast.Attribute):
             # `.make_causal()`, `.add_bias(t)`, `from_tensor_list`: named by the method.
             owner = _bias_class(func.value, resolve) or _called_class(func.value, resolve)
             if owner is not None:
-                return [], f"its bias `{shown}` is built by `{func.attr}`, which the read at the call does not take"
+                why = f"its bias `{shown}` is built by `{func.attr}`, which the read at the call does not take"
+                return [], why, _BY_HAND if func.attr == "add_bias" else _BUILD_IN_CALL
         if kind in OTHER_BIASES:
-            return [], f"its bias `{kind}` is {OTHER_BIASES[kind]}, which npu_fusion_attention is not given here"
+            return [], f"its bias `{kind}` is {OTHER_BIASES[kind]}", _BY_HAND
     if isinstance(node, (ast.Name, ast.Attribute)):
-        return [], f"its bias `{shown}` is a value built elsewhere, which the rewrite cannot read at the call"
-    return [], f"its bias `{shown}` is not one the rewrite reads at the call (a tensor bias, or an expression)"
+        why = f"its bias `{shown}` is a value built elsewhere, which an NPU host cannot build (xformers is absent)"
+        return [], why, _BUILD_IN_CALL
+    why = f"its bias `{shown}` is not one the rewrite reads at the call (a tensor bias, or an expression)"
+    return [], why, _BUILD_IN_CALL
 
 
 def _called_class(node: ast.expr, resolve) -> str | None:
@@ -288,9 +298,9 @@ def match_call(name, api, names=None, call: ast.Call | None = None, guards=(), r
                 "to fuse it, drop output_dtype and cast the result",
             )
     bias = _bias_argument(call)
-    kinds, why = _read_bias(bias, resolve or (lambda node: None)) if bias is not None else ([], "")
+    kinds, why, remedy = _read_bias(bias, resolve or (lambda node: None)) if bias is not None else ([], "", "")
     if why:
-        return declined(why, f"to fuse it, build the bias in the call: {_SPELLINGS}")
+        return declined(why, remedy)
     described = ", ".join(dict.fromkeys(MASKS.get(k) or BLOCK_DIAGONAL[k] for k in kinds)) or "no bias"
     layout = "TND" if any(k in BLOCK_DIAGONAL for k in kinds) else "BSND"
     message = (
