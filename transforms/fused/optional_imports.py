@@ -391,6 +391,14 @@ def _root(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
+def _fallback(names: list[str]) -> str:
+    """`a = b = None` with why, the comment on its own line where the line would pass PEP 8's width."""
+    assignment, why = f"{' = '.join(names)} = None", "# the calls take torch_npu's kernel"
+    if len(f"    {assignment}  {why}") > 79:
+        return f"    {why}\n    {assignment}\n"
+    return f"    {assignment}  {why}\n"
+
+
 def _conditional(package: str, names: list[str]):
     def fix(updated: cst.SimpleStatementLine) -> cst.Try:
         line = cst.Module([]).code_for_node(updated.with_changes(leading_lines=[]))
@@ -401,7 +409,7 @@ def _conditional(package: str, names: list[str]):
             + "    import importlib.util\n\n"
             + '    if importlib.util.find_spec("torch_npu") is None:\n'
             + "        raise  # not an Ascend host: the original's error\n"
-            + f"    {' = '.join(names)} = None  # the calls take torch_npu's kernel\n"
+            + _fallback(names)
         )
         return cst.parse_statement(code).with_changes(leading_lines=updated.leading_lines)
 

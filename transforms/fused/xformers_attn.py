@@ -132,6 +132,7 @@ XFORMERS_ATTENTION = Rule(
                 return xops.memory_efficient_attention(q, k, v, attn_bias=xops.LowerTriangularMask())
         """,
         after="""
+            import torch
             try:
                 import xformers.ops as xops
             except ImportError:
@@ -140,10 +141,9 @@ XFORMERS_ATTENTION = Rule(
                 if importlib.util.find_spec("torch_npu") is None:
                     raise  # not an Ascend host: the original's error
                 xops = None  # the calls take torch_npu's kernel
-            import torch
 
 
-            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_causal_mask, _is_npu_flash_call, _npu_flash_attn_declined, _npu_fusion_flash, _NpuXformersBias, _npu_memory_efficient_attention, _npu_fusion_xformers
+            # ... fused-op helpers npu-migrate adds here: import torch_npu (guarded), _is_npu, _npu_causal_mask, _is_npu_flash_call, _npu_flash_attn_declined, _npu_fusion_flash, _NpuXformersBias, _npu_xformers_seqlens, _npu_memory_efficient_attention, _npu_xformers_built, _npu_fusion_xformers
 
 
             def attend(q, k, v):
@@ -152,7 +152,10 @@ XFORMERS_ATTENTION = Rule(
                     q,
                     k,
                     v,
-                    attn_bias=_NpuXformersBias("LowerTriangularMask", lambda: xops.LowerTriangularMask),
+                    attn_bias=_NpuXformersBias(
+                        "LowerTriangularMask",
+                        lambda: xops.LowerTriangularMask,
+                    ),
                 )
         """,
     ),
