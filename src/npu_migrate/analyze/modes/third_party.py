@@ -44,6 +44,8 @@ from npu_migrate.files.discovery import discover
 from npu_migrate.files.source import SourceError
 from npu_migrate.program.api import cuda_package, package_table
 from npu_migrate.transforms.fused.flash_attn import DECLINED, FLASH_ATTN, QUALIFIED
+from npu_migrate.transforms.fused.xformers_attn import QUALIFIED as XFORMERS_QUALIFIED
+from npu_migrate.transforms.fused.xformers_attn import XFORMERS_ATTENTION
 
 API_FILE_HEADER = ["function", "kind", "location", "reason", "via"]
 
@@ -112,7 +114,17 @@ def scan(source: Source, context: Context) -> dict | None:
 
 
 def _advice(name: str, entry: dict) -> str:
-    """The package's advice; for a flash-attn function `apply` wraps, what apply does and what it leaves."""
+    """The package's advice; for a flash-attn or xformers function `apply` wraps, what apply does and what it
+    leaves."""
+    if name in XFORMERS_QUALIFIED:
+        return (
+            f"`npu-migrate apply` wraps its calls ({XFORMERS_ATTENTION.id}): on NPU tensors they run "
+            "torch_npu.npu_fusion_attention, elsewhere the function as before, where the bias is built in the call "
+            "(None, LowerTriangularMask(), LowerTriangularFromBottomRightMask(), a BlockDiagonal mask's "
+            "from_seqlens); it makes this import conditional where the wrapped calls are all that use it. "
+            f"A call it does not rewrite (it says why: a bias built elsewhere, `op=`) needs a hand port: "
+            f"{entry['advice']}"
+        )
     if name not in QUALIFIED:
         return entry["advice"]
     declined = ", ".join(f"`{argument}`" for argument in DECLINED)
