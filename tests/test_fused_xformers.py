@@ -378,3 +378,55 @@ def test_a_broken_fallback_fails_the_bit_for_bit_check():
     broken = _load(fixture, migrated=True, npu=False, mutate=[("return value.build()", "return None")])
     assert not torch.equal(broken[function](*args, **options), expected)
     assert (XFORMERS_CALLS - before)["LowerTriangularMask"] == 0  # the count tells it too
+
+
+def _real_xformers():
+    """xformers itself, where it runs: a CUDA torch with xformers installed."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import xformers.ops as xops
+        from xformers.ops.fmha import attn_bias
+    except ImportError:
+        return None
+    return xops, attn_bias
+
+
+#: The model's bias -> xformers' own, built alike.
+_REAL_BIASES = {
+    LowerTriangularMask: lambda ab, b: ab.LowerTriangularMask(),
+    LowerTriangularFromBottomRightMask: lambda ab, b: ab.LowerTriangularFromBottomRightMask(),
+    BlockDiagonalMask: lambda ab, b: ab.BlockDiagonalMask.from_seqlens(b.q_seqlen, b.kv_seqlen),
+    BlockDiagonalCausalMask: lambda ab, b: ab.BlockDiagonalCausalMask.from_seqlens(b.q_seqlen, b.kv_seqlen),
+    BlockDiagonalCausalFromBottomRightMask: lambda ab, b: ab.BlockDiagonalCausalFromBottomRightMask.from_seqlens(
+        b.q_seqlen, b.kv_seqlen
+    ),
+}
+
+
+@pytest.mark.skipif(_real_xformers() is None, reason="needs an NVIDIA GPU, CUDA torch and xformers")
+@pytest.mark.parametrize("case", [c for c in CALLS if CALLS[c][0] == "xformers_calls"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_the_model_computes_what_xformers_does_on_cuda(case, dtype):
+    # What every comparison above rests on: the torch model of xformers is xformers (its CUDA kernels).
+    xops, attn_bias = _real_xformers()
+    _, function, inputs, options = CALLS[case]
+    args = inputs(dtype)
+    seen = []
+
+    def model(*call_args, **call_kwargs):
+        seen.append((call_args, call_kwargs))
+        return xformers_reference(*call_args, **call_kwargs)
+
+    namespace = _load("xformers_calls", migrated=False, npu=False)
+    namespace["xops"] = types.SimpleNamespace(**{**vars(namespace["xops"]), "memory_efficient_attention": model})
+    namespace["fmha"] = types.SimpleNamespace(**{**vars(namespace["fmha"]), "memory_efficient_attention": model})
+    expected = namespace[function](*args, **options)
+    ((call_args, call_kwargs),) = seen
+    call_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in call_args]
+    bias = call_kwargs.pop("attn_bias", call_args[3] if len(call_args) > 3 else None)
+    call_args = call_args[:3]
+    if bias is not None:
+        bias = _REAL_BIASES[type(bias)](attn_bias, bias)
+    got = xops.memory_efficient_attention(*call_args, attn_bias=bias, **call_kwargs).cpu()
+    assert _cosine(got, expected) >= 0.999
