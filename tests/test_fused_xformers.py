@@ -11,6 +11,10 @@ the kernel called once and xformers not at all. With `_is_npu` false the migrate
 with the original arguments (the bias built as the original built it), bit for bit. The comparisons are
 shown to fail on deliberately broken wrappers: causal aligned bottom-right for `LowerTriangularMask`, the
 kernel's default scale of 1.0, BMHK read as BNSD, per-sequence lengths given as ends.
+
+The model itself is checked against xformers where xformers is installed: its biases' dense form
+(`materialize`, plain torch, on CPU too) against the model's masks, and, on an NVIDIA GPU, its kernels
+against the model for every call of the fixture. Without xformers those two skip.
 """
 
 from __future__ import annotations
@@ -378,6 +382,45 @@ def test_a_broken_fallback_fails_the_bit_for_bit_check():
     broken = _load(fixture, migrated=True, npu=False, mutate=[("return value.build()", "return None")])
     assert not torch.equal(broken[function](*args, **options), expected)
     assert (XFORMERS_CALLS - before)["LowerTriangularMask"] == 0  # the count tells it too
+
+
+def _xformers_biases():
+    """xformers' bias classes, which are plain torch (`materialize`), on any host where it is installed."""
+    try:
+        from xformers.ops.fmha import attn_bias
+    except ImportError:
+        return None
+    return attn_bias
+
+
+@pytest.mark.skipif(_xformers_biases() is None, reason="needs xformers installed (its biases run on CPU)")
+@pytest.mark.parametrize(
+    ("q_lens", "kv_lens"), [([5], [9]), ([9], [6]), ([6], [6]), (Q_LENS, KV_LENS), (KV_LENS, None)]
+)
+def test_the_model_s_masks_are_xformers_own(q_lens, kv_lens):
+    # xformers' own dense form of each bias (0 = attend, -inf = masked) against the model's `allowed`.
+    attn_bias = _xformers_biases()
+    kv_total = sum(kv_lens or q_lens)
+    shape = (sum(q_lens), kv_total)
+    masks = [BlockDiagonalMask, BlockDiagonalCausalMask, BlockDiagonalCausalFromBottomRightMask]
+    if len(q_lens) == 1:
+        masks = [LowerTriangularMask, LowerTriangularFromBottomRightMask, *masks]
+    for model in masks:
+        if model is BlockDiagonalCausalFromBottomRightMask and any(q > k for q, k in zip(q_lens, kv_lens or q_lens)):
+            continue  # xformers refuses a block with more queries than keys
+        ours = model.from_seqlens(q_lens, kv_lens) if issubclass(model, BlockDiagonalMask) else model()
+        theirs = _REAL_BIASES[model](attn_bias, ours)
+        assert torch.equal(theirs.materialize(shape) == 0, _model_allowed(ours, *shape)), model.__name__
+
+
+def _model_allowed(bias, mq: int, mk: int) -> torch.Tensor:
+    """The model's mask of `bias`, read through `xformers_reference` itself: one-hot values show which keys
+    each query attends to."""
+    query = torch.zeros(1, mq, 1, 1)
+    key = torch.zeros(1, mk, 1, 1)
+    value = torch.eye(mk).reshape(1, mk, 1, mk)
+    out = xformers_reference(query, key, value.expand(1, mk, 1, mk), bias)  # uniform over the attended keys
+    return out[0, :, 0, :] > 0
 
 
 def _real_xformers():
