@@ -473,3 +473,18 @@ def test_the_model_computes_what_xformers_does_on_cuda(case, dtype):
         bias = _REAL_BIASES[type(bias)](attn_bias, bias)
     got = xops.memory_efficient_attention(*call_args, attn_bias=bias, **call_kwargs).cpu()
     assert _cosine(got, expected) >= 0.999
+
+
+def test_dropout_is_the_kernel_s_keep_prob():
+    # xformers drops out whenever p > 0 (it knows no training mode), as the kernel does below keep_prob 1.
+    asked = []
+    kernel = types.SimpleNamespace(
+        npu_fusion_attention=lambda *args, **kwargs: (
+            asked.append(kwargs) or TORCH_NPU.npu_fusion_attention(*args, **kwargs)
+        )
+    )
+    npu = _load("xformers_calls", migrated=True, npu=True, xformers=False)
+    npu["torch_npu"] = kernel
+    q, k, v = _tensors((2, 5, 4, 16), (2, 9, 4, 16), (2, 9, 4, 16), dtype=torch.float32)
+    out = npu["dense"](q, k, v, p=0.25)
+    assert [a["keep_prob"] for a in asked] == [0.75] and out.shape == q.shape
