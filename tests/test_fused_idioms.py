@@ -70,9 +70,7 @@ def test_every_fused_template_is_declared_and_every_declared_one_exists():
 
 def test_helper_names_are_what_the_templates_define():
     for template, name in fused.HELPER_NAMES.items():
-        assert re.search(rf"^(def|class) {name}[(:]", (TEMPLATES / template).read_text(encoding="utf-8"), re.M), (
-            template
-        )
+        assert re.search(rf"^(def|class) {name}\b", (TEMPLATES / template).read_text(encoding="utf-8"), re.M), template
 
 
 def test_a_helper_template_declared_twice_with_different_names_is_an_error():
