@@ -254,6 +254,13 @@ def _leaves(node):
     return [node]
 
 
+def _nones(node: ast.expr) -> int:
+    """The None branches of a conditional bias."""
+    if isinstance(node, ast.IfExp):
+        return _nones(node.body) + _nones(node.orelse)
+    return int(isinstance(node, ast.Constant) and node.value is None)
+
+
 def _blocking_guard(call: ast.Call, guards: tuple[ast.expr, ...]) -> ast.expr | None:
     """The test of an enclosing `if` that tests for xformers: the module or function called (`xops is not
     None`), a flag or function named after it (`XFORMERS_AVAILABLE`, `is_xformers_available()`), or CUDA."""
@@ -304,8 +311,11 @@ def match_call(name, api, names=None, call: ast.Call | None = None, guards=(), r
     kinds, why, remedy = _read_bias(bias, resolve or (lambda node: None)) if bias is not None else ([], "", "")
     if why:
         return declined(why, remedy)
-    described = ", ".join(dict.fromkeys(MASKS.get(k) or BLOCK_DIAGONAL[k] for k in kinds)) or "no bias"
-    layout = "TND" if any(k in BLOCK_DIAGONAL for k in kinds) else "BSND"
+    described = " or ".join(dict.fromkeys(MASKS.get(k) or BLOCK_DIAGONAL[k] for k in kinds)) or "no bias"
+    if kinds and _nones(bias):
+        described += " or no bias"
+    layouts = {"TND" if k in BLOCK_DIAGONAL else "BSND" for k in kinds} if kinds else {"BSND"}
+    layout = " or ".join(sorted(layouts | ({"BSND"} if _nones(bias) else set())))
     message = (
         f"`{function}` gets torch_npu's npu_fusion_attention on NPU tensors (`_npu_{function}`, {layout}, "
         f"{described}); elsewhere the function runs as before"
