@@ -27,8 +27,8 @@ CUDA_ONLY_PACKAGE = Rule(
     alternative where one exists: for example `flash_attn.flash_attn_func` ->
     `torch_npu.npu_fusion_attention`, apex `FusedAdam` -> `torch.optim.AdamW(fused=True)` or
     `torch_npu.optim.NpuFusedAdamW`. The flash-attn functions `npu-migrate apply` wraps (NPU705:
-    `flash_attn_func`, varlen, packed) are reported with what apply does for them, and the hand port
-    for the calls it does not rewrite.
+    `flash_attn_func`, varlen, packed) and xformers' `memory_efficient_attention` (NPU708) are reported
+    with what apply does for them, and the hand port for the calls it does not rewrite.
     """,
     why="""
     These packages ship CUDA kernels and fail to import (or to run) on an Ascend machine.
