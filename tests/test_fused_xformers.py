@@ -198,14 +198,16 @@ CALLS = {
 }  # fmt: skip
 
 
-def _compare(case, dtype, mutate=()):
+def _compare(case, dtype, mutate=(), xformers=False):
+    """The cosine of the migrated call on a simulated NPU host with what xformers computes; `xformers`: the
+    stand-in is installed there too (it is not on an Ascend host)."""
     fixture, function, inputs, options = CALLS[case]
     args = inputs(dtype)
     expected = _load(fixture, migrated=False, npu=False)[function](*args, **options)
-    kernel, xformers = TORCH_NPU.calls["npu_fusion_attention"], XFORMERS_CALLS["memory_efficient_attention"]
-    got = _load(fixture, migrated=True, npu=True, xformers=False, mutate=mutate)[function](*args, **options)
+    kernel, xformers_calls = TORCH_NPU.calls["npu_fusion_attention"], XFORMERS_CALLS["memory_efficient_attention"]
+    got = _load(fixture, migrated=True, npu=True, xformers=xformers, mutate=mutate)[function](*args, **options)
     assert TORCH_NPU.calls["npu_fusion_attention"] == kernel + 1, "the kernel was not called once"
-    assert XFORMERS_CALLS["memory_efficient_attention"] == xformers, "xformers ran on the NPU path"
+    assert XFORMERS_CALLS["memory_efficient_attention"] == xformers_calls, "xformers ran on the NPU path"
     assert got.dtype == expected.dtype and got.shape == expected.shape
     return _cosine(got, expected)
 
@@ -488,3 +490,12 @@ def test_dropout_is_the_kernel_s_keep_prob():
     q, k, v = _tensors((2, 5, 4, 16), (2, 9, 4, 16), (2, 9, 4, 16), dtype=torch.float32)
     out = npu["dense"](q, k, v, p=0.25)
     assert [a["keep_prob"] for a in asked] == [0.75] and out.shape == q.shape
+
+
+def test_a_wrapper_that_never_takes_the_kernel_fails_the_call_count():
+    # Where xformers is bound (so that the call does not raise), the output is right, but the count says that
+    # the kernel did not run.
+    never = ('if _is_npu_flash_call(args, kwargs, "query"):', "if False:")
+    assert _compare("causal, q shorter than k", torch.float32, xformers=True) >= 0.999
+    with pytest.raises(AssertionError, match="the kernel was not called once"):
+        _compare("causal, q shorter than k", torch.float32, mutate=[never], xformers=True)
