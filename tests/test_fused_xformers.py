@@ -329,8 +329,8 @@ def test_the_findings_say_why_and_what_to_do():
     source = (CASES / "declined.in.py").read_text(encoding="utf-8")
     _, findings = migrate_text(source, path="declined.py", select=["NPU708"])
     by_line = {f.line: f.message for f in findings}
-    assert "its bias `bias` is a value built elsewhere" in by_line[9] and "build the bias in the call" in by_line[9]
-    assert "`LowerTriangularMaskWithTensorBias` is a causal mask plus a tensor bias" in by_line[17]
+    assert "its bias `bias` is built elsewhere" in by_line[9] and "build the bias in the call" in by_line[9]
+    assert "`LowerTriangularMaskWithTensorBias` asks for a causal mask plus a tensor bias" in by_line[17]
     assert "port the call by hand" in by_line[17]
     assert "built by `make_causal`" in by_line[25]
     assert "`op=`" in by_line[35] and "`output_dtype`" in by_line[39] and "`*` / `**`" in by_line[43]

@@ -219,9 +219,12 @@ def _read_bias(node: ast.expr, resolve) -> tuple[list[str], str, str]:
                 why = f"its bias `{shown}` is built by `{func.attr}`, which the read at the call does not take"
                 return [], why, _BY_HAND if func.attr == "add_bias" else _BUILD_IN_CALL
         if kind in OTHER_BIASES:
-            return [], f"its bias `{kind}` is {OTHER_BIASES[kind]}", _BY_HAND
+            return [], f"its bias `{kind}` asks for {OTHER_BIASES[kind]}", _BY_HAND
     if isinstance(node, (ast.Name, ast.Attribute)):
-        why = f"its bias `{shown}` is a value built elsewhere, which an NPU host cannot build (xformers is absent)"
+        why = (
+            f"its bias `{shown}` is built elsewhere: the rewrite reads a bias only where the call builds it (an NPU "
+            "host has no xformers to build one with, and a tensor bias is not fused)"
+        )
         return [], why, _BUILD_IN_CALL
     why = f"its bias `{shown}` is not one the rewrite reads at the call (a tensor bias, or an expression)"
     return [], why, _BUILD_IN_CALL
