@@ -420,7 +420,7 @@ def _apply_stdin(
     o: ApplyOptions, config, enabled, version, *, fail_on: str, shown, target: str, torch_version: str | None
 ) -> int:
     """`apply -`: one file from stdin. The migrated text (or with --diff the patch; with --check nothing)
-    goes to stdout, findings to stderr. On an error the input is echoed unchanged, so an editor that replaces
+    goes to stdout, findings (with --show-fixes the rewrites too) to stderr. On an error the input is echoed unchanged, so an editor that replaces
     its buffer with stdout loses nothing."""
     from npu_migrate.engine.pipeline import (
         FileResult,
@@ -461,9 +461,12 @@ def _apply_stdin(
         if not diff and not check:
             sys.stdout.buffer.write(raw)
         return EXIT_ERROR
+    # stdout carries the migrated text (or the patch), so every finding goes to stderr, the rewrites too
+    # with --show-fixes (ruff's `check --fix --show-fixes -` lists its fixes on stderr as well): fixed
+    # where the text on stdout has them, fixable where only a patch or --check's verdict does.
     for finding in findings:
-        if not finding.fixed and finding.severity.at_least(shown):
-            typer.echo(format_finding(finding), err=True)
+        if o.show_fixes if finding.fixed else finding.severity.at_least(shown):
+            typer.echo(format_finding(finding, written=not diff and not check), err=True)
     changed = new_text != source.text
     if check and changed:
         typer.echo(f"would migrate {display}", err=True)  # as --check says of a file, so exit 1 is explained
