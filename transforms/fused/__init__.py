@@ -51,7 +51,7 @@ from npu_migrate.engine.lines import LINE_BREAK
 from npu_migrate.engine.rule import Rule
 from npu_migrate.engine.scoped import Source, TreeReport
 from npu_migrate.program.names import Names
-from npu_migrate.program.packages import MODULE, proven_module
+from npu_migrate.program.packages import MODULE, is_sibling, proven_module
 from npu_migrate.transforms.common.guarded_import import is_guarded_import
 from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
@@ -236,11 +236,12 @@ def _runs_as_script(tree: ast.Module) -> bool:
 
 
 def _imported_from_any_level(tree: ast.Module) -> list[str]:
-    """Names imported from a helper module of any package level (a file migrated in another layout)."""
+    """Names imported from a helper module of any package level, or a sibling one (a file migrated in
+    another layout)."""
     return [
         alias.asname or alias.name
         for stmt in tree.body
-        if isinstance(stmt, ast.ImportFrom) and stmt.level and stmt.module == MODULE
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == MODULE
         for alias in stmt.names
     ]
 
@@ -656,7 +657,8 @@ class FusedOpsChecker(TreeChecker):
             return
         existing = defined_names(tree) | set(_imported_from_any_level(tree))
         module = proven_module(self.source.helper_module, tree)
-        if module is not None and not _runs_as_script(tree):
+        # A script imports a sibling module as well as it is imported: its folder is sys.path[0].
+        if module is not None and (is_sibling(module) or not _runs_as_script(tree)):
             self._import_helpers(tree, module, sorted(called - existing))
             return
         # With the helpers those call (`_npu_sdpa` calls `_npu_fusion_sdpa`): nothing else writes a file's own.
@@ -720,7 +722,8 @@ class FusedOpsChecker(TreeChecker):
             TreeReport(
                 self._helpers_rule([by_name[name] for name in missing]),
                 tree,
-                f"fused-op helpers {listed} imported from `{module}`, the package's helper module",
+                f"fused-op helpers {listed} imported from `{module}`, "
+                + ("the helper module beside it" if is_sibling(module) else "the package's helper module"),
                 fix=fix,
                 target=target,
                 serves=tuple(report for *_, report in self.applied),
