@@ -227,6 +227,8 @@ def test_what_proves_a_folder_is_on_sys_path(tmp_path):
         "t.py": "try:\n    import m\nexcept ImportError:\n    m = None\n",
         "u.py": "def f():\n    import m\n",
         "v.py": "from _npu_fused import _is_npu\n",
+        "w.py": 'DOC = """\nimport m\n"""\n',  # an import in a string
+        "x.py": 'EXAMPLE = """\nimport m\nmore\n"""\n',  # one in a string that the import line does not close
     }
     assert _folder(tmp_path / "c", conditional) == {}
     # A sibling named like a standard module (`import random` finds the standard one where the folder is

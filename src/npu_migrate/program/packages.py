@@ -184,12 +184,16 @@ def _top_level_imports(path: Path, siblings: set[str]) -> set[str]:
         raw = path.read_bytes()
     except OSError:
         return set()
-    words = {w.decode() for line in _IMPORT_LINE.findall(raw) for w in _WORD.findall(line)}
-    if not words & siblings:
+    end = 0
+    for line in _IMPORT_LINE.finditer(raw):
+        if siblings.intersection(w.decode() for w in _WORD.findall(line.group())):
+            end = line.end()
+    if not end:
         return set()
-    try:
-        tree = ast.parse(raw)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    # Parsed only up to that line: a prefix that parses is made of the whole file's own top-level statements
+    # (one cut inside a string, a bracket or a block does not parse), and a module's imports are its head.
+    tree = _parsed(raw[:end]) or _parsed(raw)
+    if tree is None:
         return set()
     found = set()
     for stmt in tree.body:
@@ -198,6 +202,13 @@ def _top_level_imports(path: Path, siblings: set[str]) -> set[str]:
         elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
             found.add(stmt.module.split(".")[0])
     return found & siblings
+
+
+def _parsed(raw: bytes) -> ast.Module | None:
+    try:
+        return ast.parse(raw)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 def _importable(folder: Path, stem: str) -> bool:
