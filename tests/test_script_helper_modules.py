@@ -237,3 +237,20 @@ def test_what_proves_a_folder_is_on_sys_path(tmp_path):
     assert _folder(tmp_path / "d", shadowed) == {"t.py": MODULE}
     # A package's files import the package's module relatively: none of this applies to them.
     assert _folder(tmp_path / "e", {"__init__.py": "", "m.py": "", "t.py": "import m\n"}) == {}
+
+
+def test_interactive_writes_the_sibling_module_an_accepted_hunk_imports(tmp_path):
+    project = _project(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "npu_migrate", "apply", "--interactive", "--force", "train.py"],
+        capture_output=True,
+        text=True,
+        cwd=project,
+        input="a\n",
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert SIBLING_IMPORTS["train.py"] in (project / "train.py").read_text()
+    assert "wrote _npu_fused.py" in done.stderr
+    ran = subprocess.run([sys.executable, "train.py"], cwd=project, capture_output=True, text=True)
+    assert ran.returncode == 0 and ran.stdout.startswith("loss "), ran.stderr
