@@ -254,3 +254,66 @@ def test_interactive_writes_the_sibling_module_an_accepted_hunk_imports(tmp_path
     assert "wrote _npu_fused.py" in done.stderr
     ran = subprocess.run([sys.executable, "train.py"], cwd=project, capture_output=True, text=True)
     assert ran.returncode == 0 and ran.stdout.startswith("loss "), ran.stderr
+
+
+# -- NPU411's optimizer factory goes where the fused helpers go -------------------------------------------
+
+
+def test_the_optimizer_factory_goes_to_the_sibling_module_and_builds_the_fused_class_on_the_npu(tmp_path):
+    from npu_migrate.verify import smoke
+
+    original, out = tmp_path / "original", tmp_path / "migrated"
+    shutil.copytree(PROJECT, original)
+    done = _npu_migrate("apply", str(original), "--output", str(out), "--select", "ALL,NPU411")
+    assert done.returncode == 0, done.stdout + done.stderr
+    train = (out / "train.py").read_text()
+    assert "\nfrom _npu_fused import _is_npu, _npu_fused_optimizer, _npu_rms_norm\n" in train
+    assert "def _npu_fused_optimizer(" not in train
+    assert "optimizer = _npu_fused_optimizer(torch.optim.AdamW, model.parameters(), lr=1e-2)" in train
+    assert (out / "_npu_fused.py").read_text().count("\ndef _npu_fused_optimizer(") == 1
+    cpu = subprocess.run([sys.executable, "train.py"], cwd=original, capture_output=True, text=True)
+    migrated_cpu = subprocess.run([sys.executable, "train.py"], cwd=out, capture_output=True, text=True)
+    assert migrated_cpu.stdout == cpu.stdout and cpu.stdout.endswith("optimizer AdamW\n"), migrated_cpu.stderr
+    npu = smoke.run(out, script=out / "train.py", args=["npu"], original=original)
+    assert npu.passed, npu.to_text(verbose=True)
+    assert npu.output_tail.strip().splitlines() == [cpu.stdout.splitlines()[0], "optimizer NpuFusedAdamW"]
+    again = _npu_migrate("apply", "--check", "--diff", "--no-cache", "--select", "ALL,NPU411", str(out))
+    assert again.returncode == 0 and again.stdout == "", again.stdout + again.stderr
+
+
+TRAINER = """\
+import torch
+
+from .model import build
+
+
+def make():
+    model = build()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+"""
+
+
+def test_the_optimizer_factory_goes_to_a_packages_module_without_the_fused_prelude(tmp_path):
+    package = tmp_path / "proj" / "pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text("import torch\n\n\ndef build():\n    return torch.nn.Linear(2, 2)\n")
+    (package / "trainer.py").write_text(TRAINER)
+    # No relative import proves the package: its factory stays in the file, as fused helpers would.
+    (package / "loose.py").write_text(TRAINER.replace("from .model import build", "from pkg.model import build"))
+    done = _npu_migrate("apply", "--force", "--select", "NPU411", "proj", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "\nfrom ._npu_fused import _npu_fused_optimizer\n" in (package / "trainer.py").read_text()
+    loose = (package / "loose.py").read_text()
+    assert "def _npu_fused_optimizer(" in loose and "_npu_fused import" not in loose
+    module = (package / "_npu_fused.py").read_text()
+    assert "def _npu_fused_optimizer(" in module and "def _is_npu(" not in module
+    ran = subprocess.run(
+        [sys.executable, "-c", "from pkg import trainer; print(type(trainer.make()[1]).__name__)"],
+        cwd=tmp_path / "proj",
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 0 and ran.stdout == "AdamW\n", ran.stderr
+    again = _npu_migrate("apply", "--check", "--diff", "--no-cache", "--select", "NPU411", "proj", cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout == "", again.stdout + again.stderr

@@ -51,7 +51,7 @@ from npu_migrate.engine.lines import LINE_BREAK
 from npu_migrate.engine.rule import Rule
 from npu_migrate.engine.scoped import Source, TreeReport
 from npu_migrate.program.names import Names
-from npu_migrate.program.packages import MODULE, is_sibling, proven_module
+from npu_migrate.program.packages import MODULE, is_sibling, usable_module
 from npu_migrate.transforms.common.guarded_import import is_guarded_import
 from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
@@ -220,19 +220,6 @@ def _helper_statements(code: str) -> tuple[cst.BaseStatement, ...]:
     blank = cst.EmptyLine(indent=False, whitespace=cst.SimpleWhitespace(""))
     new[0] = new[0].with_changes(leading_lines=[blank, blank])
     return tuple(new)
-
-
-def _runs_as_script(tree: ast.Module) -> bool:
-    """Whether the file has an `if __name__ == "__main__":` block: run as `python pkg/train.py` it has no
-    package to import relatively from, so it keeps its helpers in itself."""
-    for stmt in tree.body:
-        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and len(stmt.test.comparators) == 1:
-            sides = [stmt.test.left, stmt.test.comparators[0]]
-            if any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
-                isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
-            ):
-                return True
-    return False
 
 
 def _imported_from_any_level(tree: ast.Module) -> list[str]:
@@ -656,9 +643,8 @@ class FusedOpsChecker(TreeChecker):
         if not self.applied and not called:
             return
         existing = defined_names(tree) | set(_imported_from_any_level(tree))
-        module = proven_module(self.source.helper_module, tree)
-        # A script imports a sibling module as well as it is imported: its folder is sys.path[0].
-        if module is not None and (is_sibling(module) or not _runs_as_script(tree)):
+        module = usable_module(self.source.helper_module, tree)
+        if module is not None:
             self._import_helpers(tree, module, sorted(called - existing))
             return
         # With the helpers those call (`_npu_sdpa` calls `_npu_fusion_sdpa`): nothing else writes a file's own.

@@ -26,6 +26,12 @@ from npu_migrate.files.source import SourceError, atomic_write, read_source
 from npu_migrate.program.packages import helper_module
 from npu_migrate.transforms.fused import HELPER_NAMES, templates_defining
 from npu_migrate.transforms.fused.helpers import defined_names, module_text
+from npu_migrate.transforms.optimizers import HELPER as OPTIMIZER_HELPER
+from npu_migrate.transforms.optimizers import HELPER_TEMPLATE as OPTIMIZER_TEMPLATE
+
+#: Helpers of rules other than the fused ones that go to the helper module where the file's fused helpers
+#: do, by name -> template.
+OTHER_HELPERS = {OPTIMIZER_HELPER: OPTIMIZER_TEMPLATE}
 
 
 @dataclass(frozen=True)
@@ -40,12 +46,27 @@ class ModuleChange:
     error: str = ""
 
 
+def _templates(names: Iterable[str]) -> list[str]:
+    """The templates defining `names`: the fused helpers (with the prelude and what they call), then the
+    other rules' helpers a module holds (NPU411's optimizer factory), which need no prelude."""
+    names = set(names)
+    fused = names - OTHER_HELPERS.keys()
+    return [
+        *(templates_defining(fused) if fused else []),
+        *sorted(OTHER_HELPERS[n] for n in names & OTHER_HELPERS.keys()),
+    ]
+
+
+def _defines(template: str) -> str:
+    return HELPER_NAMES.get(template) or next(n for n, t in OTHER_HELPERS.items() if t == template)
+
+
 def changes(imports: Mapping[Path, Iterable[str]]) -> list[ModuleChange]:
     """For each helper module file -> the names files import from it: the module as it must be, where that
     differs from what is on disk."""
     found = []
     for path, names in sorted(imports.items()):
-        templates = templates_defining(names)
+        templates = _templates(names)
         if not path.exists():
             # A folder that is no package holds a script folder's sibling module (`packages.sibling_modules`).
             folder = helper_module(path) is None
@@ -59,7 +80,7 @@ def changes(imports: Mapping[Path, Iterable[str]]) -> list[ModuleChange]:
             found.append(ModuleChange(path, "", "", error=reason))
             continue
         defined = defined_names(tree)
-        missing = [t for t in templates if HELPER_NAMES[t] not in defined]
+        missing = [t for t in templates if _defines(t) not in defined]
         if missing:
             after = module_text(source.text, missing)
             found.append(ModuleChange(path, source.text, after, source.raw, source.encoding))

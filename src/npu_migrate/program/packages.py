@@ -90,6 +90,29 @@ def proven_module(bound: str | None, tree: ast.Module) -> str | None:
     return relative_module(level) if level else None
 
 
+def runs_as_script(tree: ast.Module) -> bool:
+    """Whether the file has an `if __name__ == "__main__":` block: run as `python pkg/train.py` it has no
+    package to import relatively from."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and len(stmt.test.comparators) == 1:
+            sides = [stmt.test.left, stmt.test.comparators[0]]
+            if any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+                isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+            ):
+                return True
+    return False
+
+
+def usable_module(bound: str | None, tree: ast.Module) -> str | None:
+    """The helper module the file whose tree is `tree` imports its helpers from (`proven_module`), or None
+    where it keeps them inline: also a package's file run as a script (its relative import would fail), not
+    a script folder's, whose folder is sys.path[0] when it runs."""
+    module = proven_module(bound, tree)
+    if module is None or is_sibling(module) or not runs_as_script(tree):
+        return module
+    return None
+
+
 def module_file(path: Path, module: str) -> Path:
     """The file of the helper module that `path` imports as `module` (a sibling one: in its own folder)."""
     folder = path.absolute().parent
