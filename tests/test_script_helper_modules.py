@@ -219,8 +219,8 @@ def test_what_proves_a_folder_is_on_sys_path(tmp_path):
         "m.py": MODULE,
         "t.py": MODULE,
     }
-    # `from utils.data import x` with `utils/` a package beside the file: the importer only.
-    assert _folder(tmp_path / "b", {"t.py": "from utils.data import x\n", "utils/__init__.py": ""}) == {"t.py": MODULE}
+    # A package beside the file proves nothing: installed (`pip install -e .`), it imports from anywhere.
+    assert _folder(tmp_path / "b", {"t.py": "from utils.data import x\n", "utils/__init__.py": "", "u.py": ""}) == {}
     # Only what always runs proves it: not a fallback, a function body, nor the helper import itself.
     conditional = {
         "m.py": "",
@@ -232,9 +232,9 @@ def test_what_proves_a_folder_is_on_sys_path(tmp_path):
     }
     assert _folder(tmp_path / "c", conditional) == {}
     # A sibling named like a standard module (`import random` finds the standard one where the folder is
-    # not on sys.path) and `model.py` shadowed by a `model/` package beside it prove nothing of those files.
+    # not on sys.path) and `model.py` shadowed by a `model/` package beside it prove nothing.
     shadowed = {"random.py": "", "model.py": "", "model/__init__.py": "", "t.py": "import random\nimport model\n"}
-    assert _folder(tmp_path / "d", shadowed) == {"t.py": MODULE}
+    assert _folder(tmp_path / "d", shadowed) == {}
     # A package's files import the package's module relatively: none of this applies to them.
     assert _folder(tmp_path / "e", {"__init__.py": "", "m.py": "", "t.py": "import m\n"}) == {}
 

@@ -155,9 +155,12 @@ def sibling_modules(files: Iterable[Path]) -> dict[Path, str]:
     folder is no package (`helper_module` gave None) and the folder's own files prove it is on `sys.path`
     whenever the file runs:
 
-    * the file imports a sibling by its top-level name (`from model import GPT`, `import utils.data` with
-      `utils/` a package beside it): it cannot run unless its folder is on sys.path; or
+    * the file imports a sibling module by its top-level name (`from model import GPT`, `model.py` beside
+      it): it cannot run unless its folder is on sys.path; or
     * a sibling imports the file by its top-level name: the project runs it with its folder on sys.path.
+
+    A sibling package does not count (`from mypkg import x` beside `mypkg/`): installed, it imports from
+    anywhere. Nor does a module that a package of the same name beside it shadows.
 
     Only unconditional imports at a file's top level count (one in a `try:` or a function may never run),
     never the helper import itself; notebooks neither get the module nor count (a notebook travels alone).
@@ -175,24 +178,23 @@ def sibling_modules(files: Iterable[Path]) -> dict[Path, str]:
         if folder not in folders:
             folders[folder] = _sibling_imports(folder)
         imports = folders[folder]
-        imported = any(path.stem in names for stem, names in imports.items() if stem != path.stem)
-        if imports.get(path.stem) or (imported and _importable(folder, path.stem)):
+        if imports.get(path.stem) or any(path.stem in names for names in imports.values()):
             found[path] = MODULE
     return found
 
 
 def _sibling_imports(folder: Path) -> dict[str, set[str]]:
-    """For each `.py` file of `folder`, by its stem: the siblings (modules and packages of `folder`) that it
-    imports by their top-level names, unconditionally at its top level."""
+    """For each `.py` file of `folder`, by its stem: the sibling modules (other `.py` files of `folder`) that
+    it imports by their top-level names, unconditionally at its top level."""
     try:
         entries = list(folder.iterdir())
     except OSError:
         return {}
     modules = {p.stem: p for p in entries if p.suffix == ".py" and p.stem.isidentifier() and p.is_file()}
-    packages = {p.name for p in entries if p.name.isidentifier() and (p / "__init__.py").is_file()}
-    siblings = {*modules, *packages} - _NOT_SIBLINGS
-    if len(modules) < 2 and not packages:
+    if len(modules) < 2:
         return {}
+    # `import model` finds `model/` before `model.py` in the same folder: that import says nothing of it.
+    siblings = {stem for stem in modules if not (folder / stem / "__init__.py").is_file()} - _NOT_SIBLINGS
     found = {}
     for stem, path in modules.items():
         names = _top_level_imports(path, siblings - {stem})
@@ -232,8 +234,3 @@ def _parsed(raw: bytes) -> ast.Module | None:
         return ast.parse(raw)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-
-
-def _importable(folder: Path, stem: str) -> bool:
-    """Whether `import <stem>` from `folder` loads `<stem>.py`: a package of the same name beside it wins."""
-    return not (folder / stem / "__init__.py").is_file()
