@@ -161,7 +161,7 @@ def module_text(existing: str | None, templates: list[str], folder: bool = False
     if existing is None:
         from npu_migrate.engine.templating import render
 
-        parts = [render(MODULE_HEADER, folder=folder).strip()]
+        parts = [render(MODULE_HEADER, folder=folder, prelude=PRELUDE in templates).strip()]
         parts += [rendered(t, import_torch_npu=t == PRELUDE).rstrip("\n") for t in templates]
         return "\n\n\n".join(parts) + "\n"
     if not templates:
