@@ -16,7 +16,10 @@ the file imports it unconditionally), `_is_npu(x)`, true only when torch_npu imp
 and a typed function `_npu_<kernel>` per kernel the branches call, the one place that reaches
 `torch_npu.npu_<kernel>`. A file of a package (`Source.helper_module`) imports the helpers it calls from
 the package's helper module instead, which the driver writes once (`npu_migrate.output.helper_module`), as
-far up as the file's own relative imports prove it is imported in a package (`proven_module`). Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
+far up as the file's own relative imports prove it is imported in a package (`proven_module`); a script
+folder's file whose folder its siblings' imports prove on sys.path imports it from beside it
+(`from _npu_fused import ...`, `packages.sibling_modules`). Off an NPU nothing changes, bit for bit.
+TorchScript, FX and torch.compile keep
 working: `_is_npu` is False while TorchScript compiles (an early `torch.jit.is_scripting()` return) and
 for FX proxies, and the kernel functions are `@torch.jit.unused`, compiled as stubs. A test (or
 `verify`) substitutes CPU reference kernels through the module-level name `torch_npu` and forces
