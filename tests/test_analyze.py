@@ -592,7 +592,8 @@ def test_markdown_links_findings_to_rules(reports):
     text = (reports / "report.md").read_text(encoding="utf-8")
     assert "## Migration complexity: Medium" in text
     assert "npu_migrate.analyze" not in text  # the heuristic in words, not module names
-    assert "| `demo/train.py:43:13` | [NPU902](#rule-npu902) | error |" in text
+    # The paths of the text report (and `apply`) from the folder analyze ran in, not the root's (issue #25).
+    assert f"| `{SHOWN_FROM_ROOT}demo/train.py:43:13` | [NPU902](#rule-npu902) | error |" in text
     assert '<a id="rule-npu902"></a>NPU902 unsupported-library-call' in text
 
 
@@ -659,6 +660,23 @@ def test_analyze_shows_the_paths_apply_shows_from_a_parent_folder(tmp_path):
     assert written.returncode == 0, written.stderr
     rows = read_csv(tmp_path / "out" / "cuda_op_list.csv")
     assert [r[0] for r in rows[1:]] == ["proj/pkg/mod.py:5:5", "proj/pkg/mod.py:6:12"]
+    # The reports people read say it as the text report does: findings and table locations alike.
+    md = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    assert "| `proj/pkg/mod.py:5:5` | [NPU201]" in md
+    assert "| proj/pkg/mod.py:6:12 |" in md, "a table's location column"
+    assert "`pkg/mod.py:" not in md and "| pkg/mod.py:" not in md
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert '<td class="loc">proj/pkg/mod.py:5:5</td>' in page
+    assert '<td class="loc">pkg/mod.py' not in page
+    for fmt, shown in (("markdown", md), ("html", page)):
+        printed = run_analyze("proj", "-j", "1", "--format", fmt, cwd=tmp_path).stdout
+        assert "proj/pkg/mod.py:5:5" in printed and printed.split("\n")[2:] == shown.split("\n")[2:], fmt
+    # report.json names its root and SARIF its base URI: their paths stay relative to the analysed root.
+    document = json.loads((tmp_path / "out" / "report.json").read_text(encoding="utf-8"))
+    assert {f["location"].split(":")[0] for f in document["findings"]} == {"pkg/mod.py"}
+    sarif = json.loads((tmp_path / "out" / "report.sarif").read_text(encoding="utf-8"))
+    wheres = [r["locations"][0]["physicalLocation"]["artifactLocation"] for r in sarif["runs"][0]["results"]]
+    assert {(w["uri"], w["uriBaseId"]) for w in wheres} == {("pkg/mod.py", "SRCROOT")}
 
 
 # --- errors ----------------------------------------------------------------------------------------

@@ -163,6 +163,20 @@ def test_stdin_with_diff_and_check(tmp_path):
     assert run_stdin("-", "--check", text=REPORT_ONLY, cwd=tmp_path).returncode == 0
 
 
+def test_stdin_show_fixes_lists_the_rewrites_on_stderr(tmp_path):
+    # As ruff's `check --fix --show-fixes -`: stdout is the migrated text alone, the fixes go to stderr.
+    plain = run_stdin("-", "--stdin-filename", "train.py", text=CUDA, cwd=tmp_path)
+    shown = run_stdin("-", "--stdin-filename", "train.py", "--show-fixes", text=CUDA, cwd=tmp_path)
+    assert "[fixed]" not in plain.stderr
+    assert "train.py:3:5: NPU101 [fixed] " in shown.stderr
+    assert shown.stdout == plain.stdout and ".npu()" in shown.stdout and "NPU101" not in shown.stdout
+    # With --diff / --check nothing on stdout is the migrated text: the rewrite is only proposed.
+    for mode in ("--diff", "--check"):
+        proposed = run_stdin("-", "--stdin-filename", "train.py", mode, "--show-fixes", text=CUDA, cwd=tmp_path)
+        assert "train.py:3:5: NPU101 [fixable] " in proposed.stderr, mode
+        assert "NPU101" not in proposed.stdout, mode
+
+
 def test_stdin_filename_decides_the_kind_and_findings_name_it(tmp_path):
     shell = run_stdin("-", "--stdin-filename", "run.sh", text="export CUDA_VISIBLE_DEVICES=0\n", cwd=tmp_path)
     assert shell.stdout == "export ASCEND_RT_VISIBLE_DEVICES=0\n"

@@ -4,7 +4,8 @@ Ascend's hand ports of training code swap `torch.optim.AdamW` for `torch_npu.opt
 SGD, Adam, Adadelta, RMSprop likewise): the fused class applies the same update to every parameter of a
 dtype at once, over one combined tensor, instead of a few kernel launches per parameter. The class is
 picked when the optimizer is built, by the parameters' device and dtype (`_npu_fused_optimizer`, written
-once into the file), so the migrated program builds the original class on a CPU or GPU host and never
+once into the file, or imported from the `_npu_fused.py` that the file's fused-op helpers go to: its
+package's or its script folder's, `FileContext.helper_module`), so the migrated program builds the original class on a CPU or GPU host and never
 builds two optimizers. Facts from the torch_npu wheels on PyPI, read without importing them:
 
 * the fused classes and their signatures: `torch_npu/optim/npu_fused_*.py` (2.1.0.post8, 2.5.1, 2.8.0,
@@ -35,8 +36,9 @@ from npu_migrate.program.api import _version_key
 from npu_migrate.transforms.common.arguments import keyword
 
 HELPER = "_npu_fused_optimizer"
-#: Written once after the imports of a file whose optimizer NPU411 rewrites.
-HELPER_CODE = render("training/fused_optimizer.py.j2")
+HELPER_TEMPLATE = "training/fused_optimizer.py.j2"
+#: Written once after the imports of a file whose optimizer NPU411 rewrites, or into its helper module.
+HELPER_CODE = render(HELPER_TEMPLATE)
 
 FUSED_OPTIMIZER = Rule(
     id="NPU411",
@@ -45,7 +47,8 @@ FUSED_OPTIMIZER = Rule(
     summary="`torch.optim.SGD/Adam/AdamW/Adadelta/RMSprop` build torch_npu's `NpuFused*` twin on an NPU (opt-in)",
     what="""
     Rewrites `torch.optim.X(params, ...)` (X one of SGD, Adam, AdamW, Adadelta, RMSprop, however imported)
-    to `_npu_fused_optimizer(torch.optim.X, params, ...)`, a helper written once after the file's imports.
+    to `_npu_fused_optimizer(torch.optim.X, params, ...)`, a helper written once after the file's imports,
+    or imported from the `_npu_fused.py` module its package's (or script folder's) fused-op helpers go to.
     It builds `torch_npu.optim.NpuFusedX` when every parameter is a float32 or float16 tensor on an NPU and
     no option is a tensor, and `torch.optim.X` otherwise (a CPU or GPU host, bf16 parameters, named
     parameters): the class is chosen when the optimizer is built, and only one is built. Positional
@@ -276,6 +279,9 @@ class OptimizerChecker(Checker):
             self._framework(_code(alias.name))
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
+        if not self._functions and not self._depth and not isinstance(node.names, cst.ImportStar):
+            if any(_code(alias.name) == HELPER and alias.asname is None for alias in node.names):
+                self._helper_defined = True  # from the helper module, by an earlier run
         if node.module is None or node.relative:
             return
         module = _code(node.module)
@@ -350,7 +356,10 @@ class OptimizerChecker(Checker):
         if self._helper_defined or FUSED_OPTIMIZER.id not in self.enabled:
             return
         if any(r.rule is FUSED_OPTIMIZER and r.applied for r in self.ctx.reports):
-            self.ctx.edits.append((self.ctx.module, _add_helper))
+            # Where the fused-op helpers go to a helper module, this one does too (the driver writes it there,
+            # `output.helper_module`); the fused rules add their names to the same import line.
+            module = self.ctx.helper_module
+            self.ctx.edits.append((self.ctx.module, _add_helper if module is None else _helper_import(module)))
 
     def _native_fused(self, site: Site) -> None:
         since = NATIVE_KERNEL_SINCE.get(site.name)
@@ -552,12 +561,29 @@ def _add_helper(module: cst.Module) -> cst.Module:
     body = list(module.body)
     if any(isinstance(stmt, cst.FunctionDef) and stmt.name.value == HELPER for stmt in body):
         return module
+    return _after_imports(module, cst.parse_statement(HELPER_CODE), blank_lines=2)
+
+
+def _helper_import(helper_module: str):
+    """An edit: the module with `from <helper_module> import _npu_fused_optimizer` after its imports."""
+
+    def add(module: cst.Module) -> cst.Module:
+        return _after_imports(module, cst.parse_statement(f"from {helper_module} import {HELPER}\n"), blank_lines=0)
+
+    return add
+
+
+def _after_imports(module: cst.Module, statement: cst.BaseStatement, blank_lines: int) -> cst.Module:
+    """`module` with `statement` after its docstring and top-level imports, `blank_lines` around it."""
+    body = list(module.body)
     index = 1 if body and _is_docstring(body[0]) else 0
     while index < len(body) and _is_import(body[index]):
         index += 1
-    helper = cst.parse_statement(HELPER_CODE)
+    if not blank_lines:
+        body.insert(index, statement)
+        return module.with_changes(body=body)
     blank = cst.EmptyLine()
-    helper = helper.with_changes(leading_lines=[blank, blank])
+    helper = statement.with_changes(leading_lines=[blank] * blank_lines)
     if index < len(body):
         following = body[index]
         lines = list(following.leading_lines)

@@ -16,7 +16,10 @@ the file imports it unconditionally), `_is_npu(x)`, true only when torch_npu imp
 and a typed function `_npu_<kernel>` per kernel the branches call, the one place that reaches
 `torch_npu.npu_<kernel>`. A file of a package (`Source.helper_module`) imports the helpers it calls from
 the package's helper module instead, which the driver writes once (`npu_migrate.output.helper_module`), as
-far up as the file's own relative imports prove it is imported in a package (`proven_module`). Off an NPU nothing changes, bit for bit. TorchScript, FX and torch.compile keep
+far up as the file's own relative imports prove it is imported in a package (`proven_module`); a script
+folder's file whose folder its siblings' imports prove on sys.path imports it from beside it
+(`from _npu_fused import ...`, `packages.sibling_modules`). Off an NPU nothing changes, bit for bit.
+TorchScript, FX and torch.compile keep
 working: `_is_npu` is False while TorchScript compiles (an early `torch.jit.is_scripting()` return) and
 for FX proxies, and the kernel functions are `@torch.jit.unused`, compiled as stubs. A test (or
 `verify`) substitutes CPU reference kernels through the module-level name `torch_npu` and forces
@@ -51,7 +54,7 @@ from npu_migrate.engine.lines import LINE_BREAK
 from npu_migrate.engine.rule import Rule
 from npu_migrate.engine.scoped import Source, TreeReport
 from npu_migrate.program.names import Names
-from npu_migrate.program.packages import MODULE, proven_module
+from npu_migrate.program.packages import MODULE, is_sibling, usable_module
 from npu_migrate.transforms.common.guarded_import import is_guarded_import
 from npu_migrate.transforms.fused import optional_imports
 from npu_migrate.transforms.fused.helpers import (
@@ -229,25 +232,13 @@ def _helper_statements(code: str) -> tuple[cst.BaseStatement, ...]:
     return tuple(new)
 
 
-def _runs_as_script(tree: ast.Module) -> bool:
-    """Whether the file has an `if __name__ == "__main__":` block: run as `python pkg/train.py` it has no
-    package to import relatively from, so it keeps its helpers in itself."""
-    for stmt in tree.body:
-        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and len(stmt.test.comparators) == 1:
-            sides = [stmt.test.left, stmt.test.comparators[0]]
-            if any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
-                isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
-            ):
-                return True
-    return False
-
-
 def _imported_from_any_level(tree: ast.Module) -> list[str]:
-    """Names imported from a helper module of any package level (a file migrated in another layout)."""
+    """Names imported from a helper module of any package level, or a sibling one (a file migrated in
+    another layout)."""
     return [
         alias.asname or alias.name
         for stmt in tree.body
-        if isinstance(stmt, ast.ImportFrom) and stmt.level and stmt.module == MODULE
+        if isinstance(stmt, ast.ImportFrom) and stmt.module == MODULE
         for alias in stmt.names
     ]
 
@@ -703,8 +694,8 @@ class FusedOpsChecker(TreeChecker):
         if not self.applied and not called:
             return
         existing = defined_names(tree) | set(_imported_from_any_level(tree))
-        module = proven_module(self.source.helper_module, tree)
-        if module is not None and not _runs_as_script(tree):
+        module = usable_module(self.source.helper_module, tree)
+        if module is not None:
             self._import_helpers(tree, module, sorted(called - existing))
             return
         # With the helpers those call (`_npu_sdpa` calls `_npu_fusion_sdpa`): nothing else writes a file's own.
@@ -768,7 +759,8 @@ class FusedOpsChecker(TreeChecker):
             TreeReport(
                 self._helpers_rule([by_name[name] for name in missing]),
                 tree,
-                f"fused-op helpers {listed} imported from `{module}`, the package's helper module",
+                f"fused-op helpers {listed} imported from `{module}`, "
+                + ("the helper module beside it" if is_sibling(module) else "the package's helper module"),
                 fix=fix,
                 target=target,
                 serves=tuple(report for *_, report in self.applied),

@@ -153,12 +153,15 @@ def defined_names(tree: ast.Module) -> set[str]:
     return {stmt.name for stmt in tree.body if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
 
 
-def module_text(existing: str | None, templates: list[str]) -> str:
+def module_text(existing: str | None, templates: list[str], folder: bool = False) -> str:
     """The helper module holding `templates` (the prelude first): `existing` with what it lacks appended
-    (what is there, the user's edits included, stays as it is), or a new module with its header and the
-    guarded torch_npu import. `templates` name only helpers whose names `existing` does not define."""
+    (what is there, the user's edits included, stays as it is), or a new module with its header (a script
+    folder's sibling module's if `folder`) and the guarded torch_npu import. `templates` name only helpers
+    whose names `existing` does not define."""
     if existing is None:
-        parts = [rendered(MODULE_HEADER).rstrip("\n")]
+        from npu_migrate.engine.templating import render
+
+        parts = [render(MODULE_HEADER, folder=folder, prelude=PRELUDE in templates).strip()]
         parts += [rendered(t, import_torch_npu=t == PRELUDE).rstrip("\n") for t in templates]
         return "\n\n\n".join(parts) + "\n"
     if not templates:

@@ -53,18 +53,12 @@ _LOCATION_COLUMNS = ("location", "first_location", "locations")
 _LOCATION = re.compile(r"(?P<path>.+?)(?P<position>(:\d+)*)")
 
 
-def write_csv(path: Path, table: Table, shown=None) -> None:
-    """`table` as CSV; with `shown` (`Analysis.shown`), its location columns' paths as `apply` shows them."""
-    at = [i for i, name in enumerate(table.header) if name in _LOCATION_COLUMNS] if shown is not None else []
+def write_csv(path: Path, table: Table) -> None:
+    """`table` as CSV (`shown_tables` gives its locations as `apply` shows them)."""
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(table.header)
-        for row in table.rows:
-            if at:
-                row = [
-                    _relocated(cell, shown) if i in at and isinstance(cell, str) else cell for i, cell in enumerate(row)
-                ]
-            writer.writerow(row)
+        writer.writerows(table.rows)
 
 
 def _relocated(cell: str, shown) -> str:
@@ -121,6 +115,9 @@ def json_document(analysis: Analysis) -> dict:
 
 def sarif(analysis: Analysis) -> dict:
     """SARIF 2.1.0: the engine's document (its rules are the registry's, NPU9xx included), paths from the root."""
+    # Not the paths `apply` shows from the current folder: SARIF's own convention is a URI relative to a
+    # named base (`uriBaseId`, declared in `originalUriBaseIds`), which viewers and GitHub code scanning
+    # resolve; a cwd-relative path would mean nothing to a reader opening the file elsewhere.
     document = sarif_document(analysis.findings)
     run = document["runs"][0]
     base = analysis.root.as_uri() + "/"
@@ -187,8 +184,38 @@ def _chart_counts(findings: list[Finding], key) -> dict[str, list[int]]:
     return counts
 
 
+def shown_tables(analysis: Analysis, result) -> list[Table]:
+    """The tables of `result` with their location columns' paths as `apply` shows them (`Analysis.shown`):
+    what the CSVs write and the markdown and HTML reports show. A cell naming no file of the tree (a
+    module name, a dependency) stays as it is."""
+
+    def shown(where: str) -> str:
+        return analysis.shown(where) if (analysis.root / where).is_file() else where
+
+    at = set(_LOCATION_COLUMNS)
+    return [
+        dataclasses.replace(
+            table,
+            rows=[
+                [
+                    _relocated(cell, shown) if table.header[i] in at and isinstance(cell, str) else cell
+                    for i, cell in enumerate(row)
+                ]
+                for row in table.rows
+            ],
+        )
+        if at.intersection(table.header)
+        else table
+        for table in result.tables
+    ]
+
+
 def _context(analysis: Analysis) -> dict:
-    findings = analysis.findings
+    # The paths people read (markdown, HTML) are those of the text report and of `apply` for the same
+    # files, so a location can be pasted into either; report.json names the root and keeps paths relative
+    # to it, and SARIF resolves them against its SRCROOT base (`sarif`).
+    findings = as_shown(analysis)
+    results = [dataclasses.replace(r, tables=shown_tables(analysis, r)) for r in analysis.results]
     complexity = next((r.data.get("complexity") for r in analysis.results if r.mode == "model"), None)
     cited = {f.rule_id for f in findings}
     return {
@@ -197,7 +224,7 @@ def _context(analysis: Analysis) -> dict:
         "summary": summary_lines(analysis),
         "findings": findings,
         "category": category,
-        "results": analysis.results,
+        "results": results,
         "rules": documented_rules(),
         "cited": cited,
         "groups": _rule_groups(findings),
@@ -246,9 +273,9 @@ def write_reports(analysis: Analysis, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for result in analysis.results:
-        for table in result.tables:
+        for table in shown_tables(analysis, result):
             path = out / table.name
-            write_csv(path, table, lambda where: analysis.shown(where) if (analysis.root / where).is_file() else where)
+            write_csv(path, table)
             written.append(path)
     for name, text in (
         ("report.json", json.dumps(json_document(analysis), indent=2) + "\n"),

@@ -229,8 +229,9 @@ class Analysis:
     def shown(self, path: str) -> str:
         """A root-relative `path` (a finding's, a file's) as `apply` shows the same file from the current
         folder (`cli.shared.display`): relative to it when the root is under it, else root-relative, which
-        `path` already is. Only what is printed or written as a finding list is shown so: module names,
-        report.json (which names the root) and SARIF (its base URI is the root) keep the root-relative path."""
+        `path` already is. What people read is shown so (the text, CSV, markdown and HTML reports); module
+        names, report.json (which names the root) and SARIF (its base URI is the root) keep the root-relative
+        path."""
         if not path or Path(path).is_absolute():
             return path
         try:

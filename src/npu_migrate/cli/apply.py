@@ -166,10 +166,12 @@ def _plan(o: ApplyOptions, config, enabled, version, target, found, root: Path, 
     """The run's `Plan`, a `Job` per file, and which files (and helper modules) git could not restore."""
     from npu_migrate.engine.pipeline import Job, Mode, Plan
     from npu_migrate.files.discovery import GitStateUnknown, uncommitted
-    from npu_migrate.program.packages import helper_module, possible_module_files
+    from npu_migrate.program.packages import helper_module, possible_module_files, sibling_modules
 
     # An --output tree holds nothing above `root`: the package's helper module cannot go higher.
     bounds = {f: helper_module(f, stop=root if o.output is not None else None) for f in found.files}
+    # A script folder's files, where their own imports prove the folder is on sys.path: a sibling module.
+    bounds.update(sibling_modules(f for f, bound in bounds.items() if bound is None))
     guard_git = mode is Mode.IN_PLACE and config.require_clean_git and not o.force
     # The packages' helper modules are files the run may change too (it appends the helpers they lack).
     modules = {m for f in found.files for m in possible_module_files(f, bounds[f])} if guard_git else set()
@@ -355,7 +357,11 @@ def _refuse_dirty_changes(job_list, dirty_modules, plan, workers, display) -> No
     if needed:
         from npu_migrate.output.helper_module import changes  # the fused rules: only once a file imports helpers
 
-        blocked += [f"{display(c.path)} (the package's fused-op helper module)" for c in changes(needed) if not c.error]
+        blocked += [
+            f"{display(c.path)} (the fused-op helper module the migrated files import)"
+            for c in changes(needed)
+            if not c.error
+        ]
     if blocked:
         listed = "\n".join(f"  {name}" for name in blocked)
         raise fail(
@@ -420,7 +426,7 @@ def _apply_stdin(
     o: ApplyOptions, config, enabled, version, *, fail_on: str, shown, target: str, torch_version: str | None
 ) -> int:
     """`apply -`: one file from stdin. The migrated text (or with --diff the patch; with --check nothing)
-    goes to stdout, findings to stderr. On an error the input is echoed unchanged, so an editor that replaces
+    goes to stdout, findings (with --show-fixes the rewrites too) to stderr. On an error the input is echoed unchanged, so an editor that replaces
     its buffer with stdout loses nothing."""
     from npu_migrate.engine.pipeline import (
         FileResult,
@@ -461,9 +467,12 @@ def _apply_stdin(
         if not diff and not check:
             sys.stdout.buffer.write(raw)
         return EXIT_ERROR
+    # stdout carries the migrated text (or the patch), so every finding goes to stderr, the rewrites too
+    # with --show-fixes (ruff's `check --fix --show-fixes -` lists its fixes on stderr as well): fixed
+    # where the text on stdout has them, fixable where only a patch or --check's verdict does.
     for finding in findings:
-        if not finding.fixed and finding.severity.at_least(shown):
-            typer.echo(format_finding(finding), err=True)
+        if o.show_fixes if finding.fixed else finding.severity.at_least(shown):
+            typer.echo(format_finding(finding, written=not diff and not check), err=True)
     changed = new_text != source.text
     if check and changed:
         typer.echo(f"would migrate {display}", err=True)  # as --check says of a file, so exit 1 is explained

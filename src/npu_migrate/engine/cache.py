@@ -12,7 +12,8 @@ everything its result depends on:
 * the run's settings that reach a file: the enabled rules, the torch_npu version, the target and its torch
   version, `--annotate`;
 * the job: the name it is shown under (findings and diffs quote it), its kind, its per-file ignores, and the
-  helper module its package allows (which `__init__.py` files exist above it: `packages.helper_module`).
+  helper module its package allows (which `__init__.py` files exist above it: `packages.helper_module`) or
+  its script folder's files prove (which siblings import it or it imports: `packages.sibling_modules`).
 
 A result's write (in place or into `--output`) is never taken from the cache: in place, only an entry saying
 "nothing to change" is used, and it was found under the SHA-256 of the bytes just read, so the file is still
@@ -143,11 +144,15 @@ class Cache:
 
     def key(self, job: Job, raw: bytes) -> str:
         from npu_migrate.files import kinds
-        from npu_migrate.program.packages import helper_module
+        from npu_migrate.program.packages import helper_module, is_sibling
 
-        # Whether the file is a package's module changes NPU001's message; `apply` says so in
-        # `job.helper_module`, `analyze`'s jobs carry none, so it is asked of the file's place.
-        package = job.helper_module is not None or helper_module(job.path) is not None
+        # Whether the file is a package's module changes NPU001's message; `apply` says so in a relative
+        # `job.helper_module`, `analyze`'s jobs carry none, so it is asked of the file's place. A sibling
+        # module (a script folder's, decided from the folder's files) says the file is of no package.
+        if job.helper_module is not None:
+            package = not is_sibling(job.helper_module)
+        else:
+            package = helper_module(job.path) is not None
         job_fields = [self.run_key, job.display, kinds.kind_of(job.path), list(job.ignore), job.helper_module, package]
         digest = hashlib.sha256(json.dumps(job_fields).encode())
         digest.update(hashlib.sha256(raw).digest())

@@ -76,13 +76,25 @@ class BindingPlan:
 
 
 class FileContext:
-    def __init__(self, module: cst.Module, path: str, api: NpuApi, text: str = "", *, file: Path | None = None) -> None:
+    def __init__(
+        self,
+        module: cst.Module,
+        path: str,
+        api: NpuApi,
+        text: str = "",
+        *,
+        file: Path | None = None,
+        helper_module: str | None = None,
+    ) -> None:
         self.module = module
         #: The display name (relative to the run's root, not to the current folder): for messages only.
         self.path = path
         #: Where the file lies on disk (None: not known, as for stdin without --stdin-filename): what a rule
         #: reads to learn about its place (its package), never `path`, which the current folder would resolve.
         self.file = file
+        #: The helper module the file imports generated helpers from (`packages.usable_module`: `.._npu_fused`,
+        #: or `_npu_fused` beside a script folder's files); None: they are written into the file.
+        self.helper_module = helper_module
         self.api = api
         #: The source `module` was parsed from ("" when unknown): cheap substring tests before a walk.
         self.text = text

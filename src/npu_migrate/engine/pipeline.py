@@ -22,7 +22,7 @@ from npu_migrate.files import kinds, notebooks
 from npu_migrate.files.source import SourceError, SourceFile, atomic_write, decode_source, parse_python, read_source
 from npu_migrate.findings import Finding
 from npu_migrate.program.api import DEFAULT_TARGET, NpuApi, PortableApi
-from npu_migrate.program.packages import MODULE, proven_module
+from npu_migrate.program.packages import MODULE, proven_module, usable_module
 
 # The rules, libcst and what works on its trees are imported where a file first needs them: a file no
 # checker may want (`markers.may_match`) is answered without them (start-up of `apply --check`, #16).
@@ -183,7 +183,9 @@ def migrate_source(
     new_text, findings = text, []
     if on_cst:
         on_cst += [c for c in checkers if c.follows_others]
-        new_text, findings = _migrate_cst(text, display, plan, api, enabled, on_cst, file)
+        # The helper module the libcst rules' helpers go to (NPU411's), as the fused rules decide it.
+        module = usable_module(helper_module, tree) if helper_module is not None else None
+        new_text, findings = _migrate_cst(text, display, plan, api, enabled, on_cst, file, module)
     if on_tree:
         if new_text != text:
             tree = validate(new_text, display)
@@ -215,6 +217,7 @@ def _migrate_cst(
     enabled: frozenset[str],
     active: list[type[Checker]],
     file: Path | None = None,
+    helper_module: str | None = None,
 ) -> tuple[str, list[Finding]]:
     """The libcst checkers' part: parse, visit, decide, fix, all on the whole module."""
     import libcst as cst
@@ -230,7 +233,7 @@ def _migrate_cst(
         raise SourceError(f"syntax error at line {exc.raw_line}, column {exc.raw_column}: {exc.message}") from None
     except RecursionError:
         raise SourceError("too deeply nested for the parser (recursion limit)") from None
-    ctx = FileContext(module, display, api, text, file=file)
+    ctx = FileContext(module, display, api, text, file=file, helper_module=helper_module)
     visitors = [checker(ctx, enabled) for checker in active]
     cst.visit_batched(module, visitors)
     for visitor in visitors:

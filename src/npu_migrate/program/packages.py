@@ -1,5 +1,11 @@
 """Where a package's fused-op helper module goes, and how its files import it.
 
+A package's files import it relatively (`from .._npu_fused import ...`), from its top package as far up as
+their own relative imports prove (`helper_module`, `proven_module`). A folder that is no package gets one
+too where its own files prove the folder is on `sys.path` whenever they run (`sibling_modules`: a script
+project whose files import each other as `from model import GPT`); its files import it as a top-level
+module, `from _npu_fused import ...`. Every other file keeps its helpers inline.
+
 Kept apart from `helper_modules` (what the module holds, and writing it), which needs the fused rules and
 so libcst: the driver asks every file's helper import before the run, and a run whose files no rule wants
 must not import them (start-up of `apply --check`).
@@ -9,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -57,6 +65,11 @@ def _is_package(folder: Path) -> bool:
     )
 
 
+def is_sibling(module: str) -> bool:
+    """Whether `module` (a file's helper module) is a sibling one, imported by its top-level name."""
+    return not module.startswith(".")
+
+
 def proven_module(bound: str | None, tree: ast.Module) -> str | None:
     """How the file whose tree is `tree` imports the helper module, given `bound` (`helper_module`, from its
     path alone), or None where it keeps the helpers inline. The folders with an `__init__.py` above a file
@@ -67,6 +80,8 @@ def proven_module(bound: str | None, tree: ast.Module) -> str | None:
     itself, which the tool wrote."""
     if bound is None:
         return None
+    if is_sibling(bound):
+        return bound  # `sibling_modules` proved it from the folder's files, this one's imports included
     proven = max(
         (s.level for s in tree.body if isinstance(s, ast.ImportFrom) and s.module != MODULE),
         default=0,
@@ -75,8 +90,31 @@ def proven_module(bound: str | None, tree: ast.Module) -> str | None:
     return relative_module(level) if level else None
 
 
+def runs_as_script(tree: ast.Module) -> bool:
+    """Whether the file has an `if __name__ == "__main__":` block: run as `python pkg/train.py` it has no
+    package to import relatively from."""
+    for stmt in tree.body:
+        if isinstance(stmt, ast.If) and isinstance(stmt.test, ast.Compare) and len(stmt.test.comparators) == 1:
+            sides = [stmt.test.left, stmt.test.comparators[0]]
+            if any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+                isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+            ):
+                return True
+    return False
+
+
+def usable_module(bound: str | None, tree: ast.Module) -> str | None:
+    """The helper module the file whose tree is `tree` imports its helpers from (`proven_module`), or None
+    where it keeps them inline: also a package's file run as a script (its relative import would fail), not
+    a script folder's, whose folder is sys.path[0] when it runs."""
+    module = proven_module(bound, tree)
+    if module is None or is_sibling(module) or not runs_as_script(tree):
+        return module
+    return None
+
+
 def module_file(path: Path, module: str) -> Path:
-    """The file of the helper module that `path` imports as `module`."""
+    """The file of the helper module that `path` imports as `module` (a sibling one: in its own folder)."""
     folder = path.absolute().parent
     for _ in range(_level(module) - 1):
         folder = folder.parent
@@ -88,6 +126,8 @@ def possible_module_files(path: Path, bound: str | None) -> list[Path]:
     proves how far up it may go only once migrated (`proven_module`), so each level up to the bound."""
     if bound is None:
         return []
+    if is_sibling(bound):
+        return [module_file(path, bound)]
     return [module_file(path, relative_module(level)) for level in range(1, _level(bound) + 1)]
 
 
@@ -95,3 +135,102 @@ def collect(into: dict[Path, set[str]], path: Path, module: str | None, names: I
     """Note that the file `path` imports `names` from its helper `module`."""
     if module is not None and names:
         into.setdefault(module_file(path, module), set()).update(names)
+
+
+# -- script folders ---------------------------------------------------------------------------------------
+
+#: A line that may start a top-level import: only such files are parsed (most files of a folder import no
+#: sibling, and a run must not parse every script of a large tree twice).
+_IMPORT_LINE = re.compile(rb"^(?:import|from)[ \t][^\n]*", re.M)
+_WORD = re.compile(rb"[A-Za-z_]\w*")
+#: Names that are never a sibling import: the running script, a package's own file, and the standard
+#: library's modules, which a sibling of the same name shadows only where the folder is on sys.path
+#: already, so importing one proves nothing.
+_NOT_SIBLINGS = frozenset({"__main__", "__init__", MODULE, *sys.stdlib_module_names, *sys.builtin_module_names})
+
+
+def sibling_modules(files: Iterable[Path]) -> dict[Path, str]:
+    """The Python files among `files` that get a sibling helper module (`_npu_fused.py` in their own folder,
+    imported as `from _npu_fused import ...`), each mapped to that module's name. A file qualifies where its
+    folder is no package (`helper_module` gave None) and the folder's own files prove it is on `sys.path`
+    whenever the file runs:
+
+    * the file imports a sibling module by its top-level name (`from model import GPT`, `model.py` beside
+      it): it cannot run unless its folder is on sys.path; or
+    * a sibling imports the file by its top-level name: the project runs it with its folder on sys.path.
+
+    A sibling package does not count (`from mypkg import x` beside `mypkg/`): installed, it imports from
+    anywhere. Nor does a module that a package of the same name beside it shadows.
+
+    Only unconditional imports at a file's top level count (one in a `try:` or a function may never run),
+    never the helper import itself; notebooks neither get the module nor count (a notebook travels alone).
+    The siblings are read from disk whether or not the run includes them: a file given alone is decided
+    as in a run of its folder. What this cannot see is an importer outside the folder that names the file
+    another way (`from project.model import GPT` through a namespace package): the project's own imports
+    say that is not how it runs. Every file that qualifies keeps the module when migrated again, which
+    keeps a second run unchanged."""
+    found: dict[Path, str] = {}
+    folders: dict[Path, dict[str, set[str]]] = {}
+    for path in files:
+        if path.suffix != ".py" or path.stem == MODULE or helper_module(path) is not None:
+            continue
+        folder = path.absolute().parent
+        if folder not in folders:
+            folders[folder] = _sibling_imports(folder)
+        imports = folders[folder]
+        if imports.get(path.stem) or any(path.stem in names for names in imports.values()):
+            found[path] = MODULE
+    return found
+
+
+def _sibling_imports(folder: Path) -> dict[str, set[str]]:
+    """For each `.py` file of `folder`, by its stem: the sibling modules (other `.py` files of `folder`) that
+    it imports by their top-level names, unconditionally at its top level."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return {}
+    modules = {p.stem: p for p in entries if p.suffix == ".py" and p.stem.isidentifier() and p.is_file()}
+    if len(modules) < 2:
+        return {}
+    # `import model` finds `model/` before `model.py` in the same folder: that import says nothing of it.
+    siblings = {stem for stem in modules if not (folder / stem / "__init__.py").is_file()} - _NOT_SIBLINGS
+    found = {}
+    for stem, path in modules.items():
+        names = _top_level_imports(path, siblings - {stem})
+        if names:
+            found[stem] = names
+    return found
+
+
+def _top_level_imports(path: Path, siblings: set[str]) -> set[str]:
+    """Which of `siblings` the file `path` imports by top-level name, unconditionally at its top level."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return set()
+    end = 0
+    for line in _IMPORT_LINE.finditer(raw):
+        if siblings.intersection(w.decode() for w in _WORD.findall(line.group())):
+            end = line.end()
+    if not end:
+        return set()
+    # Parsed only up to that line: a prefix that parses is made of the whole file's own top-level statements
+    # (one cut inside a string, a bracket or a block does not parse), and a module's imports are its head.
+    tree = _parsed(raw[:end]) or _parsed(raw)
+    if tree is None:
+        return set()
+    found = set()
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in stmt.names)
+        elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
+            found.add(stmt.module.split(".")[0])
+    return found & siblings
+
+
+def _parsed(raw: bytes) -> ast.Module | None:
+    try:
+        return ast.parse(raw)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
