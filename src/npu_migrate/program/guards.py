@@ -31,6 +31,7 @@ are dropped (`FileContext.keep_cuda`).
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -464,11 +465,43 @@ def presence_names(ctx) -> dict[str, str]:
     """The names whose truth says whether a CUDA-only package imported, with the package: the names it
     binds (`flash_attn_func`, None where the import failed), the flags a try-import of it sets (`HAS_FLASH =
     True` in its body, `= False` in its handler), and the names assigned a test of those (`use_flash =
-    HAS_FLASH`), at module level or in a function."""
+    HAS_FLASH`), at module level or in a function. Computed once per file (NPU803 and the guards both
+    ask), and the module is walked only where the text can hold one (#26: the walk costs a libcst visit)."""
+    found = _PRESENCE_NAMES.get(ctx)
+    if found is None:
+        found = _PRESENCE_NAMES[ctx] = _presence_names(ctx)
+    return dict(found)
+
+
+#: `presence_names` per file: keyed by the file's context, gone with it.
+_PRESENCE_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TRY = re.compile(r"\btry\s*:")
+
+
+class _TriesAndTests(cst.CSTVisitor):
+    """The `try` statements and the assignments of a test-like value, in the order of the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tries: list[cst.Try] = []
+        self.assigns: list[cst.Assign] = []
+
+    def visit_Try(self, node: cst.Try) -> None:
+        self.tries.append(node)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        if isinstance(node.value, _TESTS):
+            self.assigns.append(node)
+
+
+def _presence_names(ctx) -> dict[str, str]:
     names = dict(_cuda_only_bindings(ctx))
-    for node in _walk(ctx.module):
-        if not isinstance(node, cst.Try):
-            continue
+    if ctx.text and not names and _TRY.search(ctx.text) is None and _PACKAGE_TEST_TEXT.search(ctx.text) is None:
+        # No name to start from, no `try` to bind one, and no package test for an assignment to read.
+        return names
+    walk = _TriesAndTests()
+    ctx.module.visit(walk)
+    for node in walk.tries:
         imported = [n for n in _walk(node.body) if isinstance(n, (cst.Import, cst.ImportFrom))]
         package = next((p for n in imported if (p := _Tree.cuda_only_package(n)) is not None), None)
         if package is None:
@@ -479,7 +512,7 @@ def presence_names(ctx) -> dict[str, str]:
                     for target in _targets(assign):
                         if isinstance(target, cst.Name):
                             names.setdefault(target.value, package)
-    assigns = [n for n in _walk(ctx.module) if isinstance(n, cst.Assign) and isinstance(n.value, _TESTS)]
+    assigns = walk.assigns
     grown = True
     while grown:
         grown = False
