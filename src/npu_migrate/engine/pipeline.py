@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import difflib
 import enum
+import gc
 import importlib
 import re
 import signal
@@ -113,6 +114,9 @@ def _import_engine() -> None:
     try:
         for name in _ENGINE:
             importlib.import_module(name)
+        # What the imports made (libcst's grammar, the rules and their tables) lives as long as the process:
+        # out of the collector's way, so that its full runs walk the files' trees only (#26).
+        gc.freeze()
     finally:
         if left > 0:
             signal.setitimer(signal.ITIMER_REAL, left)
