@@ -58,6 +58,23 @@ _SCANS = _Scans()
 
 def may_rotate(fn: Function) -> bool:
     """False when no outcome of `rotary.match` is possible for `fn` (see the module's docstring)."""
+    flags = _reach(fn)
+    if flags & _COMPLEX_CALL:
+        return True
+    if flags & _PRODUCT and flags & (_JOIN | _ROTATE_CALL):
+        return True
+    return flags & (_JOIN | _NEGATION) == _JOIN | _NEGATION
+
+
+def may_hold_site(fn: Function) -> bool:
+    """False when `rotary.sites` can find nothing in the folded `fn`, helpers inlined: no product, or
+    nothing that sums or joins (the straight tails of a function, `rotary._straight_tail_outcome`)."""
+    flags = _reach(fn)
+    return bool(flags & _PRODUCT and flags & _JOIN)
+
+
+def _reach(fn: Function) -> int:
+    """The bits of `fn` and of every def it may inline."""
     flags, callees, attributes = _scan(fn, fn.nodes)
     seen = {id(fn.tree)}
     siblings = fn.siblings
@@ -71,11 +88,7 @@ def may_rotate(fn: Function) -> bool:
         flags |= more
         todo += called
         todo += [siblings[a] for a in attributes if a in siblings]
-    if flags & _COMPLEX_CALL:
-        return True
-    if flags & _PRODUCT and flags & (_JOIN | _ROTATE_CALL):
-        return True
-    return flags & (_JOIN | _NEGATION) == _JOIN | _NEGATION
+    return flags
 
 
 def _scan(fn: Function, nodes: list[ast.AST]) -> tuple[int, list[ast.FunctionDef], set[str]]:
