@@ -16,7 +16,8 @@ so it drops no site and no finding:
 * a complex rotation on one side of an `if` (`_complex_only_in_a_branch`): `view_as_complex` / `polar`;
 * a call that is a rotation in a function that is not straight-line (`pure_rotation` of a call): a
   rotation pairs elements by a join of the halves or pairs (a sum, a difference or a join call) and
-  negates one of each pair (a unary minus, a difference, a product, `neg` or `sub`).
+  negates one of each pair (a unary minus of something other than a number, a difference, a product,
+  `neg` or `sub`).
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def _scan(fn: Function, nodes: list[ast.AST]) -> tuple[int, list[ast.FunctionDef
             elif op is ast.Sub:
                 flags |= _JOIN | _NEGATION
         elif kind is ast.UnaryOp:
-            if type(node.op) is ast.USub:
+            # `-x2`, not `-1` (`dim=-1`): a number negates a tensor only in a product, counted there.
+            if type(node.op) is ast.USub and type(node.operand) is not ast.Constant:
                 flags |= _NEGATION
         elif kind is ast.Call:
             func = node.func
