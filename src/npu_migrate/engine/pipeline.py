@@ -275,7 +275,8 @@ def _migrate_cst(
 
     fixes = [(r.node, r.fix) for r in ctx.reports if r.applied and r.fix is not None] + ctx.edits
     new_module, applier = apply_fixes(module, fixes, _skip_unfixed(module, fixes, positions))
-    new_text = new_module.code
+    # Findings only, no fix: libcst prints a module it parsed back as it was read, so it is not printed (#26).
+    new_text = text if new_module is module else new_module.code
     changed = new_text != text
     findings = []
     for report in ctx.reports:
