@@ -28,8 +28,8 @@ from npu_migrate.transforms.device import DeviceChecker
 from npu_migrate.transforms.distributed import DistributedChecker
 from npu_migrate.transforms.environment import EnvironmentChecker
 from npu_migrate.transforms.fused import FusedOpsChecker
-from npu_migrate.transforms.startup import StartupChecker
 from npu_migrate.transforms.fused.symbolic import nodes_of
+from npu_migrate.transforms.startup import StartupChecker
 
 FILTERED = [c for c in all_checkers() if c.markers]
 
