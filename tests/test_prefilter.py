@@ -23,11 +23,13 @@ from npu_migrate.transforms import amp, backends, distributed
 from npu_migrate.transforms.amp import AmpChecker
 from npu_migrate.transforms.backends import BackendsChecker
 from npu_migrate.transforms.cuda_api import CudaApiChecker
+from npu_migrate.transforms.data_pipeline import DataPipelineChecker
 from npu_migrate.transforms.device import DeviceChecker
 from npu_migrate.transforms.distributed import DistributedChecker
 from npu_migrate.transforms.environment import EnvironmentChecker
 from npu_migrate.transforms.fused import FusedOpsChecker
 from npu_migrate.transforms.fused.symbolic import nodes_of
+from npu_migrate.transforms.startup import StartupChecker
 
 FILTERED = [c for c in all_checkers() if c.markers]
 
@@ -248,6 +250,15 @@ def _wants(checker, source: str) -> bool:
             'import os\nhome = os.environ["HF_HOME"]\nlog("set CUDA_VISIBLE_DEVICES")\n',
             'import os\nos.environ.pop("NCCL_IB_HCA")\n',
         ),
+        # `re.compile` in a file that imports torch is no torch.compile (#26); an alias of torch is.
+        (StartupChecker, 'import re\nimport torch\nP = re.compile("x")\n', "import torch as t\nm = t.compile(model)\n"),
+        (StartupChecker, "import torch.nn as nn\nf = nn.compile\n", "from torch import compile as c\nm = c(model)\n"),
+        # an autograd Function's `def backward` is no backward pass in a loop; `.backward()` is.
+        (
+            DataPipelineChecker,
+            "import torch\nclass F(torch.autograd.Function):\n    @staticmethod\n    def backward(ctx, g):\n        return g\n",
+            "for batch in data:\n    loss = model(batch)\n    loss.backward()\n",
+        ),
     ],
     ids=lambda value: value.__name__ if isinstance(value, type) else "",
 )
@@ -355,3 +366,17 @@ def test_fused_matchers_walk_the_nodes_ast_walk_would(source):
     except (SyntaxError, ValueError):
         return
     assert nodes_of(tree) == list(ast.walk(tree))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'import re\nimport torch\nP = re.compile("x")\nm = torch.compile(model)\n',
+        "import torch as t\n\n@t.compile\ndef f(x):\n    return x\n",
+        "from torch import *\nm = compile(model)\n",
+        "import torch\nclass F(torch.autograd.Function):\n    def backward(ctx, g):\n        return g\n"
+        "for batch in data:\n    loss = model(batch.cuda())\n    loss.backward()\n    print(loss.item())\n",
+    ],
+)
+def test_the_training_lever_screens_drop_nothing(source):
+    assert_prefilter_changes_nothing(source)

@@ -146,7 +146,8 @@ class DataPipelineChecker(Checker):
 
     @classmethod
     def wants(cls, index) -> bool:
-        return "backward" in index.names or index.may_name(_NAMES)
+        # A `.backward` attribute (`_Finder`), not an autograd Function's `def backward` (#26).
+        return "backward" in index.attributes or index.may_name(_NAMES)
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

@@ -15,7 +15,13 @@ from npu_migrate.engine.checkers import Checker
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.findings import Severity
 from npu_migrate.program.api import package_table
-from npu_migrate.program.guards import cuda_only_package, presence_names, presence_node, presence_package
+from npu_migrate.program.guards import (
+    cuda_only_package,
+    presence_names,
+    presence_node,
+    presence_package,
+    statements_of,
+)
 from npu_migrate.program.imports import handler_catches_import_error
 
 REQUIRED_PACKAGE = Rule(
@@ -109,21 +115,8 @@ class RequiredPackageChecker(Checker):
 
 
 def _statements(module: cst.Module):
-    """Every `assert`, `if` and `try` of the module, in order."""
-    found: list[cst.CSTNode] = []
-
-    class _Walk(cst.CSTVisitor):
-        def visit_Assert(self, node: cst.Assert) -> None:
-            found.append(node)
-
-        def visit_If(self, node: cst.If) -> None:
-            found.append(node)
-
-        def visit_Try(self, node: cst.Try) -> None:
-            found.append(node)
-
-    module.visit(_Walk())
-    return found
+    """Every `assert`, `if` and `try` of the module, in order (without walking the expressions, #26)."""
+    return [node for node in statements_of(module) if isinstance(node, (cst.Assert, cst.If, cst.Try))]
 
 
 def _operand(test: cst.BaseExpression, tested: cst.CSTNode) -> cst.BaseExpression:

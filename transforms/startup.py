@@ -174,7 +174,8 @@ class StartupChecker(Checker):
 
     @classmethod
     def wants(cls, index) -> bool:
-        return ("__main__" in index.strings and "torch" in index.names) or index.may_name(_COMPILE)
+        # `torch.compile` as an import resolves it, not `re.compile` in a file that also imports torch (#26).
+        return ("__main__" in index.strings and "torch" in index.names) or index.may_use("torch", "compile")
 
     def __init__(self, ctx, enabled) -> None:
         super().__init__(ctx, enabled)

@@ -26,6 +26,7 @@ from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.program.api import load_table
 from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS, Structure, chain_base
 from npu_migrate.transforms.fused.idiom import Idiom
+from npu_migrate.transforms.fused.rotary_screen import may_hold_site, may_rotate
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
     Function,
@@ -294,6 +295,8 @@ def _complex_only_in_a_branch(fn: Function) -> ast.If | None:
 
 
 def match(fn: Function) -> Outcome | None:
+    if not may_rotate(fn):  # most functions: nothing the evaluator could report (`rotary_screen`, #26)
+        return None
     branch = _complex_only_in_a_branch(fn) if _calls(fn, ("torch.view_as_complex", "torch.polar")) else None
     if branch is not None:
         return Outcome(
@@ -344,11 +347,18 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
         ),
         default=0,
     )
+    if not may_hold_site(straight_tail(fn, max(first, 1), True)):
+        # The longest tail holds every later one (a later tail keeps no assignment the longest does not
+        # hold): without a product and a sum or join, none holds a site (`rotary_screen`, #26).
+        return None
     for start in range(max(first, 1), len(body)):
         # The names the skipped statements bind, as they are (the branch reads them), and only where that
         # finds no rotation, with the assignments that still hold read as computed (litgpt's `rotated`).
         for keep in (False, True):
-            tail = straight_tail(fn, start, keep)
+            candidate = straight_tail(fn, start, keep)
+            if keep and len(candidate.tree.body) == len(body) - start:
+                continue  # nothing to keep: the tail just tried, whose outcome stands (#26)
+            tail = candidate
             try:
                 result = inline_functions(tail, fold(tail))
             except NotStraightLine:

@@ -22,18 +22,26 @@ _DEFINITIONS = frozenset({ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef})
 class AstIndex:
     names: set[str] = field(default_factory=set)  # names, attribute names, imported names, keywords, defs
     strings: set[str] = field(default_factory=set)  # short string constants
+    attributes: set[str] = field(default_factory=set)  # attribute names only (`.backward`, not `def backward`)
+    #: `name.attr` where the attribute is read off a plain name (`torch.compile`, `re.compile`), as pairs.
+    pairs: set[tuple[str, str]] = field(default_factory=set)
+    #: What each `import` binds: (the name bound, the module it is bound to).
+    modules: set[tuple[str, str]] = field(default_factory=set)
+    #: What each `from module import name` imports: (module, name); `*` for a star import.
+    imported: set[tuple[str, str]] = field(default_factory=set)
 
     @classmethod
     def of(cls, tree: ast.AST) -> AstIndex:
         # A walk of its own: `ast.walk`'s nested generators and a chain of isinstance tests per node cost
         # about twice this, which on files with nothing to migrate is most of what they cost.
         index = cls()
-        names, strings = index.names, index.strings
-        Name, Attribute, Constant, alias, ImportFrom, keyword, AST = (  # noqa: N806  (locals are faster)
+        names, strings, attributes, pairs = index.names, index.strings, index.attributes, index.pairs
+        Name, Attribute, Constant, alias, Import, ImportFrom, keyword, AST = (  # noqa: N806  (locals are faster)
             ast.Name,
             ast.Attribute,
             ast.Constant,
             ast.alias,
+            ast.Import,
             ast.ImportFrom,
             ast.keyword,
             ast.AST,
@@ -46,8 +54,13 @@ class AstIndex:
                 names.add(node.id)
                 continue
             if kind is Attribute:
-                names.add(node.attr)
-                stack.append(node.value)
+                attr = node.attr
+                names.add(attr)
+                attributes.add(attr)
+                value = node.value
+                if type(value) is Name:
+                    pairs.add((value.id, attr))
+                stack.append(value)
                 continue
             if kind is Constant:
                 value = node.value
@@ -62,6 +75,12 @@ class AstIndex:
             if kind is ImportFrom:
                 if node.module:
                     names.update(node.module.split("."))
+                    index.imported.update((node.module, a.name) for a in node.names)
+            elif kind is Import:
+                for a in node.names:
+                    # `import torch.nn` binds `torch`; `import torch.nn as nn` binds nn to torch.nn.
+                    module = a.name if a.asname else a.name.split(".", 1)[0]
+                    index.modules.add((a.asname or module, module))
             elif kind is keyword:
                 if node.arg:
                     names.add(node.arg)
@@ -74,6 +93,13 @@ class AstIndex:
                 elif isinstance(value, AST):
                     stack.append(value)
         return index
+
+    def may_use(self, module: str, attr: str) -> bool:
+        """Whether the file may refer to `module.attr` (`torch.compile`) as an import resolves it: read as an
+        attribute of a name an `import` binds to the module, or imported from it (by name or `*`)."""
+        if (module, attr) in self.imported or (module, "*") in self.imported:
+            return True
+        return any(bound_to == module and (bound, attr) in self.pairs for bound, bound_to in self.modules)
 
     def uses(self, *names: str) -> bool:
         return any(name in self.names for name in names)

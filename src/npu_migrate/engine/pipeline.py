@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import difflib
 import enum
+import gc
 import importlib
 import re
 import signal
@@ -113,6 +114,9 @@ def _import_engine() -> None:
     try:
         for name in _ENGINE:
             importlib.import_module(name)
+        # What the imports made (libcst's grammar, the rules and their tables) lives as long as the process:
+        # out of the collector's way, so that its full runs walk the files' trees only (#26).
+        gc.freeze()
     finally:
         if left > 0:
             signal.setitimer(signal.ITIMER_REAL, left)
@@ -274,7 +278,8 @@ def _migrate_cst(
 
     fixes = [(r.node, r.fix) for r in ctx.reports if r.applied and r.fix is not None] + ctx.edits
     new_module, applier = apply_fixes(module, fixes, _skip_unfixed(module, fixes, positions))
-    new_text = new_module.code
+    # Findings only, no fix: libcst prints a module it parsed back as it was read, so it is not printed (#26).
+    new_text = text if new_module is module else new_module.code
     changed = new_text != text
     findings = []
     for report in ctx.reports:

@@ -31,6 +31,7 @@ are dropped (`FileContext.keep_cuda`).
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -464,9 +465,61 @@ def presence_names(ctx) -> dict[str, str]:
     """The names whose truth says whether a CUDA-only package imported, with the package: the names it
     binds (`flash_attn_func`, None where the import failed), the flags a try-import of it sets (`HAS_FLASH =
     True` in its body, `= False` in its handler), and the names assigned a test of those (`use_flash =
-    HAS_FLASH`), at module level or in a function."""
+    HAS_FLASH`), at module level or in a function. Computed once per file (NPU803 and the guards both
+    ask), and the module is walked only where the text can hold one (#26: the walk costs a libcst visit)."""
+    found = _PRESENCE_NAMES.get(ctx)
+    if found is None:
+        found = _PRESENCE_NAMES[ctx] = _presence_names(ctx)
+    return dict(found)
+
+
+#: `presence_names` per file: keyed by the file's context, gone with it.
+_PRESENCE_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TRY = re.compile(r"\btry\s*:")
+
+
+def statements_of(module: cst.Module) -> list[cst.CSTNode]:
+    """Every statement of the module, small (`x = 1`, `assert`) and compound (`if`, `try`, `def`), in the
+    order a walk of the whole tree meets them. Statements hold statements only through their blocks, so the
+    expressions, most of the tree, are never walked: a tenth of what a libcst visit costs (#26)."""
+    found: list[cst.CSTNode] = []
+    stack: list[cst.CSTNode] = list(reversed(module.body))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.SimpleStatementLine):
+            found.extend(node.body)
+            continue
+        found.append(node)
+        inner: list[cst.CSTNode] = []
+        for name in _BLOCKS:
+            part = getattr(node, name, None)
+            if part is None:
+                continue
+            for block in part if isinstance(part, (list, tuple)) else (part,):
+                if isinstance(block, cst.BaseCompoundStatement):  # an `elif`
+                    inner.append(block)
+                elif isinstance(block, (cst.IndentedBlock, cst.SimpleStatementSuite)):
+                    inner.extend(block.body)
+                else:  # `else:`, `finally:`, an `except` clause, a `case`: what holds a block
+                    body = block.body
+                    inner.extend(
+                        body.body if isinstance(body, (cst.IndentedBlock, cst.SimpleStatementSuite)) else [body]
+                    )
+        stack.extend(reversed(inner))
+    return found
+
+
+#: Where a compound statement holds statements, in the order of the code.
+_BLOCKS = ("body", "handlers", "orelse", "finalbody", "cases")
+
+
+def _presence_names(ctx) -> dict[str, str]:
     names = dict(_cuda_only_bindings(ctx))
-    for node in _walk(ctx.module):
+    if ctx.text and not names and _TRY.search(ctx.text) is None and _PACKAGE_TEST_TEXT.search(ctx.text) is None:
+        # No name to start from, no `try` to bind one, and no package test for an assignment to read.
+        return names
+    statements = statements_of(ctx.module)
+    for node in statements:
         if not isinstance(node, cst.Try):
             continue
         imported = [n for n in _walk(node.body) if isinstance(n, (cst.Import, cst.ImportFrom))]
@@ -479,7 +532,7 @@ def presence_names(ctx) -> dict[str, str]:
                     for target in _targets(assign):
                         if isinstance(target, cst.Name):
                             names.setdefault(target.value, package)
-    assigns = [n for n in _walk(ctx.module) if isinstance(n, cst.Assign) and isinstance(n.value, _TESTS)]
+    assigns = [n for n in statements if isinstance(n, cst.Assign) and isinstance(n.value, _TESTS)]
     grown = True
     while grown:
         grown = False

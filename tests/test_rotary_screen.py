@@ -1,0 +1,85 @@
+"""NPU703's pre-screen (`transforms/fused/rotary_screen.py`) may only skip functions the evaluator would
+report nothing for: with it switched off, every rotary fixture (and every fused fixture) comes out the
+same, findings included. It must also skip the functions that are plainly no rotary embedding."""
+
+from __future__ import annotations
+
+import ast
+from unittest import mock
+
+import pytest
+from conftest import FIXTURES
+
+from npu_migrate.engine.pipeline import migrate_text
+from npu_migrate.transforms.fused import rotary, rotary_screen
+from npu_migrate.transforms.fused.symbolic import Function
+
+CASES = sorted(
+    path
+    for rule in ("NPU701", "NPU702", "NPU703", "NPU704", "NPU706")
+    for path in (FIXTURES / "rules" / rule).glob("*.in.py")
+)
+
+
+def _run(source: str, path: str):
+    migrated, findings = migrate_text(source, path=path)
+    return migrated, [(f.line, f.col, f.rule_id, f.message, f.fixed) for f in findings]
+
+
+def test_the_screen_knows_the_joins_sites_runs_on():
+    assert rotary_screen.JOINS == frozenset(rotary._JOINS)
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_switching_the_screen_off_changes_nothing(path):
+    source = path.read_text(encoding="utf-8")
+    screened = _run(source, path.name)
+    with (
+        mock.patch.object(rotary, "may_rotate", lambda fn: True),
+        mock.patch.object(rotary, "may_hold_site", lambda fn: True),
+    ):
+        assert _run(source, path.name) == screened
+
+
+def test_the_fixtures_hold_rotary_embeddings_the_screen_lets_through():
+    # Not vacuous: the fixtures above have sites (rewrites) and declines (findings) of NPU703.
+    rotary_findings = [f for p in CASES if "NPU703" in str(p) for f in _run(p.read_text(), p.name)[1]]
+    assert any(f[4] for f in rotary_findings if f[2] == "NPU703")
+    assert any(not f[4] for f in rotary_findings if f[2] == "NPU703")
+
+
+def _function(source: str) -> Function:
+    tree = ast.parse(source)
+    functions = {s.name: s for s in tree.body if isinstance(s, ast.FunctionDef)}
+    return Function(tree.body[-1], False, lambda node: None, {}, functions)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def forward(x, dropout, proj):\n    return dropout(proj(x))\n",
+        "def scale(x, s):\n    return x * s\n",  # a product, nothing joined
+        "def shift(x, b):\n    return x + b\n",  # a sum, nothing negated or multiplied
+        "def cat2(a, b):\n    return torch.cat((a, b), -1)\n",
+    ],
+)
+def test_plainly_no_rotation_is_skipped(source):
+    assert not rotary_screen.may_rotate(_function(source))
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # the product in the caller, the join and the negation in the helper it inlines
+        "def rotate_half(x):\n    x1, x2 = x.chunk(2, -1)\n    return torch.cat((-x2, x1), -1)\n"
+        "def apply(q, cos, sin):\n    return q * cos + rotate_half(q) * sin\n",
+        # an imported rotate_half: the finding that says so needs the product and the call
+        "def apply(q, cos, sin):\n    return q * cos + rotate_half(q) * sin\n",
+        # complex numbers
+        "def apply(x, f):\n    return torch.view_as_real(torch.view_as_complex(x) * f).flatten(3)\n",
+        # a rotation alone (no product), in a function with control flow
+        "def rot(x):\n    if x is None:\n        return x\n    return torch.cat((-x[..., 1:], x[..., :1]), -1)\n",
+    ],
+)
+def test_rotations_pass(source):
+    assert rotary_screen.may_rotate(_function(source))

@@ -1,0 +1,139 @@
+"""NPU703's pre-screen: whether a function can hold anything the rotary evaluator would report.
+
+The evaluator (`rotary.match`) folds a function, inlines its helpers and runs every candidate
+subexpression abstractly; on a big tree almost every method of a class whose source holds one of the
+idiom's markers ("rope" is in "dropout", "sin" in "isinstance") gets that treatment, and almost none is a
+rotary embedding (transformers 5.24: 282 outcomes in 14,443 functions). This test reads only the nodes of
+the function and of the functions it could inline (module-level functions it calls by name, methods it
+calls as attributes, transitively), and is a necessary condition for every outcome `match` can return,
+so it drops no site and no finding:
+
+* a fused site, a decline of a close miss, or a rotation multiplied by something (`sites`,
+  `_unmatched_rotation`): `sites` only runs a subexpression holding a product (`*`) and a sum, a
+  difference or a join (`rotary._JOINS`), so both must be there;
+* a `rotate*` helper multiplied by a table (`_rotate_helper_outcome`): a product and a call named
+  `rotate...`;
+* a complex rotation on one side of an `if` (`_complex_only_in_a_branch`): `view_as_complex` / `polar`;
+* a call that is a rotation in a function that is not straight-line (`pure_rotation` of a call): a
+  rotation pairs elements by a join of the halves or pairs (a sum, a difference or a join call) and
+  negates one of each pair (a unary minus of something other than a number, a difference, a product,
+  `neg` or `sub`).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from npu_migrate.transforms.fused.symbolic import Function, nodes_of
+
+#: Calls that join two terms: `rotary._JOINS` (tests/test_rotary_screen.py checks they agree).
+JOINS = frozenset({"cat", "concat", "concatenate", "stack", "view_as_real", "rearrange", "flatten", "reshape", "view"})
+#: `torch.add` / `.sub`: what the evaluator reads as `+` / `-`, which join terms too.
+_SUMS = frozenset({"add", "sub"})
+_NEGATIONS = frozenset({"neg", "negative", "sub", "mul"})
+_COMPLEX = frozenset({"view_as_complex", "polar"})
+
+_PRODUCT, _JOIN, _NEGATION, _ROTATE_CALL, _COMPLEX_CALL = 1, 2, 4, 8, 16
+
+
+class _Scans:
+    """Per def of the file being matched: what it holds (`_PRODUCT` ... bits), the module functions it
+    calls by name and the attributes it calls (a sibling method, whichever class asks). A module's
+    helpers are asked about by every function that calls them: each is scanned once."""
+
+    def __init__(self) -> None:
+        self.functions: object = None
+        self.found: dict[int, tuple[ast.AST, int, list[ast.FunctionDef], set[str]]] = {}
+
+    def of(self, fn: Function, tree: ast.FunctionDef) -> tuple[int, list[ast.FunctionDef], set[str]]:
+        if self.functions is not fn.functions:  # another file: its defs are other trees
+            self.functions, self.found = fn.functions, {}
+        entry = self.found.get(id(tree))
+        if entry is None:
+            entry = self.found[id(tree)] = (tree, *_scan(fn, nodes_of(tree)))
+        return entry[1:]
+
+
+_SCANS = _Scans()
+
+
+def may_rotate(fn: Function) -> bool:
+    """False when no outcome of `rotary.match` is possible for `fn` (see the module's docstring)."""
+    flags = _reach(fn)
+    if flags & _COMPLEX_CALL:
+        return True
+    if flags & _PRODUCT and flags & (_JOIN | _ROTATE_CALL):
+        return True
+    return flags & (_JOIN | _NEGATION) == _JOIN | _NEGATION
+
+
+def may_hold_site(fn: Function) -> bool:
+    """False when `rotary.sites` can find nothing in the folded `fn`, helpers inlined: no product, or
+    nothing that sums or joins (the straight tails of a function, `rotary._straight_tail_outcome`)."""
+    flags = _reach(fn)
+    return bool(flags & _PRODUCT and flags & _JOIN)
+
+
+def _reach(fn: Function) -> int:
+    """The bits of `fn` and of every def it may inline."""
+    flags, callees, attributes = _scan(fn, fn.nodes)
+    seen = {id(fn.tree)}
+    siblings = fn.siblings
+    todo = [*callees, *(siblings[a] for a in attributes if a in siblings)]
+    while todo:
+        tree = todo.pop()
+        if id(tree) in seen:
+            continue
+        seen.add(id(tree))
+        more, called, attributes = _SCANS.of(fn, tree)
+        flags |= more
+        todo += called
+        todo += [siblings[a] for a in attributes if a in siblings]
+    return flags
+
+
+def _scan(fn: Function, nodes: list[ast.AST]) -> tuple[int, list[ast.FunctionDef], set[str]]:
+    """The bits of `nodes`, the module functions they call by name, and the attributes they call."""
+    flags = 0
+    callees = []
+    attributes = set()
+    functions = fn.functions
+    for node in nodes:
+        kind = type(node)
+        if kind is ast.BinOp:
+            op = type(node.op)
+            if op is ast.Mult:
+                flags |= _PRODUCT | _NEGATION
+            elif op is ast.Add:
+                flags |= _JOIN
+            elif op is ast.Sub:
+                flags |= _JOIN | _NEGATION
+        elif kind is ast.UnaryOp:
+            # `-x2`, not `-1` (`dim=-1`): a number negates a tensor only in a product, counted there.
+            if type(node.op) is ast.USub and type(node.operand) is not ast.Constant:
+                flags |= _NEGATION
+        elif kind is ast.Call:
+            func = node.func
+            if type(func) is ast.Name:
+                name = spelled = func.id
+                callee = functions.get(name)
+                if callee is not None:
+                    callees.append(callee)
+                else:
+                    # `from torch import cat as join`: the evaluator resolves the alias.
+                    qualname = fn.qualname(func)
+                    name = qualname.rsplit(".", 1)[-1] if qualname else name
+            elif type(func) is ast.Attribute:
+                name = spelled = func.attr
+                attributes.add(name)
+            else:
+                continue
+            if name in _COMPLEX:
+                flags |= _COMPLEX_CALL
+            if name in JOINS or name in _SUMS:
+                flags |= _JOIN
+            if name in _NEGATIONS:
+                flags |= _NEGATION
+            if "rotate" in spelled.lower():
+                flags |= _ROTATE_CALL
+    return flags, callees, attributes
