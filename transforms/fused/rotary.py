@@ -26,6 +26,7 @@ from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.program.api import load_table
 from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS, Structure, chain_base
 from npu_migrate.transforms.fused.idiom import Idiom
+from npu_migrate.transforms.fused.imported import NO_FILE, following, unbound_name, why_not_followed
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
     Function,
@@ -294,6 +295,8 @@ def _complex_only_in_a_branch(fn: Function) -> ast.If | None:
 
 
 def match(fn: Function) -> Outcome | None:
+    # Helpers imported from a sibling module (`from .rope import rotate_half`) are read as local ones.
+    fn = following(fn)
     branch = _complex_only_in_a_branch(fn) if _calls(fn, ("torch.view_as_complex", "torch.polar")) else None
     if branch is not None:
         return Outcome(
@@ -302,7 +305,7 @@ def match(fn: Function) -> Outcome | None:
             " other) left alone: the function is not straight-line code, and a branch must hold for both sides",
         )
     try:
-        result = inline_functions(fn, fold(fn))
+        result = inline_functions(fn, fold(fn, unpack=True))
     except NotStraightLine as why:
         # The straight-line tail first: what it computes decides, whatever calls it makes.
         tail = _straight_tail_outcome(fn)
@@ -350,7 +353,7 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
         for keep in (False, True):
             tail = straight_tail(fn, start, keep)
             try:
-                result = inline_functions(tail, fold(tail))
+                result = inline_functions(tail, fold(tail, unpack=True))
             except NotStraightLine:
                 tail = None
                 continue
@@ -449,17 +452,29 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
             if "rotate" not in name.lower():
                 continue
             computed = _unmodelled_argument(factor, fn) if isinstance(factor.func, ast.Name) else None
+            imported = why_not_followed(fn, name) if isinstance(factor.func, ast.Name) else None
             if computed is not None:
                 # The helper is a rotation (as it is in the function next door): what is declined is its argument.
                 why = (
                     f"the tensor that `{name}` rotates, `{source(computed)}`, is computed by a call the evaluator does not "
-                    "model, so it cannot be shown to be the tensor multiplied by cos; compute it in a statement of "
-                    "its own (`x = ...`) before the rotation"
+                    "model, so it cannot be shown to be the tensor multiplied by cos"
                 )
+                remedy = "to fuse it, compute that tensor in a statement of its own (`x = ...`) before the rotation"
             elif isinstance(factor.func, ast.Name) and name in fn.functions:
                 why = (
                     f"`{name}` is not recognised as rotate_half (`cat((-x2, x1), -1)` of the halves of the last "
                     "dim) or its interleaved form, the rotations npu_rotary_mul applies"
+                )
+                remedy = (
+                    f"to fuse it, if `{name}` computes one of those, write it that way (`x1, x2 = x.chunk(2, dim=-1)`, "
+                    "`torch.cat((-x2, x1), dim=-1)`) as straight-line code"
+                )
+            elif imported is not None:
+                why = f"`{name}` is {imported}, so what it computes cannot be proven to be the rotation npu_rotary_mul applies"
+                remedy = (
+                    "to fuse it, migrate the file by its path (not from stdin)"
+                    if imported == NO_FILE
+                    else f"to fuse it, define `{name}` in this file or in a module next to it"
                 )
             else:
                 why = (
@@ -467,7 +482,8 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                     "defined twice or has control flow): what it computes cannot be proven to be the rotation "
                     "npu_rotary_mul applies"
                 )
-            return Outcome(ROTARY, f"rotary embedding not fused: {why}")
+                remedy = f"to fuse it, define `{name}` once, at module level, as straight-line code"
+            return Outcome(ROTARY, f"rotary embedding not fused: {why}", remedy=remedy)
     return None
 
 
@@ -635,6 +651,19 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         d = f"{source(rotated)}.shape[-1]"
         expected = ", ".join(s.replace("d", d) for s in sizes)
         tensors.insert(at, f"{source(table)}.shape[-{len(sizes)}:] == ({expected})")
+    # What the branch states of an imported helper's body (a `torch.cat` of the tables, a constant) must
+    # mean here what it meant there: `torch` imported in both, not a name only the sibling binds.
+    foreign = unbound_name(
+        fn, [*evaluated, rewritten, r1, r2, *xs, *found[0].source_tables, *(t for t, _ in found[0].shapes)]
+    )
+    if foreign is not None:
+        name, where = foreign
+        return Outcome(
+            ROTARY,
+            f"rotary embedding not fused: the branch would read `{name}`, which `{where.name}` (the module the "
+            "helper is imported from) binds and this file does not bind the same way",
+            remedy=f"to fuse it, bind `{name}` in this file as `{where.name}` does",
+        )
     what = "interleaved rotary embedding" if mode == "interleave" else "rotary embedding"
     context = {
         "x": x_param,

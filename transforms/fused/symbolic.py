@@ -85,6 +85,10 @@ class Function:
     #: whose name is not among them.
     names: frozenset[str] | set[str] | None = None
 
+    #: The helpers the file imports from sibling modules (`imported.Scope`), for an idiom that follows them
+    #: (NPU703: `imported.following`); None when the file imports none or its place is not known.
+    imported: object | None = None
+
     @functools.cached_property
     def nodes(self) -> list[ast.AST]:
         """Every node of the function, walked once: each matcher looks through them."""
@@ -283,12 +287,13 @@ def cuda_only_tensor(test: ast.expr, fn: Function) -> str | None:
     return tested
 
 
-def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
+def fold(fn: Function, depth: int = 0, inlined: bool = False, unpack: bool = False) -> ast.expr:
     """The return expression of `fn` with its locals (and inlinable sibling calls) substituted. CUDA-only
     fast paths (`if fast_kernel is not None and x.is_cuda: return fast_kernel(x)`, an `else` or not) are
     skipped: their tests are false on an NPU, so a fused branch put first keeps them for CUDA. A matcher
     must check that they test the tensor its branch tests (`Function.fast_path_tensors`). An `inlined` function's are not: its parameters stand
-    for its caller's expressions, which the caller's branch does not test."""
+    for its caller's expressions, which the caller's branch does not test. With `unpack`, for a caller that
+    inlines helpers (`inline_functions`, which must then see every one), `a, b = helper(...)` is read too."""
     env: dict[str, ast.expr] = {}
     body = list(body_statements(fn.tree))
     fn.fast_path_tensors = []
@@ -343,6 +348,14 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
                 for index, element in enumerate(target.elts):
                     env[element.id] = ast.Subscript(value=value, slice=ast.Constant(index), ctx=ast.Load())
                 continue
+            if names and unpack and isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                # `q, k = apply_rotary(q, k, cos, sin)`: the items of what the helper returns, which
+                # `inline_functions` takes from the tuple its body builds, or declines (`UNPACKED`).
+                for index, element in enumerate(target.elts):
+                    item = ast.Subscript(value=value, slice=ast.Constant(index), ctx=ast.Load())
+                    item.npu_unpacked = len(target.elts)  # type: ignore[attr-defined]
+                    env[element.id] = item
+                continue
         first_line = ast.unparse(stmt).splitlines()[0]
         raise NotStraightLine(f"the body is not straight-line assignments (`{first_line}`)")
     raise NotStraightLine("it has no return value")
@@ -358,7 +371,8 @@ def _nested_function(fn: Function, node: ast.FunctionDef) -> None:
     free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - own
     if free & outer:
         raise NotStraightLine(f"the nested function `{node.name}` reads the enclosing function's names")
-    fn.functions = {**fn.functions, node.name: node}
+    extended = getattr(fn.functions, "with_function", None)  # `imported.Namespace`: nothing read to list it
+    fn.functions = extended(node.name, node) if extended is not None else {**fn.functions, node.name: node}
 
 
 def _inline_siblings(fn: Function, expr: ast.expr, depth: int) -> ast.expr:
@@ -499,22 +513,65 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
-            and node.func.id in fn.functions
             and node.func.id not in shadowed
-            and not node.keywords
-            and not any(isinstance(a, ast.Starred) for a in node.args)
+            and node.func.id in fn.functions
         ):
-            callee = Function(fn.functions[node.func.id], False, fn.qualname, {}, fn.functions, fn.api)
-            args = callee.tree.args
-            if len(callee.params) == len(node.args) and not (args.vararg or args.kwarg or args.kwonlyargs):
+            # An imported helper's own calls reach the functions of its module (`imported.Namespace.scope`).
+            scope = getattr(fn.functions, "scope", None)
+            functions = scope(node.func.id) if scope is not None else fn.functions
+            callee = Function(fn.functions[node.func.id], False, fn.qualname, {}, functions, fn.api)
+            bound = bind_arguments(callee.tree, node)
+            if bound is not None:
                 try:
-                    body = inline_functions(callee, fold(callee, inlined=True), depth + 1)
+                    body = inline_functions(callee, fold(callee, inlined=True, unpack=True), depth + 1)
                 except NotStraightLine:
                     return substitute_children(node, visit)
-                return substitute(body, dict(zip(callee.params, (visit(a) for a in node.args))))
+                return substitute(body, {name: visit(value) for name, value in bound.items()})
+        unpacked = getattr(node, "npu_unpacked", None)
+        if unpacked is not None:
+            # `q_embed, k_embed = apply_rotary(q, k, ...)` (`fold` with `unpack`): the item of the tuple the
+            # helper's body builds, of as many items as the names; anything else is not read (unpacking an
+            # iterable is no subscript of it).
+            value = visit(node.value)
+            if not (
+                isinstance(value, ast.Tuple)
+                and len(value.elts) == unpacked
+                and not any(isinstance(e, ast.Starred) for e in value.elts)
+            ):
+                raise NotStraightLine(
+                    f"it unpacks what `{ast.unparse(node.value.func)}` returns (not a tuple it builds)"
+                )
+            return value.elts[node.slice.value]
         return substitute_children(node, visit)
 
     return visit(expr)
+
+
+def bind_arguments(tree: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr] | None:
+    """Each parameter of `tree` with what `call` passes for it (by position or keyword) or its default, when
+    that default is a constant (a default expression is evaluated once, where the helper is defined); None
+    where the call cannot be bound so (`*args`, `**kwargs`, a default that is not a constant)."""
+    args = tree.args
+    if args.vararg or args.kwarg or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    positional = [*args.posonlyargs, *args.args]
+    if len(call.args) > len(positional):
+        return None
+    bound = {a.arg: value for a, value in zip(positional, call.args)}
+    by_keyword = {a.arg for a in (*args.args, *args.kwonlyargs)}
+    for keyword in call.keywords:
+        if keyword.arg is None or keyword.arg not in by_keyword or keyword.arg in bound:
+            return None
+        bound[keyword.arg] = keyword.value
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    for param, default in [*zip(positional, defaults), *zip(args.kwonlyargs, args.kw_defaults)]:
+        if param.arg in bound:
+            continue
+        constant = default.operand if isinstance(default, ast.UnaryOp) else default
+        if not isinstance(constant, ast.Constant):
+            return None
+        bound[param.arg] = default
+    return bound
 
 
 def contains_call(node: ast.AST) -> bool:
