@@ -29,6 +29,7 @@ from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.imported import NO_FILE, following, unbound_name, why_not_followed
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
+    STRAIGHT_LINE,
     Function,
     NotStraightLine,
     Outcome,
@@ -200,7 +201,7 @@ def _flags(node: ast.AST, memo: dict[int, int]) -> int:
     return found
 
 
-def sites(expr: ast.AST, fn: Function, declined: list[str] | None = None) -> list[Site]:
+def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -> list[Site]:
     """The rotary embeddings in `expr`, outermost first, by what each subexpression computes; the reason
     of each close miss goes to `declined`."""
     found: list[Site] = []
@@ -226,7 +227,7 @@ def sites(expr: ast.AST, fn: Function, declined: list[str] | None = None) -> lis
                 try:
                     meant = meaning(node, x, fn.qualname, structure)
                 except Declined as why:
-                    declined.append(str(why))
+                    declined.append(why)
                     continue
                 if meant is None:
                     continue
@@ -303,6 +304,7 @@ def match(fn: Function) -> Outcome | None:
             ROTARY,
             f"rotary embedding under `if {source(branch.test)}:` (complex numbers on one side, real tables on the"
             " other) left alone: the function is not straight-line code, and a branch must hold for both sides",
+            remedy="to fuse it, give each side a function of its own",
         )
     try:
         result = inline_functions(fn, fold(fn, unpack=True))
@@ -319,7 +321,7 @@ def match(fn: Function) -> Outcome | None:
             calls_rotation = False
         if not calls_rotation:
             return _rotate_helper_outcome(fn)
-        return Outcome(ROTARY, f"rotary embedding not fused: {why}")
+        return Outcome(ROTARY, f"rotary embedding not fused: {why}", remedy=STRAIGHT_LINE)
     outcome = _outcome(fn, result)
     if outcome is not None and outcome.template is None and len(body_statements(fn.tree)) > 1:
         # `x = self.bn(x)` or `x = torch.relu(x)` then the rotation: folded, the rotated tensor is that call
@@ -379,12 +381,14 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
 
 
 def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
-    declined: list[str] = []
+    declined: list[Declined] = []
     found = sites(result, fn, declined)
     if not found:
         if declined:
             return Outcome(
-                ROTARY, f"rotary embedding not fused: {declined[0]}, so it is not what npu_rotary_mul computes"
+                ROTARY,
+                f"rotary embedding not fused: {declined[0]}, so it is not what npu_rotary_mul computes",
+                remedy=declined[0].remedy,
             )
         return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn)
     modes = {s.mode for s in found}
@@ -427,6 +431,7 @@ def _unmatched_rotation(result: ast.expr, fn: Function) -> Outcome | None:
                     f"rotary embedding not fused: the rotation of `{source(found[1])}` is multiplied by a table, "
                     "but not summed as `x * cos + rotate(x) * sin` with that same x, which is what "
                     "npu_rotary_mul computes",
+                    remedy="to fuse it, rotate the tensor that is multiplied by cos, if that is what it means",
                 )
     return None
 
@@ -647,7 +652,11 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         rotated = rotated.func.value  # an upcast has x's shape
     for at, (table, sizes) in enumerate(found[0].shapes):
         if not (_plain(table) and _plain(rotated)):
-            return Outcome(ROTARY, f"rotary embedding not fused: the shape of `{source(table)}` cannot be checked")
+            return Outcome(
+                ROTARY,
+                f"rotary embedding not fused: the shape of `{source(table)}` cannot be checked",
+                remedy="to fuse it, bind that table and the rotated tensor to names before the rotation",
+            )
         d = f"{source(rotated)}.shape[-1]"
         expected = ", ".join(s.replace("d", d) for s in sizes)
         tensors.insert(at, f"{source(table)}.shape[-{len(sizes)}:] == ({expected})")
