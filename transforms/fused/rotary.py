@@ -54,7 +54,8 @@ ROTARY = Rule(
     summary="hand-written rotary embedding (`x * cos + rotate_half(x) * sin`) gets a guarded `torch_npu.npu_rotary_mul` branch",
     what="""
     Recognises a rotary embedding by what it computes, not by how it is written: the function's folded
-    expression (helpers inlined: module-level, nested in the body, sibling methods) is run on a small
+    expression (helpers inlined: module-level, nested in the body, sibling methods, or imported from a
+    sibling module, `from .rope import rotate_half`, read with `ast` and never imported) is run on a small
     symbolic tensor x (`transforms/fused/evaluator.py`), every subexpression that does not read x taken
     as an opaque table, and a subexpression is fused when each element of its result is
     `x[j] * C[j] + x[partner(j)] * sign * S[j]`, `npu_rotary_mul`'s `x * C + rotate(x) * S` in mode
@@ -91,8 +92,11 @@ ROTARY = Rule(
     (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
     original calls it again when the kernel does not apply). An operation the evaluator does not know is
     never guessed: the function is left alone, and one that multiplies what a `rotate*` helper returns
-    gets a finding saying why (the helper imported or not recognised, or the tensor it rotates computed
-    by a call the evaluator does not model).
+    gets a finding saying why (the helper imported from a module the tool cannot read, as from stdin, or
+    not recognised, or the tensor it rotates computed by a call the evaluator does not model). An imported
+    helper is followed one module deep, next to the file (relative imports through the package, absolute
+    ones from a script's folder or the package root); its names are read as its module binds them, and a
+    branch that would need a name this file does not bind alike is declined.
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
@@ -600,6 +604,18 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             "original would call it again where the kernel does not apply (running stats, random draws and hooks "
             "twice)",
             remedy="to fuse it, compute it in a statement of its own before the rotation",
+        )
+    # What the function does with the rotation besides tensor operations (`self.out(sdpa(q, k, v))` after
+    # `q, k = apply_rotary(...)`) the branch would repeat: a second copy of model code that other rules
+    # rewrite in the original only (NPU707's SDPA wrapper), and no longer one rotary embedding.
+    after = next((c for c in _user_calls(rewritten, fn) if source(c.func) != "_npu_rotary_mul"), None)
+    if after is not None:
+        return Outcome(
+            ROTARY,
+            f"rotary embedding not fused here: the branch would repeat `{source(after.func)}(...)`, which the "
+            "function calls on the rotated tensors",
+            remedy="to fuse it, rotate in a function of its own that returns the rotated tensors, which NPU703 "
+            "fuses where it is defined",
         )
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
         return Outcome(
