@@ -44,6 +44,19 @@ PACKAGES = {
     "palm-rlhf-pytorch": "0.8.0",
     "x-transformers": "2.31.10",
     "rotary-embedding-torch": "0.9.1",
+    # beyond last session's list
+    "open-clip-torch": "3.3.0",
+    "torchtitan": "0.3.0",
+    "ai2-olmo": "0.6.0",
+    "megatron-core": "0.19.2",
+    "ring-attention-pytorch": "0.5.20",
+    "colt5-attention": "0.11.2",
+    "recurrent-memory-transformer-pytorch": "0.7.0",
+    "vit-pytorch": "1.26.11",
+    "memorizing-transformers-pytorch": "0.4.1",
+    "toolformer-pytorch": "0.0.30",
+    "liger-kernel": "0.8.5",
+    "diffusers": "0.42.1",
 }
 
 
@@ -69,7 +82,7 @@ def fetch(package: str, cache: Path = CACHE) -> Path:
         return root
     downloads = cache / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(downloads)]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python", "--quiet", "-d", str(downloads)]
     subprocess.run([*command, f"{package}=={version}"], check=True, capture_output=True, text=True)
     stem = re.sub(r"[-_.]+", "[-_.]", package)
     archive = next(

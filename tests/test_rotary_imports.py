@@ -266,3 +266,34 @@ def test_editing_the_sibling_changes_the_next_cached_run(tmp_path, monkeypatch):
     (package / "rope").mkdir()
     (package / "rope" / "__init__.py").write_text(textwrap.dedent(ROPE).replace("(-x2, x1)", "(x2, x1)"))
     assert _cached_run(package, plan, tmp_path).diff == ""
+
+
+@pytest.mark.integration  # runs the migrated fixture with torch
+def test_a_staticmethod_rotation_fuses_both_tensors_and_a_broken_kernel_is_caught():
+    """torchtitan's spelling: `apply_rotary_emb(query, key, cache)` and `_rotate_half` staticmethods of the
+    class (the first parameter is no instance; `Class._rotate_half(x)` is inlined)."""
+    import torch
+    from conftest import FIXTURES
+
+    from npu_migrate.verify import reference
+
+    torch_npu = reference.torch_npu_module()
+    folder = FIXTURES / "rules" / "NPU703"
+    original, migrated = {}, {}
+    exec(compile((folder / "static_helper.in.py").read_text(), "in.py", "exec"), original)
+    exec(compile((folder / "static_helper.out.py").read_text(), "out.py", "exec"), migrated)
+    migrated["_is_npu"], migrated["torch_npu"] = (lambda x: True), torch_npu
+    q, k, cache = torch.randn(2, 3, 5, 8), torch.randn(2, 1, 5, 8), torch.randn(1, 1, 5, 16)
+    want = original["CosSinRope"].apply_rotary_emb(q, k, cache)
+    before = torch_npu.calls["npu_rotary_mul"]
+    got = migrated["CosSinRope"].apply_rotary_emb(q, k, cache)
+    assert torch_npu.calls["npu_rotary_mul"] - before == 2  # query and key, not one of them
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    real = torch_npu.npu_rotary_mul
+    torch_npu.npu_rotary_mul = lambda x, r1, r2, **kw: real(x, r1, -r2, **kw)
+    try:
+        broken = migrated["CosSinRope"].apply_rotary_emb(q, k, cache)
+    finally:
+        torch_npu.npu_rotary_mul = real
+    assert not torch.allclose(broken[0], want[0])

@@ -495,8 +495,13 @@ class FusedOpsChecker(TreeChecker):
         if not idioms or has_fused_branch(node):
             return
         siblings = {s.name: s for s in owner.body if isinstance(s, _DEFS)} if owner is not None else {}
-        fn = Function(node, owner is not None, self._qualname, siblings, self.functions, self.api, self.names)
+        # A staticmethod's first parameter is no instance (torchtitan's `apply_rotary_emb(query, key, cache)`).
+        method = owner is not None and not any(
+            isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list
+        )
+        fn = Function(node, method, self._qualname, siblings, self.functions, self.api, self.names)
         fn.imported = self.imported
+        fn.class_name = owner.name if owner is not None else None
         for idiom in idioms:
             outcome = idiom.match(fn)
             if outcome is not None:

@@ -89,6 +89,10 @@ class Function:
     #: (NPU703: `imported.following`); None when the file imports none or its place is not known.
     imported: object | None = None
 
+    #: The name of the class the function is defined in, if any: `ClassName.helper(x)` calls a staticmethod
+    #: sibling, which `inline_functions` inlines as a module function.
+    class_name: str | None = None
+
     @functools.cached_property
     def nodes(self) -> list[ast.AST]:
         """Every node of the function, walked once: each matcher looks through them."""
@@ -179,7 +183,9 @@ def straight_tail(fn: Function, start: int, keep: bool = False) -> Function:
     args.args = [*args.args, *(ast.arg(name) for name in dict.fromkeys(bound) if name not in known)]
     tree = copy.copy(fn.tree)
     tree.args, tree.body = args, [*kept, *body[start:]]
-    return Function(tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names)
+    return Function(
+        tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names, class_name=fn.class_name
+    )
 
 
 def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
@@ -499,9 +505,16 @@ def brief(message: str) -> str:
 def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
     """Replace calls of module-level functions (`rotate_half(q)`) by their folded bodies where possible,
     so an idiom is recognised by what a helper computes, whatever the helper is called."""
-    if not fn.functions or depth > 3:
+    # Staticmethods of the function's class, called through the class or the instance (`Rope._rotate_half(x)`).
+    static = {
+        name: tree
+        for name, tree in fn.siblings.items()
+        if any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in tree.decorator_list)
+    }
+    if not (fn.functions or static) or depth > 3:
         return expr
     shadowed = set(fn.params) | {a.arg for a in (*fn.tree.args.kwonlyargs,)} | {fn.tree.name}
+    owners = {fn.class_name, fn.self_name} - {None} - shadowed
     memo: dict[int, ast.AST] = {}
 
     def visit(node: ast.AST) -> ast.AST:
@@ -510,6 +523,7 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
         return memo[id(node)]
 
     def rewrite(node: ast.AST) -> ast.AST:
+        callee = None
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
@@ -520,6 +534,16 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
             scope = getattr(fn.functions, "scope", None)
             functions = scope(node.func.id) if scope is not None else fn.functions
             callee = Function(fn.functions[node.func.id], False, fn.qualname, {}, functions, fn.api)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in owners
+            and node.func.attr in static
+        ):
+            tree = static[node.func.attr]
+            callee = Function(tree, False, fn.qualname, fn.siblings, fn.functions, fn.api, class_name=fn.class_name)
+        if callee is not None:
             bound = bind_arguments(callee.tree, node)
             if bound is not None:
                 try:
