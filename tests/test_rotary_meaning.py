@@ -69,6 +69,16 @@ SOURCE = textwrap.dedent(
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+    def rope_shape_unpacked(x, cos, sin):
+        batch, seq_len, heads, head_dim = x.shape
+        assert head_dim % 2 == 0
+        x1 = x[..., : head_dim // 2]
+        x2 = x[..., head_dim // 2 :]
+        cos = cos[:seq_len].unsqueeze(0).unsqueeze(2)
+        sin = sin[:seq_len].unsqueeze(0).unsqueeze(2)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
     def rope_nested(x, cos, sin):
         def rotate_half(t):
             a, b = t.chunk(2, dim=-1)
@@ -125,6 +135,12 @@ def _pair_tables(dtype):
 def _full_tables(dtype):
     cos, sin = _half_tables(dtype)
     return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
+
+def _flat_tables(dtype):
+    """(S, D) tables, sliced to the sequence and unsqueezed by the function (NeMo's `apply_rope`)."""
+    cos, sin = _full_tables(dtype)
+    return torch.cat((cos[0, :, 0], cos[0, :1, 0])), torch.cat((sin[0, :, 0], sin[0, :1, 0]))
 
 
 def _rope_cache(dtype):
@@ -187,6 +203,19 @@ CASES = {
             "sign": ("_npu_rotary_mul(x, cos, sin,", "_npu_rotary_mul(x, cos, -sin,"),
             "pairing": ('rotary_mode="half")\n    x1', 'rotary_mode="interleave")\n    x1'),
             "repeat": ("_npu_rotary_mul(x, cos, sin,", "_npu_rotary_mul(x, cos.flip(-1), sin.flip(-1),"),
+        },
+    ),
+    "rope_shape_unpacked": (
+        SOURCE,
+        _flat_tables,
+        "half",
+        {
+            "sign": ("_npu_rotary_mul(x, _npu_cos, _npu_sin,", "_npu_rotary_mul(x, _npu_cos, -_npu_sin,"),
+            "pairing": ('_npu_sin, rotary_mode="half")\n    x1', '_npu_sin, rotary_mode="interleave")\n    x1'),
+            "repeat": (
+                "_npu_rotary_mul(x, _npu_cos, _npu_sin,",
+                "_npu_rotary_mul(x, _npu_cos.flip(-1), _npu_sin.flip(-1),",
+            ),
         },
     ),
     "rope_nested": (
@@ -341,4 +370,4 @@ def test_interleaved_spellings_are_declined_where_the_version_has_no_rotary_mode
     # ... and says what would let it apply (issue #25: a decline says what to do)
     assert sum("; to fuse it, target a torch_npu that has it" in m for m in messages) == 3, messages
     assert 'rotary_mode="interleave"' not in text
-    assert text.count('rotary_mode="half")') == 3  # the half-mode spellings still fused
+    assert text.count('rotary_mode="half")') == 4  # the half-mode spellings still fused

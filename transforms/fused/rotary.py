@@ -469,6 +469,13 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                     "model, so it cannot be shown to be the tensor multiplied by cos"
                 )
                 remedy = "to fuse it, compute that tensor in a statement of its own (`x = ...`) before the rotation"
+            elif isinstance(factor.func, ast.Name) and name in fn.functions and _branches(fn.functions[name]):
+                # Megatron's `_rotate_half(x, rotary_interleaved)`: `if not rotary_interleaved: <half> else: <pairs>`.
+                why = (
+                    f"`{name}` has control flow (`{_branches(fn.functions[name])}`): which rotation it computes is "
+                    "only decided at run time"
+                )
+                remedy = "to fuse it, write one straight-line helper per rotation and choose between them in the caller"
             elif isinstance(factor.func, ast.Name) and name in fn.functions:
                 why = (
                     f"`{name}` is not recognised as rotate_half (`cat((-x2, x1), -1)` of the halves of the last "
@@ -494,6 +501,13 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                 remedy = f"to fuse it, define `{name}` once, at module level, as straight-line code"
             return Outcome(ROTARY, f"rotary embedding not fused: {why}", remedy=remedy)
     return None
+
+
+def _branches(helper: ast.FunctionDef) -> str | None:
+    """The first line of the first statement of `helper`'s body that is no straight-line code, if any."""
+    blocks = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.Match)
+    found = next((stmt for stmt in body_statements(helper) if isinstance(stmt, blocks)), None)
+    return None if found is None else ast.unparse(found).splitlines()[0]
 
 
 def _unmodelled_argument(call: ast.Call, fn: Function) -> ast.expr | None:

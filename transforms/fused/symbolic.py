@@ -201,8 +201,8 @@ def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
             continue
         targets = stmt.targets[0]
-        # what `fold` reads: a name, or names from a tuple of as many values
-        pairs = isinstance(targets, ast.Tuple) and isinstance(stmt.value, ast.Tuple)
+        # what `fold` reads: a name, or names from a tuple of as many values, or a shape's sizes
+        pairs = isinstance(targets, ast.Tuple) and (isinstance(stmt.value, ast.Tuple) or _shape_of(stmt.value))
         names = [targets] if isinstance(targets, ast.Name) else targets.elts if pairs else None
         if not names or not all(isinstance(n, ast.Name) for n in names):
             continue
@@ -240,6 +240,15 @@ def substitute(node: ast.AST, env: dict[str, ast.expr]) -> ast.AST:
     if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
         raise NotStraightLine("it binds names in a nested scope")
     return substitute_children(node, lambda child: substitute(child, env))
+
+
+def _shape_of(value: ast.expr) -> bool:
+    """`x.shape` or `x.size()` of a name: a tuple of sizes, `b, h, s, d = x.shape` its items (NeMo's
+    `batch_size, num_heads, seq_len, head_dim = x.shape` before slicing by `head_dim // 2`)."""
+    if isinstance(value, ast.Attribute) and value.attr == "shape":
+        return isinstance(value.value, ast.Name)
+    call = method_call(value, "size")
+    return call is not None and not call.args and not call.keywords and isinstance(call.func.value, ast.Name)
 
 
 def _chunk_call(value: ast.expr, qualname) -> bool:
@@ -348,6 +357,7 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False, unpack: bool = Fal
                 and _chunk_call(value, fn.qualname)
                 or isinstance(stmt.value, ast.Name)
                 or method_call(value, "unbind") is not None
+                or _shape_of(stmt.value)
             ):
                 # `a, b = t.chunk(2)`, `a, b = t.unbind(-2)` or `cos, sin = freqs` (a list of tables): the
                 # parts by index, sharing the unpacked value, which the original evaluates once.
