@@ -125,7 +125,7 @@ def _functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
     return found
 
 
-_TABLE = re.compile(r"\*\s*\(?\s*(\w+\.)?(cos|sin|freqs\w*|rope\w*|f\b|rot\w*)|view_as_complex\(")
+_TABLE = re.compile(r"\*\s*\(?\s*(\w+\.)?(\w*(cos|sin|freqs|rope|rot)\w*|f\b)|view_as_complex\(")
 _ROTATION = re.compile(r"rotate|rot\(|view_as_complex|\[\.\.\., *[01]\]|\bx1\b|\bx2\b")
 
 

@@ -47,8 +47,22 @@ _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 def _bound_once_by_import(tree: ast.Module) -> dict[str, ast.ImportFrom]:
     """The module-level names one top-level `from X import name` binds and nothing else binds."""
+    imported, _, counts = _bindings(tree)
+    return {name: stmt for name, stmt in imported.items() if counts.get(name) == 1}
+
+
+def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    """The functions a module defines once, at top level, and binds no other way (as the fused checker's
+    own `_ModuleFunctions`): which definition a call of any other reaches is not known."""
+    _, defs, counts = _bindings(tree)
+    return {name: node for name, node in defs.items() if counts.get(name) == 1}
+
+
+def _bindings(tree: ast.Module) -> tuple[dict[str, ast.ImportFrom], dict[str, ast.FunctionDef], dict[str, int]]:
+    """(names bound by a top-level `from ... import`, top-level defs, how often each module-level name is bound)."""
     counts: dict[str, int] = {}
     imported: dict[str, ast.ImportFrom] = {}
+    defs: dict[str, ast.FunctionDef] = {}
 
     def bind(name: str) -> None:
         counts[name] = counts.get(name, 0) + 1
@@ -64,6 +78,8 @@ def _bound_once_by_import(tree: ast.Module) -> dict[str, ast.ImportFrom]:
                 bind(alias.asname or alias.name.split(".")[0])
         elif isinstance(stmt, (*_DEFS, ast.ClassDef)):
             bind(stmt.name)
+            if isinstance(stmt, _DEFS):
+                defs[stmt.name] = stmt
         else:  # assignments, and whatever a block at module level binds (a try-import's fallback)
             for node in ast.walk(stmt):
                 if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
@@ -73,7 +89,7 @@ def _bound_once_by_import(tree: ast.Module) -> dict[str, ast.ImportFrom]:
                 elif isinstance(node, (ast.Import, ast.ImportFrom)):
                     for alias in node.names:
                         bind(alias.asname or alias.name.split(".")[0])
-    return {name: stmt for name, stmt in imported.items() if counts.get(name) == 1}
+    return imported, defs, counts
 
 
 def _spelled(stmt: ast.ImportFrom) -> str:
@@ -103,10 +119,8 @@ class _Module:
     """A sibling module, parsed: its functions and how its names resolve."""
 
     def __init__(self, path: Path, tree: ast.Module) -> None:
-        from npu_migrate.transforms.fused import _ModuleFunctions  # the package imports this module's users
-
         self.path, self.tree = path, tree
-        self.functions = _ModuleFunctions(tree)
+        self.functions = _module_functions(tree)
         self.names = Names.of(tree)
         #: The Name nodes of the module: a name of a folded expression is the sibling's when it is one of these.
         self.name_ids = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Name)}
