@@ -229,7 +229,12 @@ def test_the_sibling_is_parsed_never_imported(tmp_path):
 
 
 def test_a_syntax_error_or_a_huge_sibling_is_declined(tmp_path):
+    from npu_migrate.transforms.fused.imported import MAX_BYTES
+
     package = _package(tmp_path, {"rope.py": ROPE + "\ndef broken(:\n", "model.py": HALF})
+    _, findings = _migrate(package / "model.py")
+    assert not _fused(findings) and any("`.rope`, which does not parse" in m for m in _messages(findings))
+    (package / "rope.py").write_text(textwrap.dedent(ROPE) + "#" * MAX_BYTES + "\n")
     _, findings = _migrate(package / "model.py")
     assert not _fused(findings) and any("no readable Python file" in m for m in _messages(findings))
 

@@ -24,8 +24,11 @@ result depends on it, and a cached result is only reused while each reads the sa
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import functools
+import hashlib
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -115,6 +118,27 @@ def _module_file(file: Path, stmt: ast.ImportFrom) -> list[Path]:
     return [where.with_name(where.name + ".py"), where / "__init__.py"]
 
 
+#: Sibling modules parsed in this process, by path and content: the files of one package import the same
+#: few modules, and each is parsed once, not once per file (`ast` trees are never modified here).
+_PARSED: collections.OrderedDict[tuple[str, bytes], _Module | None] = collections.OrderedDict()
+_PARSED_KEEP = 32
+
+
+def _parsed(path: Path, data: bytes) -> _Module | None:
+    key = (str(path), hashlib.sha1(data).digest())
+    if key in _PARSED:
+        _PARSED.move_to_end(key)
+        return _PARSED[key]
+    try:
+        module = _Module(path, ast.parse(data, filename=str(path)))
+    except (SyntaxError, ValueError, RecursionError):
+        module = None
+    _PARSED[key] = module
+    if len(_PARSED) > _PARSED_KEEP:
+        _PARSED.popitem(last=False)
+    return module
+
+
 class _Module:
     """A sibling module, parsed: its functions and how its names resolve."""
 
@@ -132,7 +156,9 @@ class Scope:
 
     def __init__(self, tree: ast.Module, file: Path | None) -> None:
         self.tree, self._file = tree, file
-        self._modules: dict[str, _Module | None] = {}  # path -> module (None: unreadable)
+        self._texts: dict[str, bytes | None] = {}  # path -> its bytes (None: no readable file)
+        self._modules: dict[str, _Module | None] = {}  # path -> module parsed (None: it does not parse)
+        self._owners: dict[int, _Module] = {}  # id of a Name node of a parsed module -> that module
         self._found: dict[str, tuple[ast.FunctionDef, _Module] | None] = {}
         #: Imported name -> why it is not followed, once looked up and not found.
         self.why: dict[str, str] = {}
@@ -163,24 +189,41 @@ class Scope:
         if self.file is None:
             self.why[name] = NO_FILE
             return None
-        module = None
+        original = stmt.names[[a.asname or a.name for a in stmt.names].index(name)].name
+        data = path = None
         for candidate in _module_file(self.file, stmt):
             key = str(candidate)
-            if key not in self._modules:
-                if sum(m is not None for m in self._modules.values()) >= MAX_MODULES:
-                    self.why[name] = f"imported from `{spelled}`, past the {MAX_MODULES} sibling modules read per file"
-                    return None
-                self._modules[key] = self._read(candidate)
-            module = self._modules[key]
-            if module is not None:
+            if key not in self._texts:
+                self._texts[key] = depends.read(candidate, MAX_BYTES)
+            data, path = self._texts[key], candidate
+            if data is not None:
                 break
-        if module is None:
+        if data is None:
             self.why[name] = (
                 f"imported from `{spelled}`, which is no readable Python file next to this one (at most "
                 f"{MAX_BYTES // 1024} KiB)"
             )
             return None
-        original = stmt.names[[a.asname or a.name for a in stmt.names].index(name)].name
+        # Most imported names a model calls are classes and utilities (`BaseModelOutputWithPast`, a mask
+        # builder): a module without a top-level `def <name>(` is not parsed for them.
+        spelled_def = b"def " + original.encode()
+        if spelled_def not in data or not re.search(
+            rb"^(?:async[ \t]+)?def[ \t]+" + re.escape(original.encode()) + rb"[ \t]*\(", data, re.M
+        ):
+            self.why[name] = f"imported from `{spelled}`, where `{original}` is not a function defined at module level"
+            return None
+        key = str(path)
+        if key not in self._modules:
+            if len(self._modules) >= MAX_MODULES:
+                self.why[name] = f"imported from `{spelled}`, past the {MAX_MODULES} sibling modules read per file"
+                return None
+            self._modules[key] = _parsed(path, data)
+            if self._modules[key] is not None:
+                self._owners.update(dict.fromkeys(self._modules[key].name_ids, self._modules[key]))
+        module = self._modules[key]
+        if module is None:
+            self.why[name] = f"imported from `{spelled}`, which does not parse"
+            return None
         if original not in module.functions:
             self.why[name] = (
                 f"imported from `{spelled}`, where `{original}` is not one function defined once at module level"
@@ -188,25 +231,19 @@ class Scope:
             return None
         return module.functions[original], module
 
-    @staticmethod
-    def _read(path: Path) -> _Module | None:
-        data = depends.read(path, MAX_BYTES)
-        if data is None:
-            return None
-        try:
-            return _Module(path, ast.parse(data, filename=str(path)))
-        except (SyntaxError, ValueError, RecursionError):
-            return None
-
     def qualname(self, own: Callable[[ast.expr], str | None]) -> Callable[[ast.expr], str | None]:
         """The resolver of a folded expression that may hold the sibling's nodes: a name chain resolves in
         the module its first name was written in (`torch.cat` of `rope.py` through `rope.py`'s imports)."""
 
+        owners = self._owners  # filled as modules are parsed
+
         def resolve(node: ast.expr) -> str | None:
+            if not owners:
+                return own(node)
             base = node
             while isinstance(base, ast.Attribute):
                 base = base.value
-            module = self._owner(base)
+            module = owners.get(id(base))
             return (module.names.resolve if module is not None else own)(node)
 
         resolve.scope = self  # type: ignore[attr-defined]
@@ -214,14 +251,12 @@ class Scope:
         return resolve
 
     def _owner(self, node: ast.AST) -> _Module | None:
-        if not isinstance(node, ast.Name):
-            return None
-        return next((m for m in self._modules.values() if m is not None and id(node) in m.name_ids), None)
+        return self._owners.get(id(node)) if isinstance(node, ast.Name) else None
 
     def unbound(self, exprs: list[ast.AST], own: Callable[[ast.expr], str | None]) -> tuple[str, Path] | None:
         """The first name of `exprs` written in a sibling module that this file does not bind to the same
         thing (`torch` imported there and here is the same; a constant of `rope.py` is not), with its module."""
-        if not any(m is not None for m in self._modules.values()):
+        if not self._owners:
             return None
         for expr in exprs:
             for node in _walk(expr):
