@@ -82,7 +82,17 @@ def fetch(package: str, cache: Path = CACHE) -> Path:
         return root
     downloads = cache / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python", "--quiet", "-d", str(downloads)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--ignore-requires-python",
+        "--quiet",
+        "-d",
+        str(downloads),
+    ]
     subprocess.run([*command, f"{package}=={version}"], check=True, capture_output=True, text=True)
     stem = re.sub(r"[-_.]+", "[-_.]", package)
     archive = next(
