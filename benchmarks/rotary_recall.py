@@ -44,8 +44,8 @@ PACKAGES = {
     "palm-rlhf-pytorch": "0.8.0",
     "x-transformers": "2.31.10",
     "rotary-embedding-torch": "0.9.1",
-    # beyond last session's list
-    "open-clip-torch": "3.3.0",
+    # beyond last session's list (open-clip-torch 3.3.0 and memorizing-transformers-pytorch 0.4.1 were
+    # tried too: no rotary embedding applied in either)
     "torchtitan": "0.3.0",
     "ai2-olmo": "0.6.0",
     "megatron-core": "0.19.2",
@@ -53,7 +53,6 @@ PACKAGES = {
     "colt5-attention": "0.11.2",
     "recurrent-memory-transformer-pytorch": "0.7.0",
     "vit-pytorch": "1.26.11",
-    "memorizing-transformers-pytorch": "0.4.1",
     "toolformer-pytorch": "0.0.30",
     "liger-kernel": "0.8.5",
     "diffusers": "0.42.1",

@@ -69,6 +69,11 @@ SOURCE = textwrap.dedent(
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+    def rope_unflatten(x, cos, sin):
+        x1, x2 = x.unflatten(-1, (2, -1)).unbind(-2)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
     def rope_shape_unpacked(x, cos, sin):
         batch, seq_len, heads, head_dim = x.shape
         assert head_dim % 2 == 0
@@ -196,6 +201,16 @@ CASES = {
         },
     ),
     "rope_einops": (
+        SOURCE,
+        _full_tables,
+        "half",
+        {
+            "sign": ("_npu_rotary_mul(x, cos, sin,", "_npu_rotary_mul(x, cos, -sin,"),
+            "pairing": ('rotary_mode="half")\n    x1', 'rotary_mode="interleave")\n    x1'),
+            "repeat": ("_npu_rotary_mul(x, cos, sin,", "_npu_rotary_mul(x, cos.flip(-1), sin.flip(-1),"),
+        },
+    ),
+    "rope_unflatten": (
         SOURCE,
         _full_tables,
         "half",
@@ -370,4 +385,4 @@ def test_interleaved_spellings_are_declined_where_the_version_has_no_rotary_mode
     # ... and says what would let it apply (issue #25: a decline says what to do)
     assert sum("; to fuse it, target a torch_npu that has it" in m for m in messages) == 3, messages
     assert 'rotary_mode="interleave"' not in text
-    assert text.count('rotary_mode="half")') == 4  # the half-mode spellings still fused
+    assert text.count('rotary_mode="half")') == 5  # the half-mode spellings still fused
