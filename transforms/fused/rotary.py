@@ -90,7 +90,9 @@ ROTARY = Rule(
     where the torch_npu version has no rotary_mode, a rotation under control flow, rotations with
     different tables in one function, a branch that would call anything but a tensor operation
     (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
-    original calls it again when the kernel does not apply). An operation the evaluator does not know is
+    original calls it again when the kernel does not apply), or that would repeat what the function calls
+    on the rotated tensors (`self.out(sdpa(q, k, v))` after `q, k = apply_rotary(...)`: the helper gets
+    its own branch). An operation the evaluator does not know is
     never guessed: the function is left alone, and one that multiplies what a `rotate*` helper returns
     gets a finding saying why (the helper imported from a module the tool cannot read, as from stdin, or
     not recognised, or the tensor it rotates computed by a call the evaluator does not model). An imported
