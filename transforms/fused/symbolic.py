@@ -310,11 +310,15 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False, unpack: bool = Fal
     for its caller's expressions, which the caller's branch does not test. With `unpack`, for a caller that
     inlines helpers (`inline_functions`, which must then see every one), `a, b = helper(...)` is read too."""
     env: dict[str, ast.expr] = {}
+    #: `out = torch.empty_like(t)` whose elements are being written (`unpack`): name -> (t, parity -> value).
+    filling: dict[str, tuple[ast.expr, dict[int, ast.expr]]] = {}
     body = list(body_statements(fn.tree))
     fn.fast_path_tensors = []
     while body:
         stmt = body.pop(0)
         if isinstance(stmt, ast.Pass):
+            continue
+        if unpack and _fill(stmt, env, filling, fn.qualname):
             continue
         tested = None if inlined or not isinstance(stmt, ast.If) else cuda_only_tensor(stmt.test, fn)
         if tested is not None and tested not in env and isinstance(stmt.body[-1], ast.Return):
@@ -375,6 +379,65 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False, unpack: bool = Fal
         first_line = ast.unparse(stmt).splitlines()[0]
         raise NotStraightLine(f"the body is not straight-line assignments (`{first_line}`)")
     raise NotStraightLine("it has no return value")
+
+
+def _fill(
+    stmt: ast.stmt, env: dict[str, ast.expr], filling: dict[str, tuple[ast.expr, dict[int, ast.expr]]], qualname
+) -> bool:
+    """Wan's interleaved rotation written element-wise into a new tensor: `out = torch.empty_like(x)`, then
+    `out[..., 0::2] = a` and `out[..., 1::2] = b`, every element written once, is `stack((a, b), -1)
+    .flatten(-2)` in `x`'s dtype (what the assignments cast to): `out` is bound to that once both are
+    written. True when `stmt` was such a statement; a statement that reads `out` before raises."""
+    if filling and any(
+        isinstance(n, ast.Name) and n.id in filling and isinstance(n.ctx, ast.Load)
+        for n in ast.walk(stmt.value if isinstance(stmt, ast.Assign) else stmt)
+    ):
+        raise NotStraightLine("it reads a tensor before all its elements are written")
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+        return False
+    target, value = stmt.targets[0], stmt.value
+    if (
+        isinstance(target, ast.Name)
+        and isinstance(value, ast.Call)
+        and qualname(value.func) in ("torch.empty_like", "torch.zeros_like")
+        and len(value.args) == 1
+        and not value.keywords
+    ):
+        filling[target.id] = (substitute(value.args[0], env), {})
+        env.pop(target.id, None)
+        return True
+    if not (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id in filling):
+        if isinstance(target, ast.Name):
+            filling.pop(target.id, None)  # rebound unread: what was written to it is never read
+        return False
+    index = target.slice
+    parity = None
+    if (
+        isinstance(index, ast.Tuple)
+        and len(index.elts) == 2
+        and isinstance(index.elts[0], ast.Constant)
+        and index.elts[0].value is Ellipsis
+        and isinstance(index.elts[1], ast.Slice)
+    ):
+        part = index.elts[1]
+        lower = 0 if part.lower is None else getattr(part.lower, "value", None)
+        if part.upper is None and isinstance(part.step, ast.Constant) and part.step.value == 2 and lower in (0, 1):
+            parity = lower
+    like, written = filling[target.value.id]
+    if parity is None or parity in written:
+        raise NotStraightLine(f"it writes `{ast.unparse(target)}`, not one parity of the last dim once")
+    written[parity] = substitute(value, env)
+    if len(written) == 2:
+        load = ast.Load()
+        stacked = ast.Call(
+            ast.Attribute(ast.Name("torch", load), "stack", load),
+            [ast.Tuple([written[0], written[1]], load)],
+            [ast.keyword("dim", ast.Constant(-1))],
+        )
+        flat = ast.Call(ast.Attribute(stacked, "flatten", load), [ast.Constant(-2)], [])
+        env[target.value.id] = ast.Call(ast.Attribute(flat, "type_as", load), [like], [])
+        del filling[target.value.id]
+    return True
 
 
 def _nested_function(fn: Function, node: ast.FunctionDef) -> None:
