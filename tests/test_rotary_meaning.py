@@ -69,6 +69,32 @@ SOURCE = textwrap.dedent(
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+    def rope_written_into(x, freqs_cos, freqs_sin):
+        """Wan's spelling: the pairs written element-wise into a new tensor."""
+        x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+        cos = freqs_cos[..., 0::2]
+        sin = freqs_sin[..., 1::2]
+        out = torch.empty_like(x)
+        out[..., 0::2] = x1 * cos - x2 * sin
+        out[..., 1::2] = x1 * sin + x2 * cos
+        return out.type_as(x)
+
+
+    def rope_unflatten(x, cos, sin):
+        x1, x2 = x.unflatten(-1, (2, -1)).unbind(-2)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+    def rope_shape_unpacked(x, cos, sin):
+        batch, seq_len, heads, head_dim = x.shape
+        assert head_dim % 2 == 0
+        x1 = x[..., : head_dim // 2]
+        x2 = x[..., head_dim // 2 :]
+        cos = cos[:seq_len].unsqueeze(0).unsqueeze(2)
+        sin = sin[:seq_len].unsqueeze(0).unsqueeze(2)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
     def rope_nested(x, cos, sin):
         def rotate_half(t):
             a, b = t.chunk(2, dim=-1)
@@ -125,6 +151,18 @@ def _pair_tables(dtype):
 def _full_tables(dtype):
     cos, sin = _half_tables(dtype)
     return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
+
+def _flat_tables(dtype):
+    """(S, D) tables, sliced to the sequence and unsqueezed by the function (NeMo's `apply_rope`)."""
+    cos, sin = _full_tables(dtype)
+    return torch.cat((cos[0, :, 0], cos[0, :1, 0])), torch.cat((sin[0, :, 0], sin[0, :1, 0]))
+
+
+def _pair_repeated_tables(dtype):
+    """Wan's tables: (1, S, 1, D), each angle's cos and sin repeated for its pair."""
+    theta = _angles()[None, :, None, :].repeat_interleave(2, dim=-1)
+    return theta.cos().to(dtype), theta.sin().to(dtype)
 
 
 def _rope_cache(dtype):
@@ -187,6 +225,39 @@ CASES = {
             "sign": ("_npu_rotary_mul(x, cos, sin,", "_npu_rotary_mul(x, cos, -sin,"),
             "pairing": ('rotary_mode="half")\n    x1', 'rotary_mode="interleave")\n    x1'),
             "repeat": ("_npu_rotary_mul(x, cos, sin,", "_npu_rotary_mul(x, cos.flip(-1), sin.flip(-1),"),
+        },
+    ),
+    "rope_written_into": (
+        SOURCE,
+        _pair_repeated_tables,
+        "interleave",
+        {
+            "sign": ("_npu_sin = freqs_sin[..., 1::2]", "_npu_sin = -freqs_sin[..., 1::2]"),
+            "pairing": ('rotary_mode="interleave")\n    x1', 'rotary_mode="half")\n    x1'),
+            "repeat": ("freqs_cos[..., 0::2].repeat_interleave(2, dim=-1)", "freqs_cos[..., 0::2].tile((2,))"),
+        },
+    ),
+    "rope_unflatten": (
+        SOURCE,
+        _full_tables,
+        "half",
+        {
+            "sign": ("_npu_rotary_mul(x, cos, sin,", "_npu_rotary_mul(x, cos, -sin,"),
+            "pairing": ('rotary_mode="half")\n    x1', 'rotary_mode="interleave")\n    x1'),
+            "repeat": ("_npu_rotary_mul(x, cos, sin,", "_npu_rotary_mul(x, cos.flip(-1), sin.flip(-1),"),
+        },
+    ),
+    "rope_shape_unpacked": (
+        SOURCE,
+        _flat_tables,
+        "half",
+        {
+            "sign": ("_npu_rotary_mul(x, _npu_cos, _npu_sin,", "_npu_rotary_mul(x, _npu_cos, -_npu_sin,"),
+            "pairing": ('_npu_sin, rotary_mode="half")\n    x1', '_npu_sin, rotary_mode="interleave")\n    x1'),
+            "repeat": (
+                "_npu_rotary_mul(x, _npu_cos, _npu_sin,",
+                "_npu_rotary_mul(x, _npu_cos.flip(-1), _npu_sin.flip(-1),",
+            ),
         },
     ),
     "rope_nested": (
@@ -337,8 +408,8 @@ def test_close_but_not_equal_is_declined_with_what_differs(name):
 def test_interleaved_spellings_are_declined_where_the_version_has_no_rotary_mode():
     text, findings = migrate_text(SOURCE, path="rope.py", select=["NPU703"], torch_npu_version="2.1.0.post8")
     messages = [f.message for f in findings if f.rule_id == "NPU703"]
-    assert sum("has no rotary_mode='interleave'" in m for m in messages) == 3, messages
+    assert sum("has no rotary_mode='interleave'" in m for m in messages) == 4, messages
     # ... and says what would let it apply (issue #25: a decline says what to do)
-    assert sum("; to fuse it, target a torch_npu that has it" in m for m in messages) == 3, messages
+    assert sum("; to fuse it, target a torch_npu that has it" in m for m in messages) == 4, messages
     assert 'rotary_mode="interleave"' not in text
-    assert text.count('rotary_mode="half")') == 3  # the half-mode spellings still fused
+    assert text.count('rotary_mode="half")') == 5  # the half-mode spellings still fused

@@ -75,6 +75,7 @@ from npu_migrate.transforms.fused.helpers import (
     rendered,
 )
 from npu_migrate.transforms.fused.idiom import Idiom
+from npu_migrate.transforms.fused.imported import Scope
 from npu_migrate.transforms.fused.symbolic import Function, Outcome, brief, has_fused_branch
 
 
@@ -430,6 +431,8 @@ class FusedOpsChecker(TreeChecker):
         self.alternatives = names.alternatives
         self._qualname = names.resolve
         self.functions = _ModuleFunctions(tree)
+        # Helpers imported from sibling modules, read only when an idiom follows one (NPU703).
+        self.imported = Scope(tree, getattr(source, "file", None))
         self.reports: list[TreeReport] = []
         #: Per rewrite: the helper templates it needs, those its own code calls, and its report.
         self.applied: list[tuple[list[str], list[str], TreeReport]] = []
@@ -504,7 +507,13 @@ class FusedOpsChecker(TreeChecker):
         if not idioms or has_fused_branch(node):
             return
         siblings = {s.name: s for s in owner.body if isinstance(s, _DEFS)} if owner is not None else {}
-        fn = Function(node, owner is not None, self._qualname, siblings, self.functions, self.api, self.names)
+        # A staticmethod's first parameter is no instance (torchtitan's `apply_rotary_emb(query, key, cache)`).
+        method = owner is not None and not any(
+            isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list
+        )
+        fn = Function(node, method, self._qualname, siblings, self.functions, self.api, self.names)
+        fn.imported = self.imported
+        fn.class_name = owner.name if owner is not None else None
         for idiom in idioms:
             outcome = idiom.match(fn)
             if outcome is not None:

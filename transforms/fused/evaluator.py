@@ -10,7 +10,7 @@ rational coefficients, complex entries a pair (real, imaginary) of them, so two 
 computation give equal polynomials and a wrong sign, pairing or repeat gives different ones.
 
 Only the operations the class implements are understood (indexing and slicing, `cat` / `stack` /
-`unbind` / `chunk` / `split`, `reshape` / `view` / `flatten` / `unsqueeze` / `transpose` / `permute`,
+`unbind` / `chunk` / `split`, `reshape` / `view` / `flatten` / `unflatten` / `unsqueeze` / `transpose` / `permute`,
 `flip`, `view_as_complex` / `view_as_real`, products, sums, negation, casts, einops `rearrange`);
 anything else raises `Unknown`, and the matcher declines: a computation it cannot read is never
 guessed. The interpreter never imports torch.
@@ -119,6 +119,11 @@ class Tensor:
             return self.reshape((1,))
         start, end = self.dim(start), self.dim(end)
         return self.reshape((*self.shape[:start], -1, *self.shape[end + 1 :]))
+
+    def unflatten(self, d: int, sizes: tuple[int, ...]) -> Tensor:
+        """Dim `d` split into `sizes` (one of them may be -1), as `torch.unflatten`."""
+        d = self.dim(d)
+        return self.reshape((*self.shape[:d], *sizes, *self.shape[d + 1 :]))
 
     def unsqueeze(self, d: int) -> Tensor:
         d = d if d >= 0 else d + self.ndim + 1
@@ -793,6 +798,9 @@ _METHODS: dict[str, Callable] = {
     "view_as": lambda ev, t, a, k: t.reshape(ev.tensor(_bind(a, k, [("other", ...)])[0]).shape),
     "flatten": _flatten_m,
     "unsqueeze": lambda ev, t, a, k: t.unsqueeze(*_bind(a, k, [("dim", ...)])),
+    "unflatten": lambda ev, t, a, k: (lambda d, sizes: t.unflatten(d, _ints(sizes)))(
+        *_bind(a, k, [("dim", ...), ("sizes", ...)])
+    ),
     "squeeze": _squeeze_m,
     "transpose": lambda ev, t, a, k: t.transpose(*_bind(a, k, [("dim0", ...), ("dim1", ...)])),
     "permute": _permute_m,
@@ -883,6 +891,7 @@ _FUNCTIONS: dict[str, Callable] = {
             "flip",
             "neg",
             "unsqueeze",
+            "unflatten",
             "squeeze",
             "transpose",
             "permute",

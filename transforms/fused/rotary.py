@@ -26,9 +26,11 @@ from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.program.api import load_table
 from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS, Structure, chain_base
 from npu_migrate.transforms.fused.idiom import Idiom
+from npu_migrate.transforms.fused.imported import NO_FILE, following, unbound_name, why_not_followed
 from npu_migrate.transforms.fused.rotary_screen import may_hold_site, may_rotate
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
+    STRAIGHT_LINE,
     Function,
     NotStraightLine,
     Outcome,
@@ -53,7 +55,8 @@ ROTARY = Rule(
     summary="hand-written rotary embedding (`x * cos + rotate_half(x) * sin`) gets a guarded `torch_npu.npu_rotary_mul` branch",
     what="""
     Recognises a rotary embedding by what it computes, not by how it is written: the function's folded
-    expression (helpers inlined: module-level, nested in the body, sibling methods) is run on a small
+    expression (helpers inlined: module-level, nested in the body, sibling methods, or imported from a
+    sibling module, `from .rope import rotate_half`, read with `ast` and never imported) is run on a small
     symbolic tensor x (`transforms/fused/evaluator.py`), every subexpression that does not read x taken
     as an opaque table, and a subexpression is fused when each element of its result is
     `x[j] * C[j] + x[partner(j)] * sign * S[j]`, `npu_rotary_mul`'s `x * C + rotate(x) * S` in mode
@@ -88,10 +91,15 @@ ROTARY = Rule(
     where the torch_npu version has no rotary_mode, a rotation under control flow, rotations with
     different tables in one function, a branch that would call anything but a tensor operation
     (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
-    original calls it again when the kernel does not apply). An operation the evaluator does not know is
+    original calls it again when the kernel does not apply), or that would repeat what the function calls
+    on the rotated tensors (`self.out(sdpa(q, k, v))` after `q, k = apply_rotary(...)`: the helper gets
+    its own branch). An operation the evaluator does not know is
     never guessed: the function is left alone, and one that multiplies what a `rotate*` helper returns
-    gets a finding saying why (the helper imported or not recognised, or the tensor it rotates computed
-    by a call the evaluator does not model).
+    gets a finding saying why (the helper imported from a module the tool cannot read, as from stdin, or
+    not recognised, or the tensor it rotates computed by a call the evaluator does not model). An imported
+    helper is followed one module deep, next to the file (relative imports through the package, absolute
+    ones from a script's folder or the package root); its names are read as its module binds them, and a
+    branch that would need a name this file does not bind alike is declined.
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
@@ -200,7 +208,7 @@ def _flags(node: ast.AST, memo: dict[int, int]) -> int:
     return found
 
 
-def sites(expr: ast.AST, fn: Function, declined: list[str] | None = None) -> list[Site]:
+def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -> list[Site]:
     """The rotary embeddings in `expr`, outermost first, by what each subexpression computes; the reason
     of each close miss goes to `declined`."""
     found: list[Site] = []
@@ -226,7 +234,7 @@ def sites(expr: ast.AST, fn: Function, declined: list[str] | None = None) -> lis
                 try:
                     meant = meaning(node, x, fn.qualname, structure)
                 except Declined as why:
-                    declined.append(str(why))
+                    declined.append(why)
                     continue
                 if meant is None:
                     continue
@@ -295,6 +303,9 @@ def _complex_only_in_a_branch(fn: Function) -> ast.If | None:
 
 
 def match(fn: Function) -> Outcome | None:
+    # Helpers imported from a sibling module (`from .rope import rotate_half`) are read as local ones,
+    # before the screen, which looks into the helpers a function may inline.
+    fn = following(fn)
     if not may_rotate(fn):  # most functions: nothing the evaluator could report (`rotary_screen`, #26)
         return None
     branch = _complex_only_in_a_branch(fn) if _calls(fn, ("torch.view_as_complex", "torch.polar")) else None
@@ -303,9 +314,10 @@ def match(fn: Function) -> Outcome | None:
             ROTARY,
             f"rotary embedding under `if {source(branch.test)}:` (complex numbers on one side, real tables on the"
             " other) left alone: the function is not straight-line code, and a branch must hold for both sides",
+            remedy="to fuse it, give each side a function of its own",
         )
     try:
-        result = inline_functions(fn, fold(fn))
+        result = inline_functions(fn, fold(fn, unpack=True))
     except NotStraightLine as why:
         # The straight-line tail first: what it computes decides, whatever calls it makes.
         tail = _straight_tail_outcome(fn)
@@ -319,7 +331,7 @@ def match(fn: Function) -> Outcome | None:
             calls_rotation = False
         if not calls_rotation:
             return _rotate_helper_outcome(fn)
-        return Outcome(ROTARY, f"rotary embedding not fused: {why}")
+        return Outcome(ROTARY, f"rotary embedding not fused: {why}", remedy=STRAIGHT_LINE)
     outcome = _outcome(fn, result)
     if outcome is not None and outcome.template is None and len(body_statements(fn.tree)) > 1:
         # `x = self.bn(x)` or `x = torch.relu(x)` then the rotation: folded, the rotated tensor is that call
@@ -360,7 +372,7 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
                 continue  # nothing to keep: the tail just tried, whose outcome stands (#26)
             tail = candidate
             try:
-                result = inline_functions(tail, fold(tail))
+                result = inline_functions(tail, fold(tail, unpack=True))
             except NotStraightLine:
                 tail = None
                 continue
@@ -386,12 +398,14 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
 
 
 def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
-    declined: list[str] = []
+    declined: list[Declined] = []
     found = sites(result, fn, declined)
     if not found:
         if declined:
             return Outcome(
-                ROTARY, f"rotary embedding not fused: {declined[0]}, so it is not what npu_rotary_mul computes"
+                ROTARY,
+                f"rotary embedding not fused: {declined[0]}, so it is not what npu_rotary_mul computes",
+                remedy=declined[0].remedy,
             )
         return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn)
     modes = {s.mode for s in found}
@@ -434,6 +448,7 @@ def _unmatched_rotation(result: ast.expr, fn: Function) -> Outcome | None:
                     f"rotary embedding not fused: the rotation of `{source(found[1])}` is multiplied by a table, "
                     "but not summed as `x * cos + rotate(x) * sin` with that same x, which is what "
                     "npu_rotary_mul computes",
+                    remedy="to fuse it, rotate the tensor that is multiplied by cos, if that is what it means",
                 )
     return None
 
@@ -459,17 +474,36 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
             if "rotate" not in name.lower():
                 continue
             computed = _unmodelled_argument(factor, fn) if isinstance(factor.func, ast.Name) else None
+            imported = why_not_followed(fn, name) if isinstance(factor.func, ast.Name) else None
             if computed is not None:
                 # The helper is a rotation (as it is in the function next door): what is declined is its argument.
                 why = (
                     f"the tensor that `{name}` rotates, `{source(computed)}`, is computed by a call the evaluator does not "
-                    "model, so it cannot be shown to be the tensor multiplied by cos; compute it in a statement of "
-                    "its own (`x = ...`) before the rotation"
+                    "model, so it cannot be shown to be the tensor multiplied by cos"
                 )
+                remedy = "to fuse it, compute that tensor in a statement of its own (`x = ...`) before the rotation"
+            elif isinstance(factor.func, ast.Name) and name in fn.functions and _branches(fn.functions[name]):
+                # Megatron's `_rotate_half(x, rotary_interleaved)`: `if not rotary_interleaved: <half> else: <pairs>`.
+                why = (
+                    f"`{name}` has control flow (`{_branches(fn.functions[name])}`): which rotation it computes is "
+                    "only decided at run time"
+                )
+                remedy = "to fuse it, write one straight-line helper per rotation and choose between them in the caller"
             elif isinstance(factor.func, ast.Name) and name in fn.functions:
                 why = (
                     f"`{name}` is not recognised as rotate_half (`cat((-x2, x1), -1)` of the halves of the last "
                     "dim) or its interleaved form, the rotations npu_rotary_mul applies"
+                )
+                remedy = (
+                    f"to fuse it, if `{name}` computes one of those, write it that way (`x1, x2 = x.chunk(2, dim=-1)`, "
+                    "`torch.cat((-x2, x1), dim=-1)`) as straight-line code"
+                )
+            elif imported is not None:
+                why = f"`{name}` is {imported}, so what it computes cannot be proven to be the rotation npu_rotary_mul applies"
+                remedy = (
+                    "to fuse it, migrate the file by its path (not from stdin)"
+                    if imported == NO_FILE
+                    else f"to fuse it, define `{name}` in this file or in a module next to it"
                 )
             else:
                 why = (
@@ -477,8 +511,16 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                     "defined twice or has control flow): what it computes cannot be proven to be the rotation "
                     "npu_rotary_mul applies"
                 )
-            return Outcome(ROTARY, f"rotary embedding not fused: {why}")
+                remedy = f"to fuse it, define `{name}` once, at module level, as straight-line code"
+            return Outcome(ROTARY, f"rotary embedding not fused: {why}", remedy=remedy)
     return None
+
+
+def _branches(helper: ast.FunctionDef) -> str | None:
+    """The first line of the first statement of `helper`'s body that is no straight-line code, if any."""
+    blocks = (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.Match)
+    found = next((stmt for stmt in body_statements(helper) if isinstance(stmt, blocks)), None)
+    return None if found is None else ast.unparse(found).splitlines()[0]
 
 
 def _unmodelled_argument(call: ast.Call, fn: Function) -> ast.expr | None:
@@ -590,6 +632,18 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             "twice)",
             remedy="to fuse it, compute it in a statement of its own before the rotation",
         )
+    # What the function does with the rotation besides tensor operations (`self.out(sdpa(q, k, v))` after
+    # `q, k = apply_rotary(...)`) the branch would repeat: a second copy of model code that other rules
+    # rewrite in the original only (NPU707's SDPA wrapper), and no longer one rotary embedding.
+    after = next((c for c in _user_calls(rewritten, fn) if source(c.func) != "_npu_rotary_mul"), None)
+    if after is not None:
+        return Outcome(
+            ROTARY,
+            f"rotary embedding not fused here: the branch would repeat `{source(after.func)}(...)`, which the "
+            "function calls on the rotated tensors",
+            remedy="to fuse it, rotate in a function of its own that returns the rotated tensors, which NPU703 "
+            "fuses where it is defined",
+        )
     if evaluates_twice(ast.Tuple([*evaluated, rewritten], ast.Load())):
         return Outcome(
             ROTARY,
@@ -641,10 +695,27 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         rotated = rotated.func.value  # an upcast has x's shape
     for at, (table, sizes) in enumerate(found[0].shapes):
         if not (_plain(table) and _plain(rotated)):
-            return Outcome(ROTARY, f"rotary embedding not fused: the shape of `{source(table)}` cannot be checked")
+            return Outcome(
+                ROTARY,
+                f"rotary embedding not fused: the shape of `{source(table)}` cannot be checked",
+                remedy="to fuse it, bind that table and the rotated tensor to names before the rotation",
+            )
         d = f"{source(rotated)}.shape[-1]"
         expected = ", ".join(s.replace("d", d) for s in sizes)
         tensors.insert(at, f"{source(table)}.shape[-{len(sizes)}:] == ({expected})")
+    # What the branch states of an imported helper's body (a `torch.cat` of the tables, a constant) must
+    # mean here what it meant there: `torch` imported in both, not a name only the sibling binds.
+    foreign = unbound_name(
+        fn, [*evaluated, rewritten, r1, r2, *xs, *found[0].source_tables, *(t for t, _ in found[0].shapes)]
+    )
+    if foreign is not None:
+        name, where = foreign
+        return Outcome(
+            ROTARY,
+            f"rotary embedding not fused: the branch would read `{name}`, which `{where.name}` (the module the "
+            "helper is imported from) binds and this file does not bind the same way",
+            remedy=f"to fuse it, bind `{name}` in this file as `{where.name}` does",
+        )
     what = "interleaved rotary embedding" if mode == "interleave" else "rotary embedding"
     context = {
         "x": x_param,

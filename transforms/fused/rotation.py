@@ -49,7 +49,20 @@ class Meaning:
 
 
 class Declined(Exception):
-    """The node is close to a rotary embedding but not one: the message says what differs."""
+    """The node is close to a rotary embedding but not one: the message says what differs, `remedy` what
+    would let it fuse ("to fuse it, ...") or that nothing in the code can ("nothing in the code can: ..."),
+    the clause `Outcome.remedy` joins to the finding."""
+
+    def __init__(self, message: str, remedy: str) -> None:
+        super().__init__(message)
+        self.remedy = remedy
+
+
+#: The remedy of a computation no edit that keeps it would let the kernel do.
+_NOT_THE_KERNELS = (
+    "nothing in the code can: npu_rotary_mul computes `x * cos + rotate(x) * sin`, element j of x times its own "
+    "table entry plus its rotation partner (half or interleaved) times another, and this computes something else"
+)
 
 
 def _partner(mode: str, j: int, d: int) -> tuple[int, int]:
@@ -67,12 +80,15 @@ def coefficients(out: Tensor, d: int) -> list[dict[int, dict]]:
         for mono, coef in poly.items():
             xs = [s for s in mono if s[0] == "x"]
             if len(xs) != 1:
-                raise Declined(
-                    "a term does not read x" if not xs else "a term multiplies elements of x with each other"
-                )
+                if not xs:
+                    raise Declined(
+                        "a term does not read x",
+                        "to fuse it, add what does not read x (a bias) outside the rotation, in a statement of its own",
+                    )
+                raise Declined("a term multiplies elements of x with each other", _NOT_THE_KERNELS)
             lead, j = divmod(xs[0][1], d)
             if lead != p // d:
-                raise Declined("an element reads x at another position of the leading dims")
+                raise Declined("an element reads x at another position of the leading dims", _NOT_THE_KERNELS)
             rest = tuple(s for s in mono if s[0] != "x")
             found.setdefault(j, {})
             found[j][rest] = found[j].get(rest, 0) + coef
@@ -102,9 +118,13 @@ def split(terms: list[dict[int, dict]], d: int) -> tuple[str, list[dict], list[d
             if not any(sin) or not any(cos):
                 return None  # no rotation, or a rotation alone (`rotate_half`): no rotary embedding
             if not all(sin) or not all(cos):
-                raise Declined("some elements are not rotated, or not kept")
+                raise Declined(
+                    "some elements are not rotated, or not kept",
+                    "to fuse it, rotate a slice of x (`x[..., :r]`) and concatenate the rest as it is "
+                    "(`torch.cat((rotated, x[..., r:]), dim=-1)`), if that is what it computes",
+                )
             return mode, cos, sin
-    raise Declined(why)
+    raise Declined(why, _NOT_THE_KERNELS)
 
 
 class _Builder:
@@ -120,28 +140,47 @@ class _Builder:
         shapes = []
         for p, poly in enumerate(entries):
             if len(poly) != 1:
-                raise Declined("a kernel table would be a sum of the code's tables")
+                raise Declined(
+                    "a kernel table would be a sum of the code's tables",
+                    "to fuse it, add those tables into one before the rotation (the kernel takes one cos and one sin)",
+                )
             ((mono, coef),) = poly.items()
             if coef not in (1, -1):
-                raise Declined(f"the rotation is scaled by {Fraction(coef)}")
+                raise Declined(
+                    f"the rotation is scaled by {Fraction(coef)}",
+                    f"to fuse it, multiply the table by {Fraction(coef)} where it is computed (`sin = sin * k`), "
+                    "not the rotated term",
+                )
             lead = self._lead(p)
             # a table's size-1 leading dim broadcasts (the kernel's tables do too, `_npu_rotary_fits`)
             if any(
                 any(i != at and size != 1 for i, at, size in zip(s[3][:_LEAD], lead, self.tables[s[1]][1].shape))
                 for s in mono
             ):
-                raise Declined("a table is read at another position of the leading dims")
+                raise Declined(
+                    "a table is read at another position of the leading dims",
+                    "nothing in the code can: npu_rotary_mul reads cos and sin at x's own position (broadcast)",
+                )
             shapes.append((int(coef), tuple((s[1], s[2]) for s in mono), tuple(s[3][_LEAD:] for s in mono)))
         d = self.d
         per_j = [shapes[j] for j in range(d)]
         if any(shapes[p] != per_j[p % d] for p in range(len(shapes))):
-            raise Declined("a kernel table differs along the leading dims")
+            raise Declined(
+                "a kernel table differs along the leading dims",
+                "nothing in the code can: npu_rotary_mul applies one cos and one sin entry per head-dim element, "
+                "broadcast alike over the leading dims",
+            )
         uniform = self._part(per_j, list(range(d)))
         if uniform is not None:
             return uniform
         parts = [self._part([per_j[j] for j in range(r, d, 2)], list(range(r, d, 2))) for r in (0, 1)]
         if None in parts:
-            raise Declined("a kernel table cannot be built from the code's tables by repeating them")
+            raise Declined(
+                "a kernel table cannot be built from the code's tables by repeating them",
+                "nothing in the code can: the only kernel tables the branch builds are the code's tables, negated or "
+                "repeated along the head dim (`cat((t, t), -1)`, `repeat_interleave(2, -1)`), and this rotation "
+                "needs others",
+            )
         stacked = ast.Call(
             ast.Attribute(ast.Name("torch", ast.Load()), "stack", ast.Load()),
             [ast.Tuple([p[0] for p in parts], ast.Load())],
@@ -292,7 +331,11 @@ def _agree(results: list[Meaning]) -> Meaning | None:
             ast.dump(first.cos),
             ast.dump(first.sin),
         ):
-            raise Declined("it computes a different rotation at another head dim (a fixed-width slice or repeat)")
+            raise Declined(
+                "it computes a different rotation at another head dim (a fixed-width slice or repeat)",
+                "to fuse it, write the slices and repeats in terms of the head dim (`x.shape[-1] // 2`), if that is "
+                "what they mean",
+            )
     return first
 
 

@@ -85,6 +85,14 @@ class Function:
     #: whose name is not among them.
     names: frozenset[str] | set[str] | None = None
 
+    #: The helpers the file imports from sibling modules (`imported.Scope`), for an idiom that follows them
+    #: (NPU703: `imported.following`); None when the file imports none or its place is not known.
+    imported: object | None = None
+
+    #: The name of the class the function is defined in, if any: `ClassName.helper(x)` calls a staticmethod
+    #: sibling, which `inline_functions` inlines as a module function.
+    class_name: str | None = None
+
     @functools.cached_property
     def nodes(self) -> list[ast.AST]:
         """Every node of the function, walked once: each matcher looks through them."""
@@ -175,7 +183,9 @@ def straight_tail(fn: Function, start: int, keep: bool = False) -> Function:
     args.args = [*args.args, *(ast.arg(name) for name in dict.fromkeys(bound) if name not in known)]
     tree = copy.copy(fn.tree)
     tree.args, tree.body = args, [*kept, *body[start:]]
-    return Function(tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names)
+    return Function(
+        tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names, class_name=fn.class_name
+    )
 
 
 def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
@@ -191,8 +201,8 @@ def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
         if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
             continue
         targets = stmt.targets[0]
-        # what `fold` reads: a name, or names from a tuple of as many values
-        pairs = isinstance(targets, ast.Tuple) and isinstance(stmt.value, ast.Tuple)
+        # what `fold` reads: a name, or names from a tuple of as many values, or a shape's sizes
+        pairs = isinstance(targets, ast.Tuple) and (isinstance(stmt.value, ast.Tuple) or _shape_of(stmt.value))
         names = [targets] if isinstance(targets, ast.Name) else targets.elts if pairs else None
         if not names or not all(isinstance(n, ast.Name) for n in names):
             continue
@@ -230,6 +240,15 @@ def substitute(node: ast.AST, env: dict[str, ast.expr]) -> ast.AST:
     if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
         raise NotStraightLine("it binds names in a nested scope")
     return substitute_children(node, lambda child: substitute(child, env))
+
+
+def _shape_of(value: ast.expr) -> bool:
+    """`x.shape` or `x.size()` of a name: a tuple of sizes, `b, h, s, d = x.shape` its items (NeMo's
+    `batch_size, num_heads, seq_len, head_dim = x.shape` before slicing by `head_dim // 2`)."""
+    if isinstance(value, ast.Attribute) and value.attr == "shape":
+        return isinstance(value.value, ast.Name)
+    call = method_call(value, "size")
+    return call is not None and not call.args and not call.keywords and isinstance(call.func.value, ast.Name)
 
 
 def _chunk_call(value: ast.expr, qualname) -> bool:
@@ -283,18 +302,23 @@ def cuda_only_tensor(test: ast.expr, fn: Function) -> str | None:
     return tested
 
 
-def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
+def fold(fn: Function, depth: int = 0, inlined: bool = False, unpack: bool = False) -> ast.expr:
     """The return expression of `fn` with its locals (and inlinable sibling calls) substituted. CUDA-only
     fast paths (`if fast_kernel is not None and x.is_cuda: return fast_kernel(x)`, an `else` or not) are
     skipped: their tests are false on an NPU, so a fused branch put first keeps them for CUDA. A matcher
     must check that they test the tensor its branch tests (`Function.fast_path_tensors`). An `inlined` function's are not: its parameters stand
-    for its caller's expressions, which the caller's branch does not test."""
+    for its caller's expressions, which the caller's branch does not test. With `unpack`, for a caller that
+    inlines helpers (`inline_functions`, which must then see every one), `a, b = helper(...)` is read too."""
     env: dict[str, ast.expr] = {}
+    #: `out = torch.empty_like(t)` whose elements are being written (`unpack`): name -> (t, parity -> value).
+    filling: dict[str, tuple[ast.expr, dict[int, ast.expr]]] = {}
     body = list(body_statements(fn.tree))
     fn.fast_path_tensors = []
     while body:
         stmt = body.pop(0)
         if isinstance(stmt, ast.Pass):
+            continue
+        if unpack and _fill(stmt, env, filling, fn.qualname):
             continue
         tested = None if inlined or not isinstance(stmt, ast.If) else cuda_only_tensor(stmt.test, fn)
         if tested is not None and tested not in env and isinstance(stmt.body[-1], ast.Return):
@@ -337,15 +361,83 @@ def fold(fn: Function, depth: int = 0, inlined: bool = False) -> ast.expr:
                 and _chunk_call(value, fn.qualname)
                 or isinstance(stmt.value, ast.Name)
                 or method_call(value, "unbind") is not None
+                or _shape_of(stmt.value)
             ):
                 # `a, b = t.chunk(2)`, `a, b = t.unbind(-2)` or `cos, sin = freqs` (a list of tables): the
                 # parts by index, sharing the unpacked value, which the original evaluates once.
                 for index, element in enumerate(target.elts):
                     env[element.id] = ast.Subscript(value=value, slice=ast.Constant(index), ctx=ast.Load())
                 continue
+            if names and unpack and isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                # `q, k = apply_rotary(q, k, cos, sin)`: the items of what the helper returns, which
+                # `inline_functions` takes from the tuple its body builds, or declines (`UNPACKED`).
+                for index, element in enumerate(target.elts):
+                    item = ast.Subscript(value=value, slice=ast.Constant(index), ctx=ast.Load())
+                    item.npu_unpacked = len(target.elts)  # type: ignore[attr-defined]
+                    env[element.id] = item
+                continue
         first_line = ast.unparse(stmt).splitlines()[0]
         raise NotStraightLine(f"the body is not straight-line assignments (`{first_line}`)")
     raise NotStraightLine("it has no return value")
+
+
+def _fill(
+    stmt: ast.stmt, env: dict[str, ast.expr], filling: dict[str, tuple[ast.expr, dict[int, ast.expr]]], qualname
+) -> bool:
+    """Wan's interleaved rotation written element-wise into a new tensor: `out = torch.empty_like(x)`, then
+    `out[..., 0::2] = a` and `out[..., 1::2] = b`, every element written once, is `stack((a, b), -1)
+    .flatten(-2)` in `x`'s dtype (what the assignments cast to): `out` is bound to that once both are
+    written. True when `stmt` was such a statement; a statement that reads `out` before raises."""
+    if filling and any(
+        isinstance(n, ast.Name) and n.id in filling and isinstance(n.ctx, ast.Load)
+        for n in ast.walk(stmt.value if isinstance(stmt, ast.Assign) else stmt)
+    ):
+        raise NotStraightLine("it reads a tensor before all its elements are written")
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1):
+        return False
+    target, value = stmt.targets[0], stmt.value
+    if (
+        isinstance(target, ast.Name)
+        and isinstance(value, ast.Call)
+        and qualname(value.func) in ("torch.empty_like", "torch.zeros_like")
+        and len(value.args) == 1
+        and not value.keywords
+    ):
+        filling[target.id] = (substitute(value.args[0], env), {})
+        env.pop(target.id, None)
+        return True
+    if not (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and target.value.id in filling):
+        if isinstance(target, ast.Name):
+            filling.pop(target.id, None)  # rebound unread: what was written to it is never read
+        return False
+    index = target.slice
+    parity = None
+    if (
+        isinstance(index, ast.Tuple)
+        and len(index.elts) == 2
+        and isinstance(index.elts[0], ast.Constant)
+        and index.elts[0].value is Ellipsis
+        and isinstance(index.elts[1], ast.Slice)
+    ):
+        part = index.elts[1]
+        lower = 0 if part.lower is None else getattr(part.lower, "value", None)
+        if part.upper is None and isinstance(part.step, ast.Constant) and part.step.value == 2 and lower in (0, 1):
+            parity = lower
+    like, written = filling[target.value.id]
+    if parity is None or parity in written:
+        raise NotStraightLine(f"it writes `{ast.unparse(target)}`, not one parity of the last dim once")
+    written[parity] = substitute(value, env)
+    if len(written) == 2:
+        load = ast.Load()
+        stacked = ast.Call(
+            ast.Attribute(ast.Name("torch", load), "stack", load),
+            [ast.Tuple([written[0], written[1]], load)],
+            [ast.keyword("dim", ast.Constant(-1))],
+        )
+        flat = ast.Call(ast.Attribute(stacked, "flatten", load), [ast.Constant(-2)], [])
+        env[target.value.id] = ast.Call(ast.Attribute(flat, "type_as", load), [like], [])
+        del filling[target.value.id]
+    return True
 
 
 def _nested_function(fn: Function, node: ast.FunctionDef) -> None:
@@ -358,7 +450,8 @@ def _nested_function(fn: Function, node: ast.FunctionDef) -> None:
     free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)} - own
     if free & outer:
         raise NotStraightLine(f"the nested function `{node.name}` reads the enclosing function's names")
-    fn.functions = {**fn.functions, node.name: node}
+    extended = getattr(fn.functions, "with_function", None)  # `imported.Namespace`: nothing read to list it
+    fn.functions = extended(node.name, node) if extended is not None else {**fn.functions, node.name: node}
 
 
 def _inline_siblings(fn: Function, expr: ast.expr, depth: int) -> ast.expr:
@@ -485,9 +578,16 @@ def brief(message: str) -> str:
 def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
     """Replace calls of module-level functions (`rotate_half(q)`) by their folded bodies where possible,
     so an idiom is recognised by what a helper computes, whatever the helper is called."""
-    if not fn.functions or depth > 3:
+    # Staticmethods of the function's class, called through the class or the instance (`Rope._rotate_half(x)`).
+    static = {
+        name: tree
+        for name, tree in fn.siblings.items()
+        if any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in tree.decorator_list)
+    }
+    if not (fn.functions or static) or depth > 3:
         return expr
     shadowed = set(fn.params) | {a.arg for a in (*fn.tree.args.kwonlyargs,)} | {fn.tree.name}
+    owners = {fn.class_name, fn.self_name} - {None} - shadowed
     memo: dict[int, ast.AST] = {}
 
     def visit(node: ast.AST) -> ast.AST:
@@ -496,25 +596,79 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
         return memo[id(node)]
 
     def rewrite(node: ast.AST) -> ast.AST:
+        callee = None
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
-            and node.func.id in fn.functions
             and node.func.id not in shadowed
-            and not node.keywords
-            and not any(isinstance(a, ast.Starred) for a in node.args)
+            and node.func.id in fn.functions
         ):
-            callee = Function(fn.functions[node.func.id], False, fn.qualname, {}, fn.functions, fn.api)
-            args = callee.tree.args
-            if len(callee.params) == len(node.args) and not (args.vararg or args.kwarg or args.kwonlyargs):
+            # An imported helper's own calls reach the functions of its module (`imported.Namespace.scope`).
+            scope = getattr(fn.functions, "scope", None)
+            functions = scope(node.func.id) if scope is not None else fn.functions
+            callee = Function(fn.functions[node.func.id], False, fn.qualname, {}, functions, fn.api)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in owners
+            and node.func.attr in static
+        ):
+            tree = static[node.func.attr]
+            callee = Function(tree, False, fn.qualname, fn.siblings, fn.functions, fn.api, class_name=fn.class_name)
+        if callee is not None:
+            bound = bind_arguments(callee.tree, node)
+            if bound is not None:
                 try:
-                    body = inline_functions(callee, fold(callee, inlined=True), depth + 1)
+                    body = inline_functions(callee, fold(callee, inlined=True, unpack=True), depth + 1)
                 except NotStraightLine:
                     return substitute_children(node, visit)
-                return substitute(body, dict(zip(callee.params, (visit(a) for a in node.args))))
+                return substitute(body, {name: visit(value) for name, value in bound.items()})
+        unpacked = getattr(node, "npu_unpacked", None)
+        if unpacked is not None:
+            # `q_embed, k_embed = apply_rotary(q, k, ...)` (`fold` with `unpack`): the item of the tuple the
+            # helper's body builds, of as many items as the names; anything else is not read (unpacking an
+            # iterable is no subscript of it).
+            value = visit(node.value)
+            if not (
+                isinstance(value, ast.Tuple)
+                and len(value.elts) == unpacked
+                and not any(isinstance(e, ast.Starred) for e in value.elts)
+            ):
+                raise NotStraightLine(
+                    f"it unpacks what `{ast.unparse(node.value.func)}` returns (not a tuple it builds)"
+                )
+            return value.elts[node.slice.value]
         return substitute_children(node, visit)
 
     return visit(expr)
+
+
+def bind_arguments(tree: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr] | None:
+    """Each parameter of `tree` with what `call` passes for it (by position or keyword) or its default, when
+    that default is a constant (a default expression is evaluated once, where the helper is defined); None
+    where the call cannot be bound so (`*args`, `**kwargs`, a default that is not a constant)."""
+    args = tree.args
+    if args.vararg or args.kwarg or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    positional = [*args.posonlyargs, *args.args]
+    if len(call.args) > len(positional):
+        return None
+    bound = {a.arg: value for a, value in zip(positional, call.args)}
+    by_keyword = {a.arg for a in (*args.args, *args.kwonlyargs)}
+    for keyword in call.keywords:
+        if keyword.arg is None or keyword.arg not in by_keyword or keyword.arg in bound:
+            return None
+        bound[keyword.arg] = keyword.value
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    for param, default in [*zip(positional, defaults), *zip(args.kwonlyargs, args.kw_defaults)]:
+        if param.arg in bound:
+            continue
+        constant = default.operand if isinstance(default, ast.UnaryOp) else default
+        if not isinstance(constant, ast.Constant):
+            return None
+        bound[param.arg] = default
+    return bound
 
 
 def contains_call(node: ast.AST) -> bool:

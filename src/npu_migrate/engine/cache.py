@@ -15,6 +15,10 @@ everything its result depends on:
   helper module its package allows (which `__init__.py` files exist above it: `packages.helper_module`) or
   its script folder's files prove (which siblings import it or it imports: `packages.sibling_modules`).
 
+and, stored with the entry rather than in its key (they are only known once the file was migrated), the
+other files a rule read for it (NPU703 follows a helper imported from a sibling module: `depends`), each
+with the SHA-256 of what it read or "absent": the entry is trusted only while every one reads the same.
+
 A result's write (in place or into `--output`) is never taken from the cache: in place, only an entry saying
 "nothing to change" is used, and it was found under the SHA-256 of the bytes just read, so the file is still
 what the cache saw; `--output` does not read the cache at all. Failures are not stored (a timeout or a worker
@@ -177,16 +181,26 @@ class Cache:
         if header != _MAGIC + b" " + hashlib.sha256(body).hexdigest().encode():
             return None
         try:
-            return _result(json.loads(body))
-        except (ValueError, TypeError, KeyError):
+            doc = json.loads(body)
+            read = [(str(path), None if sha is None else str(sha)) for path, sha in doc.get("depends", ())]
+            result = _result(doc)
+        except (ValueError, TypeError, KeyError, AttributeError):
             return None
+        from npu_migrate.engine import depends
 
-    def put(self, key: str, result: FileResult) -> None:
+        # Computed from a sibling file that has changed since (or appeared, or gone): not this run's result.
+        return result if depends.unchanged(read) else None
+
+    def put(self, key: str, result: FileResult, read: dict[str, str | None] | None = None) -> None:
+        """File `result` under `key`, with the other files its rules read (`depends`) and their digests."""
         from npu_migrate.engine.pipeline import Status
 
         if result.status is Status.FAILED:
             return
-        body = json.dumps(_document(result), separators=(",", ":")).encode()
+        doc = _document(result)
+        if read:
+            doc["depends"] = sorted([path, sha] for path, sha in read.items())
+        body = json.dumps(doc, separators=(",", ":")).encode()
         path = Path(self._path(key))
         try:
             path.parent.mkdir(exist_ok=True)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import libcst as cst
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from libcst.metadata import CodeRange
 
     from npu_migrate.engine.fixes import Fix
@@ -39,8 +41,11 @@ class Source:
     """The text of a file as `ast` sees it: lines split on the newlines the tokenizer knows (never on
     form feeds or the other separators `str.splitlines` breaks at), columns in characters."""
 
-    def __init__(self, text: str, helper_module: str | None = None) -> None:
+    def __init__(self, text: str, helper_module: str | None = None, file: Path | None = None) -> None:
         self.text = text
+        #: Where the file lies on disk (None: nowhere known, as stdin): a rule that reads the files next to
+        #: it (NPU703's imported helpers) reads them from there.
+        self.file = file
         self.lines = source_lines(text, keepends=True)
         #: Where the file imports the fused-op helpers from (a relative module, `.._npu_fused`) when it is
         #: part of a package; None: they are written into the file itself.

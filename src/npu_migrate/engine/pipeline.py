@@ -197,7 +197,7 @@ def migrate_source(
         tree_text, tree_findings = scoped.run(
             on_tree,
             tree,
-            scoped.Source(new_text, helper_module),
+            scoped.Source(new_text, helper_module, file),
             display,
             enabled,
             api,

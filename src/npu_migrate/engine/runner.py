@@ -82,11 +82,15 @@ def _usable(result: FileResult | None, plan: Plan) -> bool:
 
 def process_and_store(job: Job, context: tuple[Plan, Cache]) -> FileResult:
     """`process`, then the result filed under the bytes the worker itself read."""
+    from npu_migrate.engine import depends
+
     plan, cache = context
     seen: list[bytes] = []
-    result = process(job, plan, seen)
+    # The files besides its own a rule read for this one (a sibling module's helper): filed with the entry.
+    with depends.recording() as read:
+        result = process(job, plan, seen)
     if seen:
-        cache.put(cache.key(job, seen[0]), result)
+        cache.put(cache.key(job, seen[0]), result, read)
     return result
 
 

@@ -1,0 +1,334 @@
+"""Helpers imported from a sibling module (`from .rope import rotate_half`), read without importing them.
+
+NPU703 recognises a rotary embedding by running the folded function, helpers inlined, on a symbolic
+tensor (`evaluator.py`). A helper the file imports from a module next to it is read here, statically: the
+module is resolved to a file (`_module_file`), parsed with `ast` (never imported: user code does not run),
+and the helper is handed to the inliner (`symbolic.inline_functions`) as if the file defined it. Its own
+calls reach the functions of *its* module, and the names it reads (`torch`, `F`) resolve through *its*
+imports (`Scope.qualname`); a branch that would read a name of the sibling's that this file does not bind
+the same way is declined (`Scope.unbound`). The rewrite stays at the call site, in the file being
+migrated; the imported helper stays what the original code calls.
+
+Bounded and deterministic: only names bound once, by a top-level `from ... import`, are followed, one
+level (the sibling's own imports are not), at most `MAX_MODULES` modules of at most `MAX_BYTES` each per
+file; a module resolves to one file by fixed rules:
+
+* relative (`from .rope import f`, `from ..layers import f`): through the package, from the file's folder;
+* absolute (`from model_utils import f`): from the file's folder when it is no package (a script's folder
+  is on `sys.path`), else from the package root (the folder above its topmost `__init__.py`).
+
+Every file read or looked for is recorded for the result cache (`npu_migrate.engine.depends`): the file's
+result depends on it, and a cached result is only reused while each reads the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import dataclasses
+import functools
+import hashlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from npu_migrate.engine import depends
+from npu_migrate.program.names import Names
+
+if TYPE_CHECKING:
+    from npu_migrate.transforms.fused.symbolic import Function
+
+#: A sibling module larger than this is not read (a generated file is no place for a rotary helper).
+MAX_BYTES = 512 * 1024
+#: Sibling modules read per file: the rest are declined as unreadable.
+MAX_MODULES = 4
+#: Why an imported helper is not followed when the file's place on disk is not known (stdin).
+NO_FILE = "imported from a module the tool cannot read (the file's place on disk is not known)"
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _bound_once_by_import(tree: ast.Module) -> dict[str, ast.ImportFrom]:
+    """The module-level names one top-level `from X import name` binds and nothing else binds."""
+    imported, _, counts = _bindings(tree)
+    return {name: stmt for name, stmt in imported.items() if counts.get(name) == 1}
+
+
+def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    """The functions a module defines once, at top level, and binds no other way (as the fused checker's
+    own `_ModuleFunctions`): which definition a call of any other reaches is not known."""
+    _, defs, counts = _bindings(tree)
+    return {name: node for name, node in defs.items() if counts.get(name) == 1}
+
+
+def _bindings(tree: ast.Module) -> tuple[dict[str, ast.ImportFrom], dict[str, ast.FunctionDef], dict[str, int]]:
+    """(names bound by a top-level `from ... import`, top-level defs, how often each module-level name is bound)."""
+    counts: dict[str, int] = {}
+    imported: dict[str, ast.ImportFrom] = {}
+    defs: dict[str, ast.FunctionDef] = {}
+
+    def bind(name: str) -> None:
+        counts[name] = counts.get(name, 0) + 1
+
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                if alias.name != "*":
+                    bind(alias.asname or alias.name)
+                    imported[alias.asname or alias.name] = stmt
+        elif isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                bind(alias.asname or alias.name.split(".")[0])
+        elif isinstance(stmt, (*_DEFS, ast.ClassDef)):
+            bind(stmt.name)
+            if isinstance(stmt, _DEFS):
+                defs[stmt.name] = stmt
+        else:  # assignments, and whatever a block at module level binds (a try-import's fallback)
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                    bind(node.id)
+                elif isinstance(node, (*_DEFS, ast.ClassDef)):
+                    bind(node.name)
+                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    for alias in node.names:
+                        bind(alias.asname or alias.name.split(".")[0])
+    return imported, defs, counts
+
+
+def _spelled(stmt: ast.ImportFrom) -> str:
+    return "." * stmt.level + (stmt.module or "")
+
+
+def _module_file(file: Path, stmt: ast.ImportFrom) -> list[Path]:
+    """The files `stmt`'s module may be, in the order Python would find them (`x.py`, `x/__init__.py`)."""
+    parts = stmt.module.split(".") if stmt.module else []
+    if stmt.level:
+        base = file.parent
+        for _ in range(stmt.level - 1):
+            base = base.parent
+    elif (file.parent / "__init__.py").is_file():
+        base = file.parent
+        while (base / "__init__.py").is_file() and base.parent != base:
+            base = base.parent
+    else:
+        base = file.parent
+    if not parts:
+        return [base / "__init__.py"]
+    where = base.joinpath(*parts)
+    return [where.with_name(where.name + ".py"), where / "__init__.py"]
+
+
+#: Sibling modules parsed in this process, by path and content: the files of one package import the same
+#: few modules, and each is parsed once, not once per file (`ast` trees are never modified here).
+_PARSED: collections.OrderedDict[tuple[str, bytes], _Module | None] = collections.OrderedDict()
+_PARSED_KEEP = 32
+
+
+def _parsed(path: Path, data: bytes) -> _Module | None:
+    key = (str(path), hashlib.sha1(data).digest())
+    if key in _PARSED:
+        _PARSED.move_to_end(key)
+        return _PARSED[key]
+    try:
+        module = _Module(path, ast.parse(data, filename=str(path)))
+    except (SyntaxError, ValueError, RecursionError):
+        module = None
+    _PARSED[key] = module
+    if len(_PARSED) > _PARSED_KEEP:
+        _PARSED.popitem(last=False)
+    return module
+
+
+class _Module:
+    """A sibling module, parsed: its functions and how its names resolve."""
+
+    def __init__(self, path: Path, tree: ast.Module) -> None:
+        self.path, self.tree = path, tree
+        self.functions = _module_functions(tree)
+        self.names = Names.of(tree)
+        #: The Name nodes of the module: a name of a folded expression is the sibling's when it is one of these.
+        self.name_ids = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+class Scope:
+    """The imported helpers of one file being migrated, read on first use; with the file's own module
+    functions (`Namespace`), what `Function.functions` and `Function.qualname` are for NPU703."""
+
+    def __init__(self, tree: ast.Module, file: Path | None) -> None:
+        self.tree, self._file = tree, file
+        self._texts: dict[str, bytes | None] = {}  # path -> its bytes (None: no readable file)
+        self._modules: dict[str, _Module | None] = {}  # path -> module parsed (None: it does not parse)
+        self._owners: dict[int, _Module] = {}  # id of a Name node of a parsed module -> that module
+        self._found: dict[str, tuple[ast.FunctionDef, _Module] | None] = {}
+        #: Imported name -> why it is not followed, once looked up and not found.
+        self.why: dict[str, str] = {}
+
+    @functools.cached_property
+    def imports(self) -> dict[str, ast.ImportFrom]:
+        """The names to follow (asked once per file, by the first function NPU703 looks at)."""
+        return _bound_once_by_import(self.tree)
+
+    @functools.cached_property
+    def file(self) -> Path | None:
+        """The file on disk; None where it is not one (stdin, a test's `<string>`)."""
+        return self._file if self._file is not None and self._file.is_file() else None
+
+    def lookup(self, name: str) -> tuple[ast.FunctionDef, _Module] | None:
+        if name not in self._found:
+            self._found[name] = self._look_up(name)
+        return self._found[name]
+
+    def _look_up(self, name: str) -> tuple[ast.FunctionDef, _Module] | None:
+        stmt = self.imports.get(name)
+        if stmt is None:
+            return None
+        spelled = _spelled(stmt)
+        if stmt.level == 0 and (stmt.module or "").split(".")[0] in ("torch", "einops", "numpy", "math"):
+            self.why[name] = f"imported from `{spelled}`, a library, not a module next to this file"
+            return None
+        if self.file is None:
+            self.why[name] = NO_FILE
+            return None
+        original = stmt.names[[a.asname or a.name for a in stmt.names].index(name)].name
+        data = path = None
+        for candidate in _module_file(self.file, stmt):
+            key = str(candidate)
+            if key not in self._texts:
+                self._texts[key] = depends.read(candidate, MAX_BYTES)
+            data, path = self._texts[key], candidate
+            if data is not None:
+                break
+        if data is None:
+            self.why[name] = (
+                f"imported from `{spelled}`, which is no readable Python file next to this one (at most "
+                f"{MAX_BYTES // 1024} KiB)"
+            )
+            return None
+        # Most imported names a model calls are classes and utilities (`BaseModelOutputWithPast`, a mask
+        # builder): a module without a top-level `def <name>(` is not parsed for them.
+        spelled_def = b"def " + original.encode()
+        if spelled_def not in data or not re.search(
+            rb"^(?:async[ \t]+)?def[ \t]+" + re.escape(original.encode()) + rb"[ \t]*\(", data, re.M
+        ):
+            self.why[name] = f"imported from `{spelled}`, where `{original}` is not a function defined at module level"
+            return None
+        key = str(path)
+        if key not in self._modules:
+            if len(self._modules) >= MAX_MODULES:
+                self.why[name] = f"imported from `{spelled}`, past the {MAX_MODULES} sibling modules read per file"
+                return None
+            self._modules[key] = _parsed(path, data)
+            if self._modules[key] is not None:
+                self._owners.update(dict.fromkeys(self._modules[key].name_ids, self._modules[key]))
+        module = self._modules[key]
+        if module is None:
+            self.why[name] = f"imported from `{spelled}`, which does not parse"
+            return None
+        if original not in module.functions:
+            self.why[name] = (
+                f"imported from `{spelled}`, where `{original}` is not one function defined once at module level"
+            )
+            return None
+        return module.functions[original], module
+
+    def qualname(self, own: Callable[[ast.expr], str | None]) -> Callable[[ast.expr], str | None]:
+        """The resolver of a folded expression that may hold the sibling's nodes: a name chain resolves in
+        the module its first name was written in (`torch.cat` of `rope.py` through `rope.py`'s imports)."""
+
+        owners = self._owners  # filled as modules are parsed
+
+        def resolve(node: ast.expr) -> str | None:
+            if not owners:
+                return own(node)
+            base = node
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            module = owners.get(id(base))
+            return (module.names.resolve if module is not None else own)(node)
+
+        resolve.scope = self  # type: ignore[attr-defined]
+        resolve.own = own  # type: ignore[attr-defined]
+        return resolve
+
+    def _owner(self, node: ast.AST) -> _Module | None:
+        return self._owners.get(id(node)) if isinstance(node, ast.Name) else None
+
+    def unbound(self, exprs: list[ast.AST], own: Callable[[ast.expr], str | None]) -> tuple[str, Path] | None:
+        """The first name of `exprs` written in a sibling module that this file does not bind to the same
+        thing (`torch` imported there and here is the same; a constant of `rope.py` is not), with its module."""
+        if not self._owners:
+            return None
+        for expr in exprs:
+            for node in _walk(expr):
+                module = self._owner(node)
+                if module is None:
+                    continue
+                theirs = module.names.resolve(node)
+                if theirs is None or own(ast.Name(node.id, ast.Load())) != theirs:
+                    return node.id, module.path
+        return None
+
+
+def _walk(node: ast.AST) -> Iterator[ast.AST]:
+    yield node
+    for child in ast.iter_child_nodes(node):
+        yield from _walk(child)
+
+
+class Namespace(Mapping):
+    """A file's module functions and the helpers it imports from sibling modules (read when first asked
+    for): `Function.functions` for NPU703. `scope(name)` is the functions the helper `name` calls."""
+
+    def __init__(self, local: Mapping[str, ast.FunctionDef], scope: Scope) -> None:
+        self.local, self.imported = local, scope
+
+    def _found(self, name: str):
+        return None if name in self.local else self.imported.lookup(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self.local or self._found(name) is not None)
+
+    def __getitem__(self, name: str) -> ast.FunctionDef:
+        if name in self.local:
+            return self.local[name]
+        found = self._found(name)
+        if found is None:
+            raise KeyError(name)
+        return found[0]
+
+    def __iter__(self):
+        # The local functions only: listing the imported ones would read every sibling module.
+        return iter(self.local)
+
+    def __len__(self) -> int:
+        return len(self.local) + len(self.imported.imports)
+
+    def scope(self, name: str) -> Mapping[str, ast.FunctionDef]:
+        """The functions `name`'s body may call: its own module's."""
+        found = None if name in self.local else self.imported.lookup(name)
+        return self if found is None else found[1].functions
+
+    def with_function(self, name: str, node: ast.FunctionDef) -> Namespace:
+        """With a helper nested in the function's body (`symbolic._nested_function`), nothing read."""
+        return Namespace({**self.local, name: node}, self.imported)
+
+
+def following(fn: Function) -> Function:
+    """`fn` seeing the helpers its file imports from sibling modules as if the file defined them: its
+    functions extended (`Namespace`), its names resolved where each was written (`Scope.qualname`)."""
+    scope = fn.imported
+    if not isinstance(scope, Scope) or not scope.imports or isinstance(fn.functions, Namespace):
+        return fn
+    return dataclasses.replace(fn, functions=Namespace(fn.functions, scope), qualname=scope.qualname(fn.qualname))
+
+
+def unbound_name(fn: Function, exprs: list[ast.AST]) -> tuple[str, Path] | None:
+    """What `Scope.unbound` says of `exprs`, the code a branch of `fn` would hold (None: `fn` follows no import)."""
+    scope = getattr(fn.qualname, "scope", None)
+    return scope.unbound(exprs, fn.qualname.own) if isinstance(scope, Scope) else None
+
+
+def why_not_followed(fn: Function, name: str) -> str | None:
+    """Why the imported helper `name` was not read (None: it is no imported name, or it was read)."""
+    scope = fn.imported
+    return scope.why.get(name) if isinstance(scope, Scope) else None
