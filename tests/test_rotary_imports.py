@@ -302,3 +302,57 @@ def test_a_staticmethod_rotation_fuses_both_tensors_and_a_broken_kernel_is_caugh
     finally:
         torch_npu.npu_rotary_mul = real
     assert not torch.allclose(broken[0], want[0])
+
+
+IDENTITY = """
+def rotate_half(x):
+    return x
+"""
+
+
+def test_a_later_star_import_may_rebind_the_helper_so_nothing_is_followed(tmp_path):
+    # Review r1: `from .other import *` after `from .rope import rotate_half` rebinds it to other's identity.
+    starred = HALF.replace("from .rope import rotate_half\n", "from .rope import rotate_half\nfrom .other import *\n")
+    package = _package(tmp_path, {"rope.py": ROPE, "other.py": IDENTITY, "model.py": starred})
+    text, findings = _migrate(package / "model.py")
+    assert not _fused(findings) and "_npu_rotary_mul" not in text
+    assert any(
+        "`rotate_half` is imported from `.rope`, but a later `from .other import *` of this file may rebind it" in m
+        and "; to fuse it, bind `rotate_half` after the `import *`" in m
+        for m in _messages(findings)
+    ), _messages(findings)
+    x = object()
+    assert _import(package, "model").rotate_half(x) is x  # what the call reaches at run time: no rotation
+
+    # The star before the import: the import is the last binding, and is followed.
+    first = HALF.replace("from .rope import rotate_half\n", "from .other import *\nfrom .rope import rotate_half\n")
+    (package / "model.py").write_text(textwrap.dedent(first).lstrip(), encoding="utf-8")
+    assert _fused(_migrate(package / "model.py")[1])
+
+    # The sibling's own star import after its def: its `rotate_half` is not what `from .rope import` gets.
+    (package / "rope.py").write_text(textwrap.dedent(ROPE) + "\nfrom .other import *\n", encoding="utf-8")
+    (package / "model.py").write_text(textwrap.dedent(HALF).lstrip(), encoding="utf-8")
+    _, findings = _migrate(package / "model.py")
+    assert not _fused(findings)
+    assert any("where a later `from .other import *` may rebind `rotate_half`" in m for m in _messages(findings))
+    # ...and a helper of the sibling that calls it is not inlined through it either.
+    (package / "pair.py").write_text(textwrap.dedent(PAIR).lstrip(), encoding="utf-8")
+    assert not _fused(_migrate(package / "pair.py")[1])
+
+
+def test_a_star_import_after_a_local_helper_leaves_it_unfollowed(tmp_path):
+    local = (
+        textwrap.dedent(ROPE)
+        + "\nfrom .other import *\n\n\ndef apply(q, cos, sin):\n    return q * cos + rotate_half(q) * sin\n"
+    )
+    package = _package(tmp_path, {"other.py": IDENTITY, "model.py": local})
+    text, findings = _migrate(package / "model.py")
+    assert not _fused(findings) and "_npu_rotary_mul" not in text
+    assert any(
+        "not fused: a later `from .other import *` may rebind `rotate_half`" in m for m in _messages(findings)
+    ), _messages(findings)
+    # Before the def, the def is the last binding.
+    (package / "model.py").write_text(
+        "from .other import *\n" + textwrap.dedent(local).replace("from .other import *", "")
+    )
+    assert _fused(_migrate(package / "model.py")[1])

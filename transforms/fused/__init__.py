@@ -170,6 +170,12 @@ class _ModuleFunctions(Mapping):
                 rebound.update((a.asname or a.name) for a in stmt.names if a.name != "*")
             elif isinstance(stmt, _BLOCKS):  # `if`/`try`/`with` at top level: whatever they bind
                 rebound.update(_identifiers(stmt))
+            # `from X import *` may rebind any def before it (what X defines is not read): a call reaches
+            # the last binding (as `imported._bindings`).
+            if isinstance(stmt, (ast.ImportFrom, *_BLOCKS)) and any(
+                isinstance(n, ast.ImportFrom) and n.names[0].name == "*" for n in ast.walk(stmt)
+            ):
+                rebound.update(defs)
         self._nodes = {name: node for name, node in defs.items() if name not in rebound}
 
     def __getitem__(self, name: str) -> ast.FunctionDef:

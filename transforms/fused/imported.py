@@ -49,31 +49,44 @@ _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _bound_once_by_import(tree: ast.Module) -> dict[str, ast.ImportFrom]:
-    """The module-level names one top-level `from X import name` binds and nothing else binds."""
-    imported, _, counts = _bindings(tree)
+    """The module-level names one top-level `from X import name` binds and nothing else binds (a name a
+    later `from X import *` may rebind included: `Scope.lookup` declines it with that reason)."""
+    imported, _, counts, _ = _bindings(tree)
     return {name: stmt for name, stmt in imported.items() if counts.get(name) == 1}
 
 
 def _module_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
     """The functions a module defines once, at top level, and binds no other way (as the fused checker's
     own `_ModuleFunctions`): which definition a call of any other reaches is not known."""
-    _, defs, counts = _bindings(tree)
-    return {name: node for name, node in defs.items() if counts.get(name) == 1}
+    _, defs, counts, starred = _bindings(tree)
+    return {name: node for name, node in defs.items() if counts.get(name) == 1 and name not in starred}
 
 
-def _bindings(tree: ast.Module) -> tuple[dict[str, ast.ImportFrom], dict[str, ast.FunctionDef], dict[str, int]]:
-    """(names bound by a top-level `from ... import`, top-level defs, how often each module-level name is bound)."""
+def _bindings(
+    tree: ast.Module,
+) -> tuple[dict[str, ast.ImportFrom], dict[str, ast.FunctionDef], dict[str, int], dict[str, str]]:
+    """(names bound by a top-level `from ... import`, top-level defs, how often each module-level name is
+    bound, the names bound before a later top-level `from X import *` -> that X)."""
     counts: dict[str, int] = {}
     imported: dict[str, ast.ImportFrom] = {}
     defs: dict[str, ast.FunctionDef] = {}
+    starred: dict[str, str] = {}
 
     def bind(name: str) -> None:
         counts[name] = counts.get(name, 0) + 1
 
+    def star(stmt: ast.ImportFrom) -> None:
+        # `from X import *` binds whatever X defines (or lists in `__all__`), which is not read here: any
+        # name bound before it may be rebound, and the last binding is what a call at run time reaches. A
+        # name bound after it is that binding (statements at module level run in order).
+        starred.update(dict.fromkeys(counts, _spelled(stmt)))
+
     for stmt in tree.body:
         if isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
-                if alias.name != "*":
+                if alias.name == "*":
+                    star(stmt)
+                else:
                     bind(alias.asname or alias.name)
                     imported[alias.asname or alias.name] = stmt
         elif isinstance(stmt, ast.Import):
@@ -91,8 +104,11 @@ def _bindings(tree: ast.Module) -> tuple[dict[str, ast.ImportFrom], dict[str, as
                     bind(node.name)
                 elif isinstance(node, (ast.Import, ast.ImportFrom)):
                     for alias in node.names:
-                        bind(alias.asname or alias.name.split(".")[0])
-    return imported, defs, counts
+                        if alias.name == "*":  # a try-import's `from .fast import *`
+                            star(node)
+                        else:
+                            bind(alias.asname or alias.name.split(".")[0])
+    return imported, defs, counts, starred
 
 
 def _spelled(stmt: ast.ImportFrom) -> str:
@@ -145,6 +161,8 @@ class _Module:
     def __init__(self, path: Path, tree: ast.Module) -> None:
         self.path, self.tree = path, tree
         self.functions = _module_functions(tree)
+        #: Names a later `from X import *` of the module may rebind -> X.
+        self.starred = _bindings(tree)[3]
         self.names = Names.of(tree)
         #: The Name nodes of the module: a name of a folded expression is the sibling's when it is one of these.
         self.name_ids = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -169,6 +187,11 @@ class Scope:
         return _bound_once_by_import(self.tree)
 
     @functools.cached_property
+    def starred(self) -> dict[str, str]:
+        """The file's names a later `from X import *` may rebind -> X."""
+        return _bindings(self.tree)[3]
+
+    @functools.cached_property
     def file(self) -> Path | None:
         """The file on disk; None where it is not one (stdin, a test's `<string>`)."""
         return self._file if self._file is not None and self._file.is_file() else None
@@ -185,6 +208,12 @@ class Scope:
         spelled = _spelled(stmt)
         if stmt.level == 0 and (stmt.module or "").split(".")[0] in ("torch", "einops", "numpy", "math"):
             self.why[name] = f"imported from `{spelled}`, a library, not a module next to this file"
+            return None
+        if name in self.starred:
+            self.why[name] = (
+                f"imported from `{spelled}`, but a later `from {self.starred[name]} import *` of this file may "
+                "rebind it"
+            )
             return None
         if self.file is None:
             self.why[name] = NO_FILE
@@ -223,6 +252,12 @@ class Scope:
         module = self._modules[key]
         if module is None:
             self.why[name] = f"imported from `{spelled}`, which does not parse"
+            return None
+        if original in module.starred:
+            self.why[name] = (
+                f"imported from `{spelled}`, where a later `from {module.starred[original]} import *` may rebind "
+                f"`{original}`"
+            )
             return None
         if original not in module.functions:
             self.why[name] = (
@@ -332,3 +367,10 @@ def why_not_followed(fn: Function, name: str) -> str | None:
     """Why the imported helper `name` was not read (None: it is no imported name, or it was read)."""
     scope = fn.imported
     return scope.why.get(name) if isinstance(scope, Scope) else None
+
+
+def star_rebinding(fn: Function, name: str) -> str | None:
+    """The X of a top-level `from X import *` of `fn`'s file after which `name` is no longer known to be
+    what the file bound it to (None: no such import, or the file is not known)."""
+    scope = fn.imported
+    return scope.starred.get(name) if isinstance(scope, Scope) else None

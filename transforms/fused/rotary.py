@@ -26,7 +26,13 @@ from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.program.api import load_table
 from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS, Structure, chain_base
 from npu_migrate.transforms.fused.idiom import Idiom
-from npu_migrate.transforms.fused.imported import NO_FILE, following, unbound_name, why_not_followed
+from npu_migrate.transforms.fused.imported import (
+    NO_FILE,
+    following,
+    star_rebinding,
+    unbound_name,
+    why_not_followed,
+)
 from npu_migrate.transforms.fused.rotary_screen import may_hold_site, may_rotate
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
@@ -503,8 +509,14 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                 remedy = (
                     "to fuse it, migrate the file by its path (not from stdin)"
                     if imported == NO_FILE
+                    else f"to fuse it, bind `{name}` after the `import *` (or import by name what it is needed for)"
+                    if "import *` " in imported
                     else f"to fuse it, define `{name}` in this file or in a module next to it"
                 )
+            elif isinstance(factor.func, ast.Name) and star_rebinding(fn, name) is not None:
+                # A def of this file a later `from X import *` may rebind (`imported` says so of an import).
+                why = f"a later `from {star_rebinding(fn, name)} import *` may rebind `{name}`"
+                remedy = f"to fuse it, bind `{name}` after the `import *` (or import by name what it is needed for)"
             else:
                 why = (
                     f"`{source(factor.func)}` is not one straight-line function of this module (it is imported, "
