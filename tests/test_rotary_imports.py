@@ -356,3 +356,26 @@ def test_a_star_import_after_a_local_helper_leaves_it_unfollowed(tmp_path):
         "from .other import *\n" + textwrap.dedent(local).replace("from .other import *", "")
     )
     assert _fused(_migrate(package / "model.py")[1])
+
+
+def test_a_package_shadows_the_module_of_the_same_name(tmp_path, monkeypatch):
+    # Review r2: `rope/__init__.py` and `rope.py` side by side: Python imports the package.
+    package = _package(tmp_path, {"rope.py": ROPE, "rope/__init__.py": IDENTITY, "model.py": HALF})
+    assert _import(package, "rope").__file__.endswith("__init__.py")
+    _, findings = _migrate(package / "model.py")
+    assert not _fused(findings), _messages(findings)
+    # A package too large to read is still the module: `rope.py` beside it is not read instead.
+    from npu_migrate.transforms.fused.imported import MAX_BYTES
+
+    (package / "rope" / "__init__.py").write_text(textwrap.dedent(ROPE) + "#" * MAX_BYTES + "\n")
+    _, findings = _migrate(package / "model.py")
+    assert not _fused(findings) and any("no readable Python file" in m for m in _messages(findings))
+
+    # The cache: both candidates are recorded, so a package appearing beside `rope.py` is seen.
+    (package / "rope" / "__init__.py").unlink()
+    (package / "rope").rmdir()
+    plan = Plan(select_rules(["NPU703"]), None, Mode.DIFF)
+    assert "_npu_rotary_mul(q, cos, sin" in _cached_run(package, plan, tmp_path).diff
+    (package / "rope").mkdir()
+    (package / "rope" / "__init__.py").write_text(textwrap.dedent(IDENTITY))
+    assert _cached_run(package, plan, tmp_path).diff == ""

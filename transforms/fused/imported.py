@@ -116,7 +116,8 @@ def _spelled(stmt: ast.ImportFrom) -> str:
 
 
 def _module_file(file: Path, stmt: ast.ImportFrom) -> list[Path]:
-    """The files `stmt`'s module may be, in the order Python would find them (`x.py`, `x/__init__.py`)."""
+    """The files `stmt`'s module may be, in the order Python's path finder tries them: the package
+    (`x/__init__.py`) before the module (`x.py`) when a folder holds both."""
     parts = stmt.module.split(".") if stmt.module else []
     if stmt.level:
         base = file.parent
@@ -131,7 +132,7 @@ def _module_file(file: Path, stmt: ast.ImportFrom) -> list[Path]:
     if not parts:
         return [base / "__init__.py"]
     where = base.joinpath(*parts)
-    return [where.with_name(where.name + ".py"), where / "__init__.py"]
+    return [where / "__init__.py", where.with_name(where.name + ".py")]
 
 
 #: Sibling modules parsed in this process, by path and content: the files of one package import the same
@@ -225,7 +226,9 @@ class Scope:
             if key not in self._texts:
                 self._texts[key] = depends.read(candidate, MAX_BYTES)
             data, path = self._texts[key], candidate
-            if data is not None:
+            # The first that exists is the module, readable or not: a package too large to read does not
+            # make Python import the `x.py` beside it.
+            if data is not None or candidate.is_file():
                 break
         if data is None:
             self.why[name] = (
