@@ -83,3 +83,62 @@ def test_plainly_no_rotation_is_skipped(source):
 )
 def test_rotations_pass(source):
     assert rotary_screen.may_rotate(_function(source))
+
+
+#: Multi-file packages of test_rotary_imports (and review r5's): the file migrated, and its siblings.
+_NESTED = """
+import torch
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _mix(x, cos, sin):
+    return x * cos + rotate_half(x) * sin
+
+
+def apply_rope(q, k, cos, sin):
+    return _mix(q, cos, sin), _mix(k, cos, sin)
+"""
+_ATTEND = """
+import torch
+
+from .rope import apply_rope
+
+
+def attend(q, k, cos, sin):
+    q, k = apply_rope(q, k, cos, sin)
+    return q, k
+"""
+
+
+def _packages():
+    from test_rotary_imports import HALF, IDENTITY, PAIR, ROPE
+
+    return {
+        "half": {"rope.py": ROPE, "model.py": HALF},
+        "pair": {"rope.py": ROPE, "model.py": PAIR},
+        # the helper imported calls a helper of its own module, which calls another (review r5)
+        "nested": {"rope.py": _NESTED, "model.py": _ATTEND},
+        "no-rotation": {"rope.py": ROPE.replace("(-x2, x1)", "(x2, x1)"), "model.py": HALF},
+        "starred": {"rope.py": ROPE, "other.py": IDENTITY, "model.py": HALF + "\nfrom .other import *\n"},
+        "package-first": {"rope.py": ROPE, "rope/__init__.py": IDENTITY, "model.py": HALF},
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_packages()))
+def test_switching_the_screen_off_changes_nothing_across_sibling_modules(tmp_path, name):
+    from test_rotary_imports import _package
+
+    model = _package(tmp_path, _packages()[name]) / "model.py"
+    source = model.read_text(encoding="utf-8")
+    screened = _run(source, str(model))
+    with (
+        mock.patch.object(rotary, "may_rotate", lambda fn: True),
+        mock.patch.object(rotary, "may_hold_site", lambda fn: True),
+    ):
+        assert _run(source, str(model)) == screened
+    if name == "nested":  # not vacuous: both tensors fused at the call of the imported helper
+        assert screened[0].split("def attend(", 1)[1].count("_npu_rotary_mul(") == 2, screened[0]

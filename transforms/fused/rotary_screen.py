@@ -23,6 +23,7 @@ so it drops no site and no finding:
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 
 from npu_migrate.transforms.fused.symbolic import Function, nodes_of
 
@@ -36,6 +37,11 @@ _COMPLEX = frozenset({"view_as_complex", "polar"})
 _PRODUCT, _JOIN, _NEGATION, _ROTATE_CALL, _COMPLEX_CALL = 1, 2, 4, 8, 16
 
 
+#: A def and the functions its calls by name reach: the file's (`Function.functions`), or for a helper
+#: imported from a sibling module, that module's (`imported.Namespace.scope`), as the inliner reads them.
+_Callee = tuple[ast.FunctionDef, Mapping[str, ast.FunctionDef]]
+
+
 class _Scans:
     """Per def of the file being matched: what it holds (`_PRODUCT` ... bits), the module functions it
     calls by name and the attributes it calls (a sibling method, whichever class asks). A module's
@@ -43,14 +49,16 @@ class _Scans:
 
     def __init__(self) -> None:
         self.functions: object = None
-        self.found: dict[int, tuple[ast.AST, int, list[ast.FunctionDef], set[str]]] = {}
+        self.found: dict[int, tuple[ast.AST, int, list[_Callee], set[str]]] = {}
 
-    def of(self, fn: Function, tree: ast.FunctionDef) -> tuple[int, list[ast.FunctionDef], set[str]]:
+    def of(self, fn: Function, callee: _Callee) -> tuple[int, list[_Callee], set[str]]:
         if self.functions is not fn.functions:  # another file: its defs are other trees
             self.functions, self.found = fn.functions, {}
+        tree, functions = callee
+        # A def is one module's: the table its calls reach is the same whichever caller asks.
         entry = self.found.get(id(tree))
         if entry is None:
-            entry = self.found[id(tree)] = (tree, *_scan(fn, nodes_of(tree)))
+            entry = self.found[id(tree)] = (tree, *_scan(fn, nodes_of(tree), functions))
         return entry[1:]
 
 
@@ -76,28 +84,31 @@ def may_hold_site(fn: Function) -> bool:
 
 def _reach(fn: Function) -> int:
     """The bits of `fn` and of every def it may inline."""
-    flags, callees, attributes = _scan(fn, fn.nodes)
+    flags, callees, attributes = _scan(fn, fn.nodes, fn.functions)
     seen = {id(fn.tree)}
     siblings = fn.siblings
-    todo = [*callees, *(siblings[a] for a in attributes if a in siblings)]
+    todo = [*callees, *((siblings[a], fn.functions) for a in attributes if a in siblings)]
     while todo:
-        tree = todo.pop()
-        if id(tree) in seen:
+        callee = todo.pop()
+        if id(callee[0]) in seen:
             continue
-        seen.add(id(tree))
-        more, called, attributes = _SCANS.of(fn, tree)
+        seen.add(id(callee[0]))
+        more, called, attributes = _SCANS.of(fn, callee)
         flags |= more
         todo += called
-        todo += [siblings[a] for a in attributes if a in siblings]
+        todo += [(siblings[a], fn.functions) for a in attributes if a in siblings]
     return flags
 
 
-def _scan(fn: Function, nodes: list[ast.AST]) -> tuple[int, list[ast.FunctionDef], set[str]]:
-    """The bits of `nodes`, the module functions they call by name, and the attributes they call."""
+def _scan(
+    fn: Function, nodes: list[ast.AST], functions: Mapping[str, ast.FunctionDef]
+) -> tuple[int, list[_Callee], set[str]]:
+    """The bits of `nodes`, the module functions they call by name (looked up in `functions`, with the
+    table each one's own calls reach), and the attributes they call."""
     flags = 0
     callees = []
     attributes = set()
-    functions = fn.functions
+    scope = getattr(functions, "scope", None)  # an `imported.Namespace`: its imported helpers' own module
     for node in nodes:
         kind = type(node)
         if kind is ast.BinOp:
@@ -118,7 +129,7 @@ def _scan(fn: Function, nodes: list[ast.AST]) -> tuple[int, list[ast.FunctionDef
                 name = spelled = func.id
                 callee = functions.get(name)
                 if callee is not None:
-                    callees.append(callee)
+                    callees.append((callee, scope(name) if scope is not None else functions))
                 else:
                     # `from torch import cat as join`: the evaluator resolves the alias.
                     qualname = fn.qualname(func)
