@@ -349,7 +349,9 @@ def test_a_star_import_after_a_local_helper_leaves_it_unfollowed(tmp_path):
     text, findings = _migrate(package / "model.py")
     assert not _fused(findings) and "_npu_rotary_mul" not in text
     assert any(
-        "not fused: a later `from .other import *` may rebind `rotate_half`" in m for m in _messages(findings)
+        "not fused: `rotate_half` is defined in this file, but a later `from .other import *` of this file may rebind it"
+        in m
+        for m in _messages(findings)
     ), _messages(findings)
     # Before the def, the def is the last binding.
     (package / "model.py").write_text(
@@ -379,3 +381,27 @@ def test_a_package_shadows_the_module_of_the_same_name(tmp_path, monkeypatch):
     (package / "rope").mkdir()
     (package / "rope" / "__init__.py").write_text(textwrap.dedent(IDENTITY))
     assert _cached_run(package, plan, tmp_path).diff == ""
+
+
+def test_a_global_statement_that_may_rebind_the_helper_leaves_it_unfollowed(tmp_path):
+    # Review r4: `global rotate_half` in a function assigns the module's name when it runs.
+    rebind = "\n\ndef use_identity():\n    global rotate_half\n    rotate_half = torch.clone\n"
+    package = _package(tmp_path, {"rope.py": ROPE, "model.py": HALF + rebind})
+    _, findings = _migrate(package / "model.py")
+    assert not _fused(findings)
+    assert any(
+        "`rotate_half` is imported from `.rope`, but `global rotate_half` in a function of this file may rebind it" in m
+        and "; to fuse it, give what the `global rotate_half` statement assigns a name of its own" in m
+        for m in _messages(findings)
+    ), _messages(findings)
+    # A def of the file itself.
+    local = textwrap.dedent(ROPE) + rebind + "\n\ndef apply(q, cos, sin):\n    return q * cos + rotate_half(q) * sin\n"
+    (package / "local.py").write_text(local, encoding="utf-8")
+    _, findings = _migrate(package / "local.py")
+    assert not _fused(findings)
+    assert any("`rotate_half` is defined in this file, but `global rotate_half`" in m for m in _messages(findings))
+    # The sibling's: `from .rope import rotate_half` may get what its function assigned.
+    (package / "rope.py").write_text(textwrap.dedent(ROPE) + rebind, encoding="utf-8")
+    _, findings = _migrate(package / "model.py")
+    assert not _fused(findings)
+    assert any("where `global rotate_half` in a function may rebind it" in m for m in _messages(findings))

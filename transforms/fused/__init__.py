@@ -75,7 +75,7 @@ from npu_migrate.transforms.fused.helpers import (
     rendered,
 )
 from npu_migrate.transforms.fused.idiom import Idiom
-from npu_migrate.transforms.fused.imported import Scope
+from npu_migrate.transforms.fused.imported import Scope, declared_global
 from npu_migrate.transforms.fused.symbolic import Function, Outcome, brief, has_fused_branch
 
 
@@ -153,9 +153,9 @@ class _ModuleFunctions(Mapping):
     """The module-level defs a fused idiom may call (`rotate_half`). A name the module defines twice or
     also binds otherwise is left out: which definition a call reaches is unknown."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, declared: set[str] = frozenset()) -> None:
         defs: dict[str, ast.FunctionDef] = {}
-        rebound: set[str] = set()
+        rebound: set[str] = set(declared)  # `global name` in a function: it may assign one
         for stmt in tree.body:
             if isinstance(stmt, _DEFS):
                 if stmt.name in defs:
@@ -436,7 +436,9 @@ class FusedOpsChecker(TreeChecker):
         self.shadowed = names.shadowed
         self.alternatives = names.alternatives
         self._qualname = names.resolve
-        self.functions = _ModuleFunctions(tree)
+        # Names a function declares `global` may be rebound by it (the walk only where the word is written).
+        declared = declared_global(tree) if "global" in source.text else frozenset()
+        self.functions = _ModuleFunctions(tree, declared)
         # Helpers imported from sibling modules, read only when an idiom follows one (NPU703).
         self.imported = Scope(tree, getattr(source, "file", None))
         self.reports: list[TreeReport] = []

@@ -111,6 +111,12 @@ def _bindings(
     return imported, defs, counts, starred
 
 
+def declared_global(tree: ast.AST) -> set[str]:
+    """The names a `global` statement in a function (or class) of the module declares: the function may
+    assign one, and a call of it then reaches that (whether it does is not read: a declaration counts)."""
+    return {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+
+
 def _spelled(stmt: ast.ImportFrom) -> str:
     return "." * stmt.level + (stmt.module or "")
 
@@ -161,12 +167,19 @@ class _Module:
 
     def __init__(self, path: Path, tree: ast.Module) -> None:
         self.path, self.tree = path, tree
-        self.functions = _module_functions(tree)
-        #: Names a later `from X import *` of the module may rebind -> X.
-        self.starred = _bindings(tree)[3]
         self.names = Names.of(tree)
         #: The Name nodes of the module: a name of a folded expression is the sibling's when it is one of these.
-        self.name_ids = {id(n) for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        self.name_ids: set[int] = set()
+        #: Names a function of the module may rebind (`global rotate_half`).
+        self.declared: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                self.name_ids.add(id(node))
+            elif isinstance(node, ast.Global):
+                self.declared.update(node.names)
+        self.functions = {k: v for k, v in _module_functions(tree).items() if k not in self.declared}
+        #: Names a later `from X import *` of the module may rebind -> X.
+        self.starred = _bindings(tree)[3]
 
 
 class Scope:
@@ -193,6 +206,20 @@ class Scope:
         return _bindings(self.tree)[3]
 
     @functools.cached_property
+    def declared(self) -> set[str]:
+        """The file's names a function may rebind (`global rotate_half`): asked only of a name about to be
+        followed, or declined, as a walk of the whole file."""
+        return declared_global(self.tree)
+
+    def rebinding(self, name: str) -> str | None:
+        """Why the file's module-level `name` may not be what a call of it reaches (None: nothing says so)."""
+        if name in self.starred:
+            return f"a later `from {self.starred[name]} import *` of this file may rebind it"
+        if name in self.declared:
+            return f"`global {name}` in a function of this file may rebind it"
+        return None
+
+    @functools.cached_property
     def file(self) -> Path | None:
         """The file on disk; None where it is not one (stdin, a test's `<string>`)."""
         return self._file if self._file is not None and self._file.is_file() else None
@@ -211,10 +238,7 @@ class Scope:
             self.why[name] = f"imported from `{spelled}`, a library, not a module next to this file"
             return None
         if name in self.starred:
-            self.why[name] = (
-                f"imported from `{spelled}`, but a later `from {self.starred[name]} import *` of this file may "
-                "rebind it"
-            )
+            self.why[name] = f"imported from `{spelled}`, but {self.rebinding(name)}"
             return None
         if self.file is None:
             self.why[name] = NO_FILE
@@ -262,10 +286,17 @@ class Scope:
                 f"`{original}`"
             )
             return None
+        if original in module.declared:
+            self.why[name] = f"imported from `{spelled}`, where `global {original}` in a function may rebind it"
+            return None
         if original not in module.functions:
             self.why[name] = (
                 f"imported from `{spelled}`, where `{original}` is not one function defined once at module level"
             )
+            return None
+        # Last, as it walks the whole file: a function here may rebind the name (`global rotate_half`).
+        if name in self.declared:
+            self.why[name] = f"imported from `{spelled}`, but {self.rebinding(name)}"
             return None
         return module.functions[original], module
 
@@ -372,8 +403,8 @@ def why_not_followed(fn: Function, name: str) -> str | None:
     return scope.why.get(name) if isinstance(scope, Scope) else None
 
 
-def star_rebinding(fn: Function, name: str) -> str | None:
-    """The X of a top-level `from X import *` of `fn`'s file after which `name` is no longer known to be
-    what the file bound it to (None: no such import, or the file is not known)."""
+def rebinding(fn: Function, name: str) -> str | None:
+    """Why a module-level `name` of `fn`'s file may not be what a call reaches: a later `from X import *`,
+    or a function's `global name` (None: neither)."""
     scope = fn.imported
-    return scope.starred.get(name) if isinstance(scope, Scope) else None
+    return scope.rebinding(name) if isinstance(scope, Scope) else None

@@ -29,7 +29,7 @@ from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.imported import (
     NO_FILE,
     following,
-    star_rebinding,
+    rebinding,
     unbound_name,
     why_not_followed,
 )
@@ -509,14 +509,14 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                 remedy = (
                     "to fuse it, migrate the file by its path (not from stdin)"
                     if imported == NO_FILE
-                    else f"to fuse it, bind `{name}` after the `import *` (or import by name what it is needed for)"
-                    if "import *` " in imported
+                    else _rebound_remedy(name, imported)
+                    if "may rebind" in imported
                     else f"to fuse it, define `{name}` in this file or in a module next to it"
                 )
-            elif isinstance(factor.func, ast.Name) and star_rebinding(fn, name) is not None:
-                # A def of this file a later `from X import *` may rebind (`imported` says so of an import).
-                why = f"a later `from {star_rebinding(fn, name)} import *` may rebind `{name}`"
-                remedy = f"to fuse it, bind `{name}` after the `import *` (or import by name what it is needed for)"
+            elif isinstance(factor.func, ast.Name) and rebinding(fn, name) is not None:
+                # A def of this file that a star import or a `global` may rebind (`imported` says so of an import).
+                why = f"`{name}` is defined in this file, but {rebinding(fn, name)}"
+                remedy = _rebound_remedy(name, why)
             else:
                 why = (
                     f"`{source(factor.func)}` is not one straight-line function of this module (it is imported, "
@@ -526,6 +526,12 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                 remedy = f"to fuse it, define `{name}` once, at module level, as straight-line code"
             return Outcome(ROTARY, f"rotary embedding not fused: {why}", remedy=remedy)
     return None
+
+
+def _rebound_remedy(name: str, why: str) -> str:
+    if "import *` " in why:
+        return f"to fuse it, bind `{name}` after the `import *` (or import by name what it is needed for)"
+    return f"to fuse it, give what the `global {name}` statement assigns a name of its own"
 
 
 def _branches(helper: ast.FunctionDef) -> str | None:
