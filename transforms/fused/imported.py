@@ -11,7 +11,9 @@ migrated; the imported helper stays what the original code calls.
 
 Bounded and deterministic: only names bound once, by a top-level `from ... import`, are followed, one
 level (the sibling's own imports are not), at most `MAX_MODULES` modules of at most `MAX_BYTES` each per
-file; a module resolves to one file by fixed rules:
+file. A name (of the file, or the sibling's def) that a later top-level `from X import *` or a function's
+`global` may rebind is not followed: what a call reaches at run time is not known. A module resolves to
+one file by fixed rules, the package (`x/__init__.py`) before a module `x.py` beside it, as Python does:
 
 * relative (`from .rope import f`, `from ..layers import f`): through the package, from the file's folder;
 * absolute (`from model_utils import f`): from the file's folder when it is no package (a script's folder
