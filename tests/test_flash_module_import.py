@@ -55,6 +55,23 @@ def test_the_module_import_stays_where_something_else_reads_the_module():
     assert "`import flash_attn` left unconditional: line 4 uses `flash_attn`" in findings[(1, "NPU705")]
 
 
+def test_an_import_finding_quotes_the_names_as_the_statement_spells_them():
+    # The finding quotes the line it points at: an alias it dropped would leave `fa` named nowhere in it.
+    _, findings = _migrate(
+        """
+        import flash_attn as fa
+        import torch
+
+        VERSION = fa.__version__
+
+
+        def attend(q, k, v):
+            return fa.flash_attn_func(q, k, v, causal=True)
+        """
+    )
+    assert "`import flash_attn as fa` left unconditional: line 4 uses `fa`" in findings[(1, "NPU705")]
+
+
 def test_flash_attention_3_calls_are_reported_with_the_port():
     migrated, findings = _migrate(
         """

@@ -90,10 +90,16 @@ def decide(
         yield _decision(site, package, funcs | modules, {_root(call.func) for call in wrapped}, one_line)
 
 
+def _names(stmt: ast.Import | ast.ImportFrom) -> str:
+    """The names as the statement spells them (`memory_efficient_attention as mea`): a finding quoting
+    `import xformers.ops` and then naming `xops` would not read as the line it points at."""
+    return ", ".join(f"{a.name} as {a.asname}" if a.asname else a.name for a in stmt.names)
+
+
 def _decision(site: _Site, package: str, funcs: set[int], roots: set, one_line) -> Decision:
     stmt, scope = site.statement, site.scope
     if isinstance(stmt, ast.Import):
-        imported = f"`import {', '.join(alias.name for alias in stmt.names)}`"
+        imported = f"`import {_names(stmt)}`"
         bound = {(alias.asname or alias.name).split(".")[0] for alias in stmt.names if _of(alias.name, package)}
         if not bound & roots:
             return Decision(stmt, _reported(site, imported, [alias.name for alias in stmt.names], package))
@@ -115,7 +121,7 @@ def _decision(site: _Site, package: str, funcs: set[int], roots: set, one_line) 
             fix=_conditional(package, sorted(bound)),
             modules=tuple(sorted(bound)),
         )
-    imported = f"`from {stmt.module} import {', '.join(alias.name for alias in stmt.names)}`"
+    imported = f"`from {stmt.module} import {_names(stmt)}`"
     bound = [alias.asname or alias.name for alias in stmt.names]
     loads = [node for node in ast.walk(scope) if isinstance(node, ast.Name) and node.id in bound]
     if "*" in bound or isinstance(scope, ast.ClassDef) or not any(id(node) in funcs for node in loads):

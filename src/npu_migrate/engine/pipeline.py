@@ -12,6 +12,7 @@ import gc
 import importlib
 import re
 import signal
+import stat
 import sys
 import threading
 from dataclasses import dataclass, field, replace
@@ -445,7 +446,7 @@ def _process(job: Job, plan: Plan, seen: list[bytes] | None = None) -> FileResul
         )
         if new_text == source.text:
             if plan.mode is Mode.OUTPUT and job.destination is not None:
-                write_output(job.destination, source.raw, plan.output_root)
+                write_output(job.destination, source.raw, plan.output_root, like=job.path)
             module, imports = helper_imports(source.text, None, helper_module)
             return FileResult(
                 job.display, Status.UNCHANGED, findings, parsed=parsed, helper_module=module, helper_imports=imports
@@ -462,7 +463,7 @@ def _process(job: Job, plan: Plan, seen: list[bytes] | None = None) -> FileResul
                 )
             atomic_write(job.path, data, expected=source.raw)
         elif plan.mode is Mode.OUTPUT and job.destination is not None:
-            write_output(job.destination, data, plan.output_root)
+            write_output(job.destination, data, plan.output_root, like=job.path)
         return FileResult(
             job.display, Status.CHANGED, findings, diff=diff, parsed=True, helper_module=module, helper_imports=imports
         )
@@ -478,14 +479,21 @@ def _process(job: Job, plan: Plan, seen: list[bytes] | None = None) -> FileResul
         )
 
 
-def write_output(destination: Path, data: bytes, root: Path | None) -> None:
-    """Write into the output tree, never through a symlink that leads out of it."""
+def write_output(destination: Path, data: bytes, root: Path | None, like: Path | None = None) -> None:
+    """Write into the output tree, never through a symlink that leads out of it; the copy of a source
+    file (`like`) takes its mode bits."""
     if root is not None:
         resolved_root = root.resolve()
         parent = destination.parent.resolve()
         if parent != resolved_root and resolved_root not in parent.parents:
             raise SourceError(f"output folder {destination.parent} leads outside {root} (symlink); not written")
-    atomic_write(destination, data)
+    mode = None
+    if like is not None:
+        try:
+            mode = stat.S_IMODE(like.stat().st_mode)
+        except OSError:
+            pass  # the source just read went away: the output keeps a new file's mode
+    atomic_write(destination, data, mode=mode)
 
 
 _API_CACHE: dict[tuple, NpuApi] = {}

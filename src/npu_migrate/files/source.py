@@ -74,11 +74,24 @@ def read_source(path: Path) -> SourceFile:
     return decode_source(path, raw)
 
 
-def atomic_write(path: Path, data: bytes, *, expected: bytes | None = None) -> None:
+def _new_file_mode() -> int:
+    """The mode `open()` gives a new file under this process's umask (read once, at import: setting the
+    umask to read it is not thread-safe)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+_NEW_FILE_MODE = _new_file_mode()
+
+
+def atomic_write(path: Path, data: bytes, *, expected: bytes | None = None, mode: int | None = None) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file, never a mix.
 
     With `expected`, the file must still hold exactly those bytes: a file edited while the run was in
-    flight is not overwritten.
+    flight is not overwritten. The file keeps its mode bits; `mode` sets them instead (an output tree's
+    copy takes its source's, so a launch script stays executable), and a new file without one gets what
+    `open()` would give it, not the temporary file's 0600.
     """
     if path.is_symlink():
         raise SourceError("is a symbolic link; not written through")
@@ -103,8 +116,8 @@ def atomic_write(path: Path, data: bytes, *, expected: bytes | None = None) -> N
             tmp.write(data)
             tmp.flush()
             os.fsync(tmp.fileno())
+        os.chmod(tmp_name, mode if mode is not None else stat.S_IMODE(st.st_mode) if st else _NEW_FILE_MODE)
         if st is not None:
-            os.chmod(tmp_name, stat.S_IMODE(st.st_mode))
             try:
                 os.chown(tmp_name, st.st_uid, st.st_gid)
             except (PermissionError, AttributeError):
