@@ -296,6 +296,41 @@ CASES["rotate_real_pairs"] = (
 )
 
 
+#: diffusers' Z-image (`ZSingleStreamAttnProcessor`): the complex rotation inside an autocast-disabled block,
+#: which only means the ops run in the dtypes the code gives them; the branch goes first inside the block.
+AUTOCAST_OFF = textwrap.dedent(
+    """
+    import torch
+
+
+    def rope_autocast_off(x, freqs_cis):
+        with torch.amp.autocast("cuda", enabled=False):
+            xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+            freqs_cis = freqs_cis.unsqueeze(2)
+            out = torch.view_as_real(xc * freqs_cis).flatten(3)
+            return out.type_as(x)
+    """
+)
+
+
+def _batch_complex_tables(dtype):
+    """Z-image's freqs_cis: (1, S, D/2), unsqueezed to the heads by the function (a per-batch table is one
+    the interleaved kernel does not take: `_npu_rotary_fits` falls back)."""
+    return (_complex_tables(dtype)[0][:, :, 0],)
+
+
+CASES["rope_autocast_off"] = (
+    AUTOCAST_OFF,
+    _batch_complex_tables,
+    "interleave",
+    {
+        "sign": ("_npu_sin = _npu_t0.imag", "_npu_sin = -_npu_t0.imag"),
+        "pairing": ('rotary_mode="interleave"', 'rotary_mode="half"'),
+        "repeat": ("_npu_t0.real.repeat_interleave(2, dim=-1)", "_npu_t0.real.tile((2,))"),
+    },
+)
+
+
 def _migrated(source: str) -> tuple[str, list]:
     return migrate_text(source, path="rope.py", select=["NPU703"])
 
@@ -413,3 +448,30 @@ def test_interleaved_spellings_are_declined_where_the_version_has_no_rotary_mode
     assert sum("; to fuse it, target a torch_npu that has it" in m for m in messages) == 4, messages
     assert 'rotary_mode="interleave"' not in text
     assert text.count('rotary_mode="half")') == 5  # the half-mode spellings still fused
+
+
+def test_the_autocast_disabled_branch_runs_inside_the_block():
+    text, _ = _migrated(AUTOCAST_OFF)
+    block = text.split('with torch.amp.autocast("cuda", enabled=False):\n', 1)[1]
+    assert block.startswith("        if _is_npu(x):"), block  # first in the block, one level in
+    # the deprecated spelling too
+    old = AUTOCAST_OFF.replace('torch.amp.autocast("cuda", enabled=False)', "torch.cuda.amp.autocast(enabled=False)")
+    text, _ = _migrated(old)
+    assert text.split("torch.cuda.amp.autocast(enabled=False):\n", 1)[1].startswith("        if _is_npu(x):"), text
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        'torch.amp.autocast("cuda", enabled=True)',  # autocast on: the ops run in its dtype, not the code's
+        'torch.amp.autocast("cuda")',
+        "torch.no_grad()",  # anything else in a `with` is not read through
+        'torch.amp.autocast("cuda", enabled=False) as ctx',
+        'torch.amp.autocast("cuda", enabled=off)',  # not known to be False
+    ],
+)
+def test_any_other_with_is_left_alone(context):
+    source = AUTOCAST_OFF.replace('torch.amp.autocast("cuda", enabled=False)', context)
+    text, findings = _migrated(source)
+    assert text == source, context
+    assert not any(f.fixed for f in findings)

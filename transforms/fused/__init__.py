@@ -410,6 +410,13 @@ def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement, index: i
     return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
+def _insert_within(updated: cst.FunctionDef, branch: cst.BaseStatement, outer: int, index: int) -> cst.FunctionDef:
+    """The function with `branch` in front of statement `index` of the block that is its statement `outer`."""
+    body = list(updated.body.body)
+    body[outer] = _insert_branch(body[outer], branch, index)
+    return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
 class FusedOpsChecker(TreeChecker):
     rules = tuple({idiom.rule.id: idiom.rule for idiom in IDIOMS}.values())
     # A file holding the helpers (a package's helper module, a migrated file) is looked at for them: one
@@ -659,25 +666,32 @@ class FusedOpsChecker(TreeChecker):
         if fix is None:
             from npu_migrate.engine.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
 
-            code = self._laid_out(node, render(outcome.template, **outcome.context))
+            # A branch may go first inside a top-level block (NPU703: an autocast-disabled `with`).
+            block = next((b for b in node.body if outcome.before in getattr(b, "body", ())), None)
+            code = self._laid_out(node, render(outcome.template, **outcome.context), block is not None)
             kernels = _kernel_helpers(code, outcome.template)
             helpers += kernels
             named = names_in(code)
             called = [PRELUDE, *(t for t in outcome.helpers if HELPER_NAMES[t] in named), *kernels]
             branch = cst.parse_statement(code)
-            index = None if outcome.before is None else _statement_index(node, outcome.before)
-            fix = lambda updated: _insert_branch(updated, branch, index)  # noqa: E731
+            index = None if outcome.before is None else _statement_index(block or node, outcome.before)
+            if block is not None:
+                outer = _statement_index(node, block)
+                fix = lambda updated: _insert_within(updated, branch, outer, index)  # noqa: E731
+            else:
+                fix = lambda updated: _insert_branch(updated, branch, index)  # noqa: E731
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
         self.applied.append((helpers, called, self.reports[-1]))
 
-    def _laid_out(self, node: ast.FunctionDef, code: str) -> str:
+    def _laid_out(self, node: ast.FunctionDef, code: str, nested: bool = False) -> str:
         """A branch's `code` (one statement a line, at column 0) within the file's width once indented as
-        the function's body, which it is inserted in, and in the file's indentation unit."""
+        the function's body, which it is inserted in (`nested`: one level deeper, in a block of it), and in
+        the file's indentation unit."""
         body = self.source.lines[node.body[0].lineno - 1]
         margin = body[: len(body) - len(body.lstrip(" \t"))]
         header = self.source.lines[node.lineno - 1]
         unit = margin[len(header) - len(header.lstrip(" \t")) :] or "    "
-        return fit(code, line_width(self.source.text) - len(margin), unit)
+        return fit(code, line_width(self.source.text) - len(margin) - (len(unit) if nested else 0), unit)
 
     def _optional_imports(self, tree: ast.Module) -> None:
         """Imports of a package an NPU host lacks: made conditional where they only feed the calls an idiom

@@ -80,7 +80,9 @@ ROTARY = Rule(
     xp[..., 1]`: the kernel tables stacked per parity, the matrix's trailing shape checked first), tables
     times a scale (`t * freqs.cos() * scale`, checked to be tensors), tables given x's sizes
     (`cache.view(-1, x.size(1), 1, d)`), partial rotary (the rotated window, the rest passed through),
-    a CUDA-only fast path in front (kept for CUDA, the branch goes first). The kernel tables are built
+    a CUDA-only fast path in front (kept for CUDA, the branch goes first), a body that is one
+    `with torch.autocast(..., enabled=False):` (Z-image: the branch goes first inside the block, where
+    the kernel runs with autocast disabled as the original's ops do). The kernel tables are built
     once per call, by tensor operations, in the branch. Interleaved rotary maps to
     rotary_mode='interleave' for torch_npu versions that have it. A branch in front of the untouched
     body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits` holds: 4-D, one dtype for
@@ -323,7 +325,7 @@ def match(fn: Function) -> Outcome | None:
             remedy="to fuse it, give each side a function of its own",
         )
     try:
-        result = inline_functions(fn, fold(fn, unpack=True))
+        result = inline_functions(fn, fold(fn, unpack=True, autocast_off=True))
     except NotStraightLine as why:
         # The straight-line tail first: what it computes decides, whatever calls it makes.
         tail = _straight_tail_outcome(fn)
@@ -339,6 +341,11 @@ def match(fn: Function) -> Outcome | None:
             return _rotate_helper_outcome(fn)
         return Outcome(ROTARY, f"rotary embedding not fused: {why}", remedy=STRAIGHT_LINE)
     outcome = _outcome(fn, result)
+    if outcome is not None and outcome.template is not None and fn.autocast_off is not None:
+        # Z-image's `with torch.amp.autocast("cuda", enabled=False):` around the rotation: the branch goes
+        # first inside the block, so the kernel runs with autocast disabled as the original's ops do (in
+        # front of the `with`, an enclosing autocast could run it in another dtype).
+        outcome.before = fn.autocast_off.body[0]
     if outcome is not None and outcome.template is None and len(body_statements(fn.tree)) > 1:
         # `x = self.bn(x)` or `x = torch.relu(x)` then the rotation: folded, the rotated tensor is that call
         # (run twice by a branch in front, or not read by the evaluator); a branch after the statement

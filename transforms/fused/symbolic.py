@@ -81,6 +81,10 @@ class Function:
     #: The tensors whose CUDA-only fast paths `fold` skipped at the top of the body.
     fast_path_tensors: list[str] = field(default_factory=list)
 
+    #: The `with torch.autocast(..., enabled=False):` that is the whole body, when `fold(autocast_off=True)`
+    #: read through it: a branch must go inside it (first in its body), where the original's ops run.
+    autocast_off: ast.With | None = None
+
     #: Every identifier of the file (`AstIndex.names`), when known: a matcher may skip looking for a call
     #: whose name is not among them.
     names: frozenset[str] | set[str] | None = None
@@ -158,7 +162,10 @@ def body_statements(tree: ast.FunctionDef) -> list[ast.stmt]:
 def has_fused_branch(tree: ast.FunctionDef) -> bool:
     """True when the body already holds a branch this codemod injected (a second run): first, or in front
     of a straight-line tail."""
-    for stmt in body_statements(tree):
+    body = body_statements(tree)
+    if len(body) == 1 and isinstance(body[0], ast.With):
+        body = body[0].body  # a branch first inside the autocast-disabled block that is the body (`fold`)
+    for stmt in body:
         if not isinstance(stmt, ast.If):
             continue
         test = stmt.test
@@ -266,6 +273,36 @@ def _chunk_call(value: ast.expr, qualname) -> bool:
     return isinstance(first, ast.Constant) and first.value == 2
 
 
+#: The autocast context managers (`torch.cuda.amp.autocast` is deprecated, still common).
+_AUTOCASTS = (
+    "torch.autocast",
+    "torch.amp.autocast",
+    "torch.amp.autocast_mode.autocast",
+    "torch.cuda.amp.autocast",
+    "torch.cpu.amp.autocast",
+    "torch.npu.amp.autocast",
+    "torch_npu.npu.amp.autocast",
+)
+
+
+def disabled_autocast(stmt: ast.stmt, qualname) -> bool:
+    """`with torch.autocast(..., enabled=False):` (or `torch.cuda.amp.autocast(enabled=False)`), every item
+    an autocast context whose `enabled` is the constant False, none bound by `as`: the block's ops run in
+    the dtypes the code gives them. Anything else in a `with` is not read through."""
+    if not isinstance(stmt, ast.With) or not stmt.items:
+        return False
+    for item in stmt.items:
+        call = item.context_expr
+        if item.optional_vars is not None or not isinstance(call, ast.Call) or qualname(call.func) not in _AUTOCASTS:
+            return False
+        enabled = [k.value for k in call.keywords if k.arg == "enabled"]
+        if any(k.arg is None for k in call.keywords) or any(isinstance(a, ast.Starred) for a in call.args):
+            return False  # `**kwargs` / `*args` may say otherwise
+        if len(enabled) != 1 or not (isinstance(enabled[0], ast.Constant) and enabled[0].value is False):
+            return False
+    return True
+
+
 def cuda_only_tensor(test: ast.expr, fn: Function) -> str | None:
     """The parameter `p` when `test` can only hold for a CUDA tensor `p`: `p.is_cuda`, `p.device.type ==
     "cuda"`, alone or in an `and` of side-effect-free conditions (`fast_kernel is not None and p.is_cuda`)."""
@@ -302,18 +339,28 @@ def cuda_only_tensor(test: ast.expr, fn: Function) -> str | None:
     return tested
 
 
-def fold(fn: Function, depth: int = 0, inlined: bool = False, unpack: bool = False) -> ast.expr:
+def fold(
+    fn: Function, depth: int = 0, inlined: bool = False, unpack: bool = False, autocast_off: bool = False
+) -> ast.expr:
     """The return expression of `fn` with its locals (and inlinable sibling calls) substituted. CUDA-only
     fast paths (`if fast_kernel is not None and x.is_cuda: return fast_kernel(x)`, an `else` or not) are
     skipped: their tests are false on an NPU, so a fused branch put first keeps them for CUDA. A matcher
     must check that they test the tensor its branch tests (`Function.fast_path_tensors`). An `inlined` function's are not: its parameters stand
     for its caller's expressions, which the caller's branch does not test. With `unpack`, for a caller that
-    inlines helpers (`inline_functions`, which must then see every one), `a, b = helper(...)` is read too."""
+    inlines helpers (`inline_functions`, which must then see every one), `a, b = helper(...)` is read too.
+    With `autocast_off`, a body that is one `with torch.autocast(..., enabled=False):` is read as the block's
+    body (`Function.autocast_off`), for a matcher that puts its branch inside the block (Z-image's rotary)."""
     env: dict[str, ast.expr] = {}
     #: `out = torch.empty_like(t)` whose elements are being written (`unpack`): name -> (t, parity -> value).
     filling: dict[str, tuple[ast.expr, dict[int, ast.expr]]] = {}
     body = list(body_statements(fn.tree))
     fn.fast_path_tensors = []
+    fn.autocast_off = None
+    if autocast_off and not inlined and len(body) == 1 and disabled_autocast(body[0], fn.qualname):
+        # Autocast disabled only means the ops run in the dtypes the code gives them, which the evaluator
+        # assumes anyway; a branch first in the block runs the kernel under the same (disabled) autocast.
+        fn.autocast_off = body[0]
+        body = list(body[0].body)
     while body:
         stmt = body.pop(0)
         if isinstance(stmt, ast.Pass):
