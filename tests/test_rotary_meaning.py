@@ -475,3 +475,9 @@ def test_any_other_with_is_left_alone(context):
     text, findings = _migrated(source)
     assert text == source, context
     assert not any(f.fixed for f in findings)
+    # declined, not silent, with what to do
+    messages = [f.message for f in findings if f.rule_id == "NPU703"]
+    assert any("inside `with " in m and "; to fuse it, rotate in a function of its own" in m for m in messages), (
+        messages
+    )
+

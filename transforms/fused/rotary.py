@@ -21,6 +21,7 @@ gets its branch after that statement, reading the value it computed.
 from __future__ import annotations
 
 import ast
+import copy
 
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.program.api import load_table
@@ -328,7 +329,7 @@ def match(fn: Function) -> Outcome | None:
         result = inline_functions(fn, fold(fn, unpack=True, autocast_off=True))
     except NotStraightLine as why:
         # The straight-line tail first: what it computes decides, whatever calls it makes.
-        tail = _straight_tail_outcome(fn)
+        tail = _straight_tail_outcome(fn) or _with_outcome(fn)
         if tail is not None:
             return tail
         try:
@@ -354,6 +355,33 @@ def match(fn: Function) -> Outcome | None:
         if later is not None and later.template is not None:
             return later
     return outcome
+
+
+def _with_outcome(fn: Function) -> Outcome | None:
+    """The finding for a body that is one `with` other than an autocast-disabled one (`fold`), around a
+    rotary embedding: what the block sets up (autocast on, a device, a hook) may change what the kernel
+    would compute, so it is not read through, and not left silent either."""
+    body = body_statements(fn.tree)
+    if len(body) != 1 or not isinstance(body[0], (ast.With, ast.AsyncWith)):
+        return None
+    tree = copy.copy(fn.tree)
+    tree.body = body[0].body
+    inner = Function(
+        tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names, class_name=fn.class_name
+    )
+    try:
+        if not sites(inline_functions(inner, fold(inner, unpack=True)), inner):
+            return None
+    except NotStraightLine:
+        return None
+    items = ", ".join(source(item.context_expr) for item in body[0].items)
+    return Outcome(
+        ROTARY,
+        f"rotary embedding inside `with {items}:` not fused: only a block that disables autocast "
+        "(`enabled=False`, nothing bound by `as`) is read through, and what this one sets up may change what "
+        "the kernel computes",
+        remedy="to fuse it, rotate in a function of its own, called inside the `with`",
+    )
 
 
 def _straight_tail_outcome(fn: Function) -> Outcome | None:
