@@ -480,4 +480,3 @@ def test_any_other_with_is_left_alone(context):
     assert any("inside `with " in m and "; to fuse it, rotate in a function of its own" in m for m in messages), (
         messages
     )
-
