@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from npu_migrate.analyze.project import Visitor, walk
 
 SAMPLE = '''
@@ -133,3 +135,24 @@ def test_a_missing_field_is_skipped_as_the_stdlib_skips_it() -> None:
         del call.keywords
     assert [type(n).__name__ for n in walk(call)] == [type(n).__name__ for n in ast.walk(call)]
     assert _pairs_ours(call) == _pairs_stdlib(call)
+
+
+def test_a_node_without_fields_is_visited_when_a_scanner_asks_for_it() -> None:
+    # `Load` and the like are skipped only where their visit would do nothing.
+    stores = []
+
+    class Stores(Visitor):
+        def visit_Store(self, node):
+            stores.append(node)
+
+    Stores().visit(ast.parse("a = b; c, d = e"))
+    assert len(stores) == 4  # a, (c, d), c, d
+
+
+def test_a_scanner_may_not_override_visit() -> None:
+    # `generic_visit` dispatches itself, so an overridden `visit` would be bypassed below the root.
+    with pytest.raises(TypeError):
+
+        class Bad(Visitor):
+            def visit(self, node):
+                return None

@@ -103,36 +103,53 @@ class Visitor(ast.NodeVisitor):
     """`ast.NodeVisitor`, the same walk in the same order, made cheaper for the modes' scanners (#26): they
     walk every node of every file, and the stdlib's `visit` builds the method name and looks it up on each
     node, and its `generic_visit` goes through the `iter_fields` generator. Here the method is looked up
-    once per (scanner class, node class), and the fields are read directly (`getattr` with a default is
-    `iter_fields`' skip of a missing field)."""
+    once per (scanner class, node class), `generic_visit` calls it itself (one call per node, not two),
+    and the fields are read directly (`getattr` with a default is `iter_fields`' skip of a missing field).
+    A node of no fields (`Load`, `Add`) whose visit would be this `generic_visit` is not visited at all:
+    that visit does nothing. Subclasses define `visit_*` and may override `generic_visit`, not `visit`."""
 
-    _methods: dict[type, Callable[[Any, ast.AST], Any]]
+    _methods: dict[type, Callable[[Any, ast.AST], Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "visit" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: `generic_visit` does not go through `visit`; override `visit_*`")
         cls._methods = {}  # each class its own: a subclass may define other `visit_*`
 
-    def visit(self, node: ast.AST) -> Any:
-        kind = node.__class__
+    def _method(self, kind: type) -> Callable[[Any, ast.AST], Any]:
         method = self._methods.get(kind)
         if method is None:
-            method = getattr(type(self), "visit_" + kind.__name__, None)
-            if method is None or method is _STDLIB_CONSTANT and not _legacy_constants(type(self)):
+            cls = type(self)
+            method = getattr(cls, "visit_" + kind.__name__, None)
+            if method is None or method is _STDLIB_CONSTANT and not _legacy_constants(cls):
                 # The stdlib's `visit_Constant` only forwards to the deprecated `visit_Num` and the like.
-                method = type(self).generic_visit
+                method = cls.generic_visit
+            if method is Visitor.generic_visit and not kind._fields:
+                method = _nothing
             self._methods[kind] = method
-        return method(self, node)
+        return method
+
+    def visit(self, node: ast.AST) -> Any:
+        return self._method(node.__class__)(self, node)
 
     def generic_visit(self, node: ast.AST) -> None:
-        visit = self.visit
+        methods = self._methods
         for name in node._fields:
             value = getattr(node, name, None)
             if isinstance(value, list):
                 for item in value:
                     if isinstance(item, ast.AST):
-                        visit(item)
+                        method = methods.get(item.__class__) or self._method(item.__class__)
+                        if method is not _nothing:
+                            method(self, item)
             elif isinstance(value, ast.AST):
-                visit(value)
+                method = methods.get(value.__class__) or self._method(value.__class__)
+                if method is not _nothing:
+                    method(self, value)
+
+
+def _nothing(visitor: Visitor, node: ast.AST) -> None:
+    """The visit of a node without fields that no `visit_*` wants: `generic_visit` of it does nothing."""
 
 
 #: What `ast.NodeVisitor` defines as `visit_Constant` (None where the stdlib no longer has it).
