@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +97,83 @@ def package_of(module: str | None, display: str) -> str | None:
     if display.endswith("__init__.py"):
         return module
     return module.rpartition(".")[0] or None
+
+
+class Visitor(ast.NodeVisitor):
+    """`ast.NodeVisitor`, the same walk in the same order, made cheaper for the modes' scanners (#26): they
+    walk every node of every file, and the stdlib's `visit` builds the method name and looks it up on each
+    node, and its `generic_visit` goes through the `iter_fields` generator. Here the method is looked up
+    once per (scanner class, node class), `generic_visit` calls it itself (one call per node, not two),
+    and the fields are read directly (`getattr` with a default is `iter_fields`' skip of a missing field).
+    A node of no fields (`Load`, `Add`) whose visit would be this `generic_visit` is not visited at all:
+    that visit does nothing. Subclasses define `visit_*` and may override `generic_visit`, not `visit`."""
+
+    _methods: dict[type, Callable[[Any, ast.AST], Any]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "visit" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: `generic_visit` does not go through `visit`; override `visit_*`")
+        cls._methods = {}  # each class its own: a subclass may define other `visit_*`
+
+    def _method(self, kind: type) -> Callable[[Any, ast.AST], Any]:
+        method = self._methods.get(kind)
+        if method is None:
+            cls = type(self)
+            method = getattr(cls, "visit_" + kind.__name__, None)
+            if method is None or method is _STDLIB_CONSTANT and not _legacy_constants(cls):
+                # The stdlib's `visit_Constant` only forwards to the deprecated `visit_Num` and the like.
+                method = cls.generic_visit
+            if method is Visitor.generic_visit and not kind._fields:
+                method = _nothing
+            self._methods[kind] = method
+        return method
+
+    def visit(self, node: ast.AST) -> Any:
+        return self._method(node.__class__)(self, node)
+
+    def generic_visit(self, node: ast.AST) -> None:
+        methods = self._methods
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.AST):
+                        method = methods.get(item.__class__) or self._method(item.__class__)
+                        if method is not _nothing:
+                            method(self, item)
+            elif isinstance(value, ast.AST):
+                method = methods.get(value.__class__) or self._method(value.__class__)
+                if method is not _nothing:
+                    method(self, value)
+
+
+def _nothing(visitor: Visitor, node: ast.AST) -> None:
+    """The visit of a node without fields that no `visit_*` wants: `generic_visit` of it does nothing."""
+
+
+#: What `ast.NodeVisitor` defines as `visit_Constant` (None where the stdlib no longer has it).
+_STDLIB_CONSTANT = getattr(ast.NodeVisitor, "visit_Constant", None)
+
+
+def walk(node: ast.AST) -> Iterator[ast.AST]:
+    """`ast.walk`: the same nodes in the same (breadth-first) order, without `iter_child_nodes`' generator
+    per node (the scanners walk each function again for the names it assigns, #26)."""
+    todo = deque([node])
+    while todo:
+        node = todo.popleft()
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, ast.AST):
+                todo.append(value)
+            elif isinstance(value, list):
+                todo.extend(item for item in value if isinstance(item, ast.AST))
+        yield node
+
+
+def _legacy_constants(cls: type) -> bool:
+    names = ("visit_Num", "visit_Str", "visit_Bytes", "visit_NameConstant", "visit_Ellipsis")
+    return any(hasattr(cls, name) for name in names)
 
 
 def parse(path: Path, display: str, module: str | None) -> Source:

@@ -14,7 +14,18 @@ import ast
 import functools
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
+from npu_migrate.analyze.project import (
+    Context,
+    Mode,
+    ModeResult,
+    Project,
+    Source,
+    Table,
+    Visitor,
+    finding_key,
+    location_key,
+    walk,
+)
 from npu_migrate.engine.registry import rule
 from npu_migrate.transforms.fused import IDIOMS
 
@@ -72,7 +83,7 @@ def _number(node: ast.AST, value: float) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and abs(node.value - value) < 1e-9
 
 
-class _Matcher(ast.NodeVisitor):
+class _Matcher(Visitor):
     def __init__(self, source: Source, api, covered: frozenset[str]) -> None:
         self.source, self.api, self.covered = source, api, covered
         self.rows: list[list] = []
@@ -235,7 +246,7 @@ def _is_masked_fill(node: ast.AST) -> bool:
 
 def _masked_names(function: ast.AST, source: Source) -> set[str]:
     names = set()
-    for node in ast.walk(function):
+    for node in walk(function):
         if isinstance(node, ast.Assign) and _is_masked_fill(node.value):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
         elif (
@@ -252,7 +263,7 @@ def _masked_names(function: ast.AST, source: Source) -> set[str]:
 def _chunk_pairs(function: ast.AST) -> dict[str, tuple[str, str]]:
     """`a, b = x.chunk(2, dim=-1)`: b -> (a, "right"), a -> (b, "left")."""
     pairs = {}
-    for node in ast.walk(function):
+    for node in walk(function):
         if (
             isinstance(node, ast.Assign)
             and len(node.targets) == 1

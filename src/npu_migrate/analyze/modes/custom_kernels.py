@@ -30,6 +30,7 @@ from npu_migrate.analyze.project import (
     finding_key,
     location_key,
     relative,
+    walk,
 )
 from npu_migrate.engine.registry import family_of
 from npu_migrate.files.discovery import discover
@@ -125,7 +126,7 @@ def scan(source: Source, context: Context) -> dict | None:
         if rule is not None:
             findings.append(R.finding(rule, source.display, line, col, message, severity))
 
-    for node in ast.walk(source.tree):
+    for node in walk(source.tree):
         if isinstance(node, ast.Call):
             qualname = source.names.resolve(node.func) or ""
             if not qualname.startswith(_EXT):

@@ -23,7 +23,18 @@ import shutil
 from pathlib import Path
 
 from npu_migrate.analyze import rules as R
-from npu_migrate.analyze.project import AnalysisError, Context, Mode, ModeResult, Project, Source, Table, finding_key
+from npu_migrate.analyze.project import (
+    AnalysisError,
+    Context,
+    Mode,
+    ModeResult,
+    Project,
+    Source,
+    Table,
+    Visitor,
+    finding_key,
+    walk,
+)
 from npu_migrate.files.source import SourceError, read_source
 
 DATA_DEPENDENT = ("nonzero", "argwhere", "unique", "unique_consecutive", "masked_select")
@@ -61,7 +72,7 @@ def _bool_expr(node: ast.AST) -> bool:
     )
 
 
-class _Finder(ast.NodeVisitor):
+class _Finder(Visitor):
     def __init__(self, source: Source) -> None:
         self.source = source
         self.sites: list[list] = []  # [line, col, end_line, end_col, api, kind]
@@ -78,7 +89,7 @@ class _Finder(ast.NodeVisitor):
 
     def visit_Module(self, node: ast.Module) -> None:
         if "collate_fn" in self.source.text:
-            for call in ast.walk(node):
+            for call in walk(node):
                 if isinstance(call, ast.Call):
                     for keyword in call.keywords:
                         if keyword.arg == "collate_fn" and isinstance(keyword.value, (ast.Name, ast.Attribute)):
@@ -90,7 +101,7 @@ class _Finder(ast.NodeVisitor):
         if self._masks[-1] is None:
             self._masks[-1] = {
                 t.id
-                for child in ast.walk(self._scopes[-1])
+                for child in walk(self._scopes[-1])
                 if isinstance(child, ast.Assign) and _bool_expr(child.value)
                 for t in child.targets
                 if isinstance(t, ast.Name)
@@ -111,7 +122,7 @@ class _Finder(ast.NodeVisitor):
     visit_AsyncFunctionDef = visit_FunctionDef
 
     def _collate(self, node) -> None:
-        for child in ast.walk(node):
+        for child in walk(node):
             name = None
             if isinstance(child, ast.Call):
                 qualname = self.source.names.resolve(child.func) or ""

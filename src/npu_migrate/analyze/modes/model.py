@@ -21,7 +21,18 @@ from npu_migrate.analyze import effort
 from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.modes.affinity_apis import fused_rule_targets, is_fused_site
 from npu_migrate.analyze.modes.torch_apis import UNSUPPORTED
-from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
+from npu_migrate.analyze.project import (
+    Context,
+    Mode,
+    ModeResult,
+    Project,
+    Source,
+    Table,
+    Visitor,
+    finding_key,
+    location_key,
+    walk,
+)
 from npu_migrate.program.api import cuda_package, package_table
 
 _NN = "torch.nn."
@@ -173,7 +184,7 @@ def _literal(node: ast.AST | None):
         return ast.unparse(node)
 
 
-class _Scanner(ast.NodeVisitor):
+class _Scanner(Visitor):
     def __init__(self, source: Source) -> None:
         self.s = source
         self.classes: list[dict] = []
@@ -218,7 +229,7 @@ class _Scanner(ast.NodeVisitor):
         if self._assigned_in_loop[-1] is None:
             self._assigned_in_loop[-1] = {
                 t.id
-                for n in ast.walk(self._loops[-1])
+                for n in walk(self._loops[-1])
                 if isinstance(n, ast.Assign)
                 for t in n.targets
                 if isinstance(t, ast.Name)
@@ -383,7 +394,7 @@ class _Scanner(ast.NodeVisitor):
         if "%" in test and any(
             isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
             for stmt in node.body
-            for n in ast.walk(stmt)
+            for n in walk(stmt)
         ):
             self.accumulation.append(self.where(node))
         self.generic_visit(node)

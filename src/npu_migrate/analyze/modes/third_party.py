@@ -35,9 +35,11 @@ from npu_migrate.analyze.project import (
     Project,
     Source,
     Table,
+    Visitor,
     module_name,
     parse,
     relative,
+    walk,
 )
 from npu_migrate.engine import runner
 from npu_migrate.files.discovery import discover
@@ -92,7 +94,7 @@ def scan(source: Source, context: Context) -> dict | None:
             findings.append(R.finding(R.CUDA_ONLY_PACKAGE, source.display, line, col, f"{name}: {advice}"))
     calls = []
     if context.library_unsupported:
-        for node in ast.walk(source.tree):
+        for node in walk(source.tree):
             if isinstance(node, ast.Call):
                 qualname = source.names.resolve(node.func)
                 if qualname is not None and qualname in context.library_unsupported:
@@ -202,7 +204,7 @@ class LibTask:
     module: str | None
 
 
-class _Body(ast.NodeVisitor):
+class _Body(Visitor):
     """Collects what one function body uses and calls."""
 
     def __init__(self, source: Source, module: str, owner: str | None, local: set[str], table: dict) -> None:
@@ -260,7 +262,7 @@ class _Body(ast.NodeVisitor):
 def _extension_names(tree: ast.Module) -> set[str]:
     """Module names of `CUDAExtension("pkg._ext", ...)` in a setup.py."""
     names = set()
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call):
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             if callee == "CUDAExtension":

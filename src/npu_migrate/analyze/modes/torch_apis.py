@@ -17,7 +17,17 @@ from collections import Counter
 from npu_migrate.analyze import rules as R
 from npu_migrate.analyze.modes.affinity_apis import is_fused_rule, is_fused_site
 from npu_migrate.analyze.modes.custom_kernels import is_kernel_rule
-from npu_migrate.analyze.project import Context, Mode, ModeResult, Project, Source, Table, finding_key, location_key
+from npu_migrate.analyze.project import (
+    Context,
+    Mode,
+    ModeResult,
+    Project,
+    Source,
+    Table,
+    Visitor,
+    finding_key,
+    location_key,
+)
 from npu_migrate.engine.registry import rules_tagged
 from npu_migrate.findings import Finding, Severity
 from npu_migrate.program.api import Kind
@@ -81,7 +91,7 @@ def classify(qualname: str, api) -> tuple[str, str, str]:
     return SUPPORTED, qualname, ""
 
 
-class _Uses(ast.NodeVisitor):
+class _Uses(Visitor):
     """Every outermost Name/Attribute chain that resolves to torch or torch_npu, plus CUDA method calls."""
 
     def __init__(self, source: Source) -> None:
