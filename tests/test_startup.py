@@ -98,3 +98,15 @@ def test_the_engine_import_is_not_counted_in_the_first_files_time_limit():
     result = subprocess.run([sys.executable, "-c", ALARM_PROBE], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "left: True libcst: True"
+
+
+def _freeze_count(script: str) -> int:
+    code = f"import gc\nfrom npu_migrate.engine import pipeline, runner\n{script}\nprint(gc.get_freeze_count())\n"
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def test_the_engine_freezes_the_collector_only_in_the_tool_s_own_runs():
+    # gc.freeze() keeps what the engine's import made out of the collector's walks (#26); a program using
+    # the engine as a library keeps its collector as it was (frozen objects are never freed from cycles).
+    assert _freeze_count("pipeline._import_engine()") == 0
+    assert _freeze_count("with runner._collector_for_files():\n    pipeline._import_engine()") > 0

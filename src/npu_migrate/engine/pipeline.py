@@ -105,6 +105,10 @@ _ENGINE = (
 )
 
 
+#: Set by the runner for the processes it runs files in (`runner._collector_for_files`, its workers).
+FREEZE_AFTER_IMPORT = False
+
+
 def _import_engine() -> None:
     """Import the rules and libcst, the first time a file needs them, with the file's time limit (--timeout,
     an itimer) paused: the file must neither pay for the import nor be interrupted in the middle of it."""
@@ -116,8 +120,11 @@ def _import_engine() -> None:
         for name in _ENGINE:
             importlib.import_module(name)
         # What the imports made (libcst's grammar, the rules and their tables) lives as long as the process:
-        # out of the collector's way, so that its full runs walk the files' trees only (#26).
-        gc.freeze()
+        # out of the collector's way, so that its full runs walk the files' trees only (#26). Only in a run
+        # of the tool's own (`runner`): a program that calls the engine as a library keeps its collector,
+        # which would otherwise never free a cycle of the objects it had alive at that moment.
+        if FREEZE_AFTER_IMPORT:
+            gc.freeze()
     finally:
         if left > 0:
             signal.setitimer(signal.ITIMER_REAL, left)

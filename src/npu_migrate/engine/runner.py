@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from npu_migrate.engine import pipeline
 from npu_migrate.engine.pipeline import FileResult, Job, Mode, Plan, Status, process
 
 if TYPE_CHECKING:  # the pool (multiprocessing, sockets ...) is imported only by a run that starts one
@@ -205,6 +206,7 @@ def _start_worker(context: Any) -> None:
     global _CONTEXT
     _CONTEXT = context
     gc.set_threshold(*GC_THRESHOLDS)
+    pipeline.FREEZE_AFTER_IMPORT = True  # a worker lives for the run: what the engine imports, it keeps
 
 
 #: The cyclic collector's thresholds while files are processed (#26). A file's `ast` and libcst trees are
@@ -218,12 +220,14 @@ GC_THRESHOLDS = (10_000, 50, 100)
 @contextlib.contextmanager
 def _collector_for_files():
     """`GC_THRESHOLDS` while files are processed in this process, then whatever was set before."""
-    before = gc.get_threshold()
+    before, frozen = gc.get_threshold(), pipeline.FREEZE_AFTER_IMPORT
     gc.set_threshold(*GC_THRESHOLDS)
+    pipeline.FREEZE_AFTER_IMPORT = True
     try:
         yield
     finally:
         gc.set_threshold(*before)
+        pipeline.FREEZE_AFTER_IMPORT = frozen
 
 
 def _call(work: Callable[[Any, Any], Any], item: Any) -> Any:
