@@ -142,3 +142,18 @@ def test_switching_the_screen_off_changes_nothing_across_sibling_modules(tmp_pat
         assert _run(source, str(model)) == screened
     if name == "nested":  # not vacuous: both tensors fused at the call of the imported helper
         assert screened[0].split("def attend(", 1)[1].count("_npu_rotary_mul(") == 2, screened[0]
+
+
+def test_a_file_s_statements_leave_the_caches_when_the_next_file_is_checked():
+    # The statement caches are keyed by `ast` nodes: a key keeps its file's tree alive, so without a reset
+    # each process held thousands of earlier files' statements (transformers: +90 MB peak, #26).
+    import sys
+
+    from npu_migrate.engine.pipeline import migrate_text
+    from npu_migrate.transforms.fused import symbolic
+
+    earlier = ast.parse("a = b + c\n").body[0]
+    symbolic._bound_names(earlier)
+    held = sys.getrefcount(earlier)
+    migrate_text("import torch\n\n\ndef rms(x, w):\n    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * w\n")
+    assert sys.getrefcount(earlier) < held

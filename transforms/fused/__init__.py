@@ -76,7 +76,7 @@ from npu_migrate.transforms.fused.helpers import (
 )
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.imported import Scope, declared_global
-from npu_migrate.transforms.fused.symbolic import Function, Outcome, brief, has_fused_branch
+from npu_migrate.transforms.fused.symbolic import Function, Outcome, brief, forget_statements, has_fused_branch
 
 
 def _idioms() -> tuple[Idiom, ...]:
@@ -435,6 +435,7 @@ class FusedOpsChecker(TreeChecker):
         return any(idiom.uses_identifiers(index.uses) for idiom in IDIOMS) or index.uses("_is_npu")
 
     def check(self, tree: ast.Module, source: Source, index: AstIndex) -> list[TreeReport]:
+        forget_statements()  # the previous file's statements: its tree would stay alive in the caches
         self.source = source
         self.tree = tree
         self.names = index.names

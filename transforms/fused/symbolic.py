@@ -220,6 +220,13 @@ def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
     return kept
 
 
+def forget_statements() -> None:
+    """Drop what `_value_facts` / `_bound_names` cached: their keys are `ast` nodes, which keep the trees of
+    the files they came from alive; a new file asks about other nodes (memory bounded per file, #26)."""
+    _value_facts.cache_clear()
+    _bound_names.cache_clear()
+
+
 @functools.lru_cache(maxsize=4096)
 def _value_facts(value: ast.expr) -> tuple[frozenset[str], bool]:
     """(the names `value` reads, whether it calls an in-place method), cached as `_bound_names`."""
