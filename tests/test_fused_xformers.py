@@ -26,8 +26,8 @@ import types
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import FIXTURES
+from test_fused_flash_attn import _cosine, _tensors  # large logits: a wrong mask or scale shows
 
 from npu_migrate.verify import reference
 
@@ -164,16 +164,6 @@ def _load(case: str, *, migrated: bool, npu: bool, xformers: bool = True, mutate
         namespace["_is_npu"] = lambda x: True
         namespace["torch_npu"] = TORCH_NPU
     return namespace
-
-
-def _tensors(*shapes, dtype):
-    generator = torch.Generator().manual_seed(0)
-    # Large logits: a wrong mask alignment or scale changes the output a lot.
-    return [(3 * torch.randn(shape, generator=generator)).to(dtype) for shape in shapes]
-
-
-def _cosine(a, b) -> float:
-    return F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
 
 
 Q_LENS, KV_LENS = [3, 4, 5], [5, 4, 7]  # q shorter than or as long as k, per sequence

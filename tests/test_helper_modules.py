@@ -46,14 +46,19 @@ def _defs(text: str) -> list[str]:
     return [line.split("(")[0].removeprefix("def ") for line in text.splitlines() if line.startswith("def ")]
 
 
-@pytest.fixture(scope="module")
-def migrated(tmp_path_factory) -> tuple[Path, Path, str]:
-    base = tmp_path_factory.mktemp("fused_package")
+def migrated_copy(tmp_path_factory, project: Path, name: str) -> tuple[Path, Path, str]:
+    """`project` copied, migrated into an output tree: (the copy, the output, what apply printed)."""
+    base = tmp_path_factory.mktemp(name)
     original, out = base / "original", base / "migrated"
-    shutil.copytree(PROJECT, original)
+    shutil.copytree(project, original)
     done = _npu_migrate("apply", str(original), "--output", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     return original, out, done.stdout
+
+
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory) -> tuple[Path, Path, str]:
+    return migrated_copy(tmp_path_factory, PROJECT, "fused_package")
 
 
 def test_the_package_gets_one_helper_module_and_its_files_import_from_it(migrated):

@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_helper_modules import _npu_migrate, migrated_copy
 
 from npu_migrate.program.packages import MODULE, sibling_modules
 from npu_migrate.transforms.fused import templates_defining
@@ -31,29 +32,13 @@ SIBLING_IMPORTS = {
 }
 
 
-def _npu_migrate(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "npu_migrate", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        input=stdin,
-        env={**os.environ, "NO_COLOR": "1"},
-    )
-
-
 def _inline(text: str) -> bool:
     return text.count("def _is_npu(") == 1 and MODULE not in text
 
 
 @pytest.fixture(scope="module")
 def migrated(tmp_path_factory) -> tuple[Path, Path, str]:
-    base = tmp_path_factory.mktemp("script_style")
-    original, out = base / "original", base / "migrated"
-    shutil.copytree(PROJECT, original)
-    done = _npu_migrate("apply", str(original), "--output", str(out))
-    assert done.returncode == 0, done.stdout + done.stderr
-    return original, out, done.stdout
+    return migrated_copy(tmp_path_factory, PROJECT, "script_style")
 
 
 def test_the_folder_gets_a_sibling_module_its_proven_files_import(migrated):
@@ -208,7 +193,7 @@ def test_an_in_place_run_refuses_to_append_to_a_sibling_module_with_uncommitted_
 def test_stdin_keeps_the_helpers_inline(tmp_path):
     project = _project(tmp_path)
     text = (project / "model.py").read_text()
-    done = _npu_migrate("apply", "-", "--stdin-filename", "model.py", cwd=project, stdin=text)
+    done = _npu_migrate("apply", "-", "--stdin-filename", "model.py", cwd=project, answers=text)
     assert done.returncode == 0, done.stderr
     assert _inline(done.stdout)
     assert not (project / "_npu_fused.py").exists()
