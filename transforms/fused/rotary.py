@@ -29,6 +29,7 @@ from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHOD
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.imported import (
     NO_FILE,
+    after_imports,
     following,
     rebinding,
     unbound_name,
@@ -48,6 +49,7 @@ from npu_migrate.transforms.fused.symbolic import (
     fold,
     inline_functions,
     is_pure,
+    module_function,
     replace_nodes,
     same,
     source,
@@ -282,6 +284,7 @@ def _may_rotate(call: ast.Call, fn: Function) -> bool:
     return (
         isinstance(func, ast.Name)
         and func.id in fn.functions
+        or module_function(fn, func) is not None
         or isinstance(func, ast.Attribute)
         and func.attr in KNOWN_METHODS
         or fn.qualname(func) in KNOWN_FUNCTIONS
@@ -342,6 +345,10 @@ def match(fn: Function) -> Outcome | None:
             return _rotate_helper_outcome(fn)
         return Outcome(ROTARY, f"rotary embedding not fused: {why}", remedy=STRAIGHT_LINE)
     outcome = _outcome(fn, result)
+    if outcome is not None and outcome.template is not None and outcome.before is None:
+        # The body began with imports (`from .rope import rotate_half`), read as the function's own names:
+        # the branch goes after them, which run first as in the original.
+        outcome.before = after_imports(fn)
     if outcome is not None and outcome.template is not None and fn.autocast_off is not None:
         # Z-image's `with torch.amp.autocast("cuda", enabled=False):` around the rotation: the branch goes
         # first inside the block, so the kernel runs with autocast disabled as the original's ops do (in
@@ -516,6 +523,12 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                 continue
             computed = _unmodelled_argument(factor, fn) if isinstance(factor.func, ast.Name) else None
             imported = why_not_followed(fn, name) if isinstance(factor.func, ast.Name) else None
+            if isinstance(factor.func, ast.Attribute) and isinstance(factor.func.value, ast.Name):
+                # `rope.rotate_half(q)`: the function of a module the file imports, not read (why says so).
+                dotted = f"{factor.func.value.id}.{name}"
+                if dotted in fn.functions or why_not_followed(fn, dotted) is not None:
+                    name, imported = dotted, why_not_followed(fn, dotted)
+            readable = (isinstance(factor.func, ast.Name) or "." in name) and name in fn.functions
             if computed is not None:
                 # The helper is a rotation (as it is in the function next door): what is declined is its argument.
                 why = (
@@ -523,14 +536,14 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                     "model, so it cannot be shown to be the tensor multiplied by cos"
                 )
                 remedy = "to fuse it, compute that tensor in a statement of its own (`x = ...`) before the rotation"
-            elif isinstance(factor.func, ast.Name) and name in fn.functions and _branches(fn.functions[name]):
+            elif readable and _branches(fn.functions[name]):
                 # Megatron's `_rotate_half(x, rotary_interleaved)`: `if not rotary_interleaved: <half> else: <pairs>`.
                 why = (
                     f"`{name}` has control flow (`{_branches(fn.functions[name])}`): which rotation it computes is "
                     "only decided at run time"
                 )
                 remedy = "to fuse it, write one straight-line helper per rotation and choose between them in the caller"
-            elif isinstance(factor.func, ast.Name) and name in fn.functions:
+            elif readable:
                 why = (
                     f"`{name}` is not recognised as rotate_half (`cat((-x2, x1), -1)` of the halves of the last "
                     "dim) or its interleaved form, the rotations npu_rotary_mul applies"

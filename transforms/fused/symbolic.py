@@ -422,7 +422,12 @@ def fold(
                 for index, element in enumerate(target.elts):
                     env[element.id] = ast.Subscript(value=value, slice=ast.Constant(index), ctx=ast.Load())
                 continue
-            if names and unpack and isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            if (
+                names
+                and unpack
+                and isinstance(value, ast.Call)
+                and (isinstance(value.func, ast.Name) or module_function(fn, value.func) is not None)
+            ):
                 # `q, k = apply_rotary(q, k, cos, sin)`: the items of what the helper returns, which
                 # `inline_functions` takes from the tuple its body builds, or declines (`UNPACKED`).
                 for index, element in enumerate(target.elts):
@@ -670,6 +675,16 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
         ):
             tree = static[node.func.attr]
             callee = Function(tree, False, fn.qualname, fn.siblings, fn.functions, fn.api, class_name=fn.class_name)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id not in shadowed
+            and module_function(fn, node.func) is not None
+        ):
+            # `rope.rotate_half(x)`: the function of a module the file imports (`imported.Namespace`).
+            name = module_function(fn, node.func)
+            callee = Function(fn.functions[name], False, fn.qualname, {}, fn.functions.scope(name), fn.api)
         if callee is not None:
             bound = bind_arguments(callee.tree, node)
             if bound is not None:
@@ -696,6 +711,19 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
         return substitute_children(node, visit)
 
     return visit(expr)
+
+
+def module_function(fn: Function, func: ast.expr) -> str | None:
+    """`rope.rotate_half` where `func` calls the function of a module the file imports that the inliner
+    can read (`imported.Namespace`, which only that reads), else None."""
+    if not (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and hasattr(fn.functions, "scope")
+        and f"{func.value.id}.{func.attr}" in fn.functions
+    ):
+        return None
+    return f"{func.value.id}.{func.attr}"
 
 
 def bind_arguments(tree: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr] | None:
