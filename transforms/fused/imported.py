@@ -217,9 +217,9 @@ def _init_binds(tree: ast.Module, name: str) -> str | None:
     attribute first, and whatever `__init__.py` binds to `name` is what the import gets."""
     imported, _, counts, _ = _bindings(tree)
     if any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in ast.walk(tree)):
-        return "a `from X import *` there may bind it"
+        return "has a `from X import *`, which may bind it"
     if name in declared_global(tree):
-        return f"`global {name}` in a function there may bind it"
+        return f"has `global {name}` in a function, which may bind it"
     if not counts.get(name):
         return None
     stmt = imported.get(name)
@@ -231,7 +231,7 @@ def _init_binds(tree: ast.Module, name: str) -> str | None:
         and any(a.name == name and a.asname in (None, name) for a in stmt.names)
     ):
         return None  # `from . import rope`: the submodule itself
-    return f"it binds `{name}` itself"
+    return f"binds `{name}` itself"
 
 
 class Scope:
@@ -293,10 +293,11 @@ class Scope:
 
     def rebinding(self, name: str) -> str | None:
         """Why the file's module-level `name` may not be what a call of it reaches (None: nothing says so)."""
+        where = "this file" if self.depth == 0 else f"`{self._file.name}`"
         if name in self.starred:
-            return f"a later `from {self.starred[name]} import *` of this file may rebind it"
+            return f"a later `from {self.starred[name]} import *` of {where} may rebind it"
         if name in self.declared:
-            return f"`global {name}` in a function of this file may rebind it"
+            return f"`global {name}` in a function of {where} may rebind it"
         return None
 
     @functools.cached_property
@@ -306,12 +307,46 @@ class Scope:
 
     def lookup(self, name: str) -> tuple[ast.FunctionDef, _Module] | None:
         if name not in self._found:
-            self._found[name] = self._look_up(name) if "." not in name else self._look_up_attribute(name)
+            if self.depth > MAX_DEPTH:
+                self._found[name] = self._past(name)
+            else:
+                self._found[name] = self._look_up(name) if "." not in name else self._look_up_attribute(name)
         return self._found[name]
+
+    def _past(self, name: str) -> None:
+        """Nothing, beyond `MAX_DEPTH`: an imported name says why (the chain of imports is not followed)."""
+        head = name.partition(".")[0]
+        stmt = self.imports.get(name) if "." not in name else self.modules.get(head)
+        if stmt is not None and not (stmt.level == 0 and (stmt.module or "").split(".")[0] in _LIBRARIES):
+            self.why[name] = (
+                f"imported from `{_spelled(stmt)}` by `{self._file.name}`, {self.depth} imports away from the "
+                f"file migrated: past the {MAX_DEPTH + 1} levels of imports followed"
+            )
+
+    @functools.cached_property
+    def bound_twice(self) -> dict[str, int]:
+        """Module-level names an import binds that something else binds too (a `try`'s `except ImportError`
+        fallback, a redefinition), with how many times they are bound."""
+        counts = _bindings(self.tree)[2]
+        imported = {
+            (alias.asname or alias.name).split(".")[0]
+            for stmt in self.tree.body
+            if not isinstance(stmt, (*_DEFS, ast.ClassDef))
+            for node in ast.walk(stmt)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        }
+        return {name: counts[name] for name in imported if counts.get(name, 0) > 1}
 
     def _look_up(self, name: str) -> tuple[ast.FunctionDef, _Module] | None:
         stmt = self.imports.get(name)
         if stmt is None:
+            if name in self.bound_twice:
+                self.why[name] = (
+                    f"imported by `{self._file.name if self._file else 'this file'}` and bound "
+                    f"{self.bound_twice[name]} times at module level (a fallback of a `try` import, or a "
+                    "redefinition): which one a call reaches is only known at run time"
+                )
             return None
         spelled = _spelled(stmt)
         if stmt.level == 0 and (stmt.module or "").split(".")[0] in _LIBRARIES:
@@ -361,7 +396,7 @@ class Scope:
                 return None
             if data is not None:
                 tree = self._parse(init, data)
-                why = _init_binds(tree.tree, child) if tree is not None else "it does not parse"
+                why = _init_binds(tree.tree, child) if tree is not None else "does not parse"
                 if why is not None:
                     self.why[name] = (
                         f"imported from `{spelled}`, but the package's `__init__.py` (whose `{child}` the import "
@@ -440,8 +475,6 @@ class Scope:
     def functions_of(self, module: _Module) -> Mapping[str, ast.FunctionDef]:
         """The functions a helper of `module` may call: its module's, and within `MAX_DEPTH`, the helpers
         that module imports (read by a scope of its own, sharing what this one read)."""
-        if self.depth >= MAX_DEPTH:
-            return module.functions
         key = str(module.path)
         if key not in self._children:
             self._children[key] = Scope(module.tree, module.path, self, self.depth + 1)
@@ -601,6 +634,33 @@ def after_imports(fn: Function) -> ast.stmt | None:
 
 def _docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def why_unfollowed_call(fn: Function, call: ast.Call) -> str | None:
+    """Why the helper `call` reaches was not read, in the scope of the module the call is written in (the
+    file, or a sibling whose helper was inlined: `rotate_half` that `layers.py` imports); None where it
+    was read, or is nothing imported."""
+    scope = getattr(fn.qualname, "scope", None)
+    if not isinstance(scope, Scope):
+        return None
+    func = call.func
+    if isinstance(func, ast.Name):
+        name, base = func.id, func
+    elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        name, base = f"{func.value.id}.{func.attr}", func.value
+    else:
+        return None
+    owner = scope._owner(base)
+    if owner is not None:
+        scope = scope._children.get(str(owner.path))
+        if scope is None:
+            return None
+    scope.lookup(name)
+    why = scope.why.get(name)
+    if why is None:
+        return None
+    where = f"`{name}`" if owner is None else f"`{name}`, which `{owner.path.name}` calls,"
+    return f"{where} is {why}"
 
 
 def unbound_name(fn: Function, exprs: list[ast.AST]) -> tuple[str, Path] | None:

@@ -34,6 +34,7 @@ from npu_migrate.transforms.fused.imported import (
     rebinding,
     unbound_name,
     why_not_followed,
+    why_unfollowed_call,
 )
 from npu_migrate.transforms.fused.rotary_screen import may_hold_site, may_rotate
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
@@ -455,7 +456,7 @@ def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
                 f"rotary embedding not fused: {declined[0]}, so it is not what npu_rotary_mul computes",
                 remedy=declined[0].remedy,
             )
-        return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn)
+        return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn) or _unfollowed_outcome(result, fn)
     modes = {s.mode for s in found}
     if len(modes) > 1:
         return Outcome(
@@ -559,6 +560,8 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                     if imported == NO_FILE
                     else _rebound_remedy(name, imported)
                     if "may rebind" in imported
+                    else f"to fuse it, import `{name.rpartition('.')[2]}` by name from its module"
+                    if "__init__.py" in imported
                     else f"to fuse it, define `{name}` in this file or in a module next to it"
                 )
             elif isinstance(factor.func, ast.Name) and rebinding(fn, name) is not None:
@@ -576,7 +579,41 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
     return None
 
 
+def _unfollowed_outcome(result: ast.expr, fn: Function) -> Outcome | None:
+    """The finding for a folded function (helpers inlined) that multiplies what an imported helper it could
+    not read returns by a table (`rotate_half(q) * sin`, `rotate_half` imported by the sibling `layers.py`
+    under a `try` with a fallback), where the function reads cos and sin: which rotation it is cannot be
+    proven, and it is not left silent."""
+    words = {n.id for n in walk_shared(result) if isinstance(n, ast.Name)}
+    words |= {n.attr for n in walk_shared(result) if isinstance(n, ast.Attribute)}
+    if not (any("cos" in w for w in words) and any("sin" in w for w in words)):
+        return None
+    for node in walk_shared(result):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for factor in (node.left, node.right):
+            why = why_unfollowed_call(fn, factor) if isinstance(factor, ast.Call) else None
+            if why is not None:
+                name = source(factor.func)
+                return Outcome(
+                    ROTARY,
+                    f"rotary embedding not fused: {why}, so what it computes cannot be proven to be the rotation "
+                    "npu_rotary_mul applies",
+                    remedy=(
+                        _rebound_remedy(name, why)
+                        if "may rebind" in why
+                        else "to fuse it, import the rotation from a module nearer the file migrated"
+                        if "past the" in why
+                        else f"to fuse it, import `{name}` once, by name, with no fallback, from a module next to "
+                        "the one that calls it"
+                    ),
+                )
+    return None
+
+
 def _rebound_remedy(name: str, why: str) -> str:
+    if "." in name:  # `rope.rotate_half`: the module, or its function, may be rebound
+        return f"to fuse it, import `{name.rpartition('.')[2]}` by name where nothing rebinds it"
     if "import *` " in why:
         return f"to fuse it, bind `{name}` after the `import *` (or import by name what it is needed for)"
     return f"to fuse it, give what the `global {name}` statement assigns a name of its own"
