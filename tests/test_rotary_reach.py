@@ -344,3 +344,106 @@ def test_imports_past_the_levels_followed_are_declined_not_silent(tmp_path):
     )
     assert "`rotate_half`, which `mid.py` calls, is imported from `.rope` by `mid.py`, 2 imports away" in message
     assert "; to fuse it, import the rotation from a module nearer the file migrated" in message
+
+
+#: A complex rotation whose table is given x's sizes by a list comprehension (liger-kernel's Llama 4 vision
+#: reference computes its shape so; this spelling is ours).
+COMPREHENSION = """
+import torch
+
+
+def rotate(q, k, freqs):
+    qc = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+    kc = torch.view_as_complex(k.float().reshape(*k.shape[:-1], -1, 2))
+    dims = [n if axis in (1, qc.ndim - 1) else 1 for axis, n in enumerate(qc.shape)]
+    freqs = freqs.reshape(*dims).to(qc.device)
+    q_out = torch.view_as_real(qc * freqs).flatten(3)
+    k_out = torch.view_as_real(kc * freqs).flatten(3)
+    return q_out.type_as(q), k_out.type_as(k)
+"""
+
+
+def _exec(text: str, forced: bool, torch_npu=None) -> dict:
+    namespace: dict = {"__name__": "rotate"}
+    exec(compile(text, "rotate.py", "exec"), namespace)
+    if forced:
+        namespace["_is_npu"], namespace["torch_npu"] = (lambda x: True), torch_npu
+    return namespace
+
+
+def _complex_inputs(dtype, complex_table: bool = True):
+    import torch
+
+    generator = torch.Generator().manual_seed(7)
+    q = (3 * torch.randn(2, 6, 3, 8, generator=generator)).to(dtype)
+    k = (3 * torch.randn(2, 6, 1, 8, generator=generator)).to(dtype)
+    theta = (torch.rand(6, 4, generator=generator) * 2 - 1) * 3.14159
+    freqs = torch.polar(torch.ones_like(theta), theta) if complex_table else theta.cos()
+    return q, k, freqs
+
+
+@pytest.mark.integration  # runs the migrated code with torch
+def test_a_table_shaped_by_a_comprehension_is_fused_and_a_broken_kernel_is_caught():
+    import torch
+
+    from npu_migrate.verify import reference
+
+    torch_npu = reference.torch_npu_module()
+    text, findings = migrate_text(COMPREHENSION, path="rotate.py", select=["NPU703"])
+    assert _fused(findings), _messages(findings)
+    assert 'rotary_mode="interleave"' in text
+    assert migrate_text(text, path="rotate.py", select=["NPU703"])[0] == text  # idempotent
+    for dtype, floor in ((torch.float32, 0.999), (torch.bfloat16, 0.99)):
+        args = _complex_inputs(dtype)
+        want = _exec(COMPREHENSION, False)["rotate"](*args)
+        before = torch_npu.calls["npu_rotary_mul"]
+        got = _exec(text, True, torch_npu)["rotate"](*args)
+        assert torch_npu.calls["npu_rotary_mul"] - before == 2  # once for q, once for k
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and a.shape == b.shape and _cosine(a, b) >= floor
+        kept = _exec(text, False)["rotate"](*args)
+        assert all(torch.equal(a, b) for a, b in zip(kept, want))
+    args = _complex_inputs(torch.float32)
+    want = _exec(COMPREHENSION, False)["rotate"](*args)
+    real = torch_npu.npu_rotary_mul
+    torch_npu.npu_rotary_mul = lambda x, r1, r2, real=real, **kw: real(x, r1, -r2, **kw)
+    try:
+        broken = _exec(text, True, torch_npu)["rotate"](*args)
+    finally:
+        torch_npu.npu_rotary_mul = real
+    assert _cosine(broken[0], want[0]) < 0.999
+    paired = _exec(text.replace('rotary_mode="interleave"', 'rotary_mode="half"'), True, torch_npu)["rotate"](*args)
+    assert _cosine(paired[0], want[0]) < 0.999
+
+
+@pytest.mark.integration  # runs the migrated code with torch
+@pytest.mark.parametrize("name", ["comprehension", "complex_rotary_fixture"])
+def test_a_real_table_where_a_complex_one_is_read_falls_back_instead_of_crashing(name):
+    """A complex rotation `xc * freqs` with a real `freqs` scales both parts (liger's reference is called
+    exactly then: a cast dropped the imaginary part): the branch must not read `freqs.imag`, which raises."""
+    import torch
+    from conftest import FIXTURES
+
+    from npu_migrate.verify import reference
+
+    torch_npu = reference.torch_npu_module()
+    if name == "comprehension":
+        source, function = COMPREHENSION, "rotate"
+        args = _complex_inputs(torch.float32, complex_table=False)
+    else:
+        source = (FIXTURES / "rules" / "NPU703" / "complex_rotary.in.py").read_text(encoding="utf-8")
+        function = "apply_rotary_emb"
+        generator = torch.Generator().manual_seed(8)
+        q, k = torch.randn(2, 6, 3, 8, generator=generator), torch.randn(2, 6, 1, 8, generator=generator)
+        args = (q, k, torch.rand(6, 4, generator=generator))
+    text, findings = migrate_text(source, path="rotate.py", select=["NPU703"])
+    assert "torch.is_complex(" in text
+    want = _exec(source, False)[function](*args)
+    before = torch_npu.calls["npu_rotary_mul"]
+    got = _exec(text, True, torch_npu)[function](*args)
+    assert torch_npu.calls["npu_rotary_mul"] == before  # the original ran
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # The check can fail: without the dtype test the branch reads `.imag` of a real tensor.
+    unguarded = text.replace("torch.is_complex(", "True or torch.is_complex(")
+    with pytest.raises(RuntimeError, match="imag"):
+        _exec(unguarded, True, torch_npu)[function](*args)

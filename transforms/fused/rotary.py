@@ -806,6 +806,22 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         d = f"{source(rotated)}.shape[-1]"
         expected = ", ".join(s.replace("d", d) for s in sizes)
         tensors.insert(at, f"{source(table)}.shape[-{len(sizes)}:] == ({expected})")
+    # A table read as complex numbers (`freqs_cis.imag`, from `xc * freqs_cis`) was assumed complex because
+    # it multiplies a complex tensor; a real one scales both parts instead (liger's Llama4 reference says
+    # a cast may have dropped the imaginary part), and `.imag` of it raises. Checked first, on the table
+    # the code passes in, through steps that keep the dtype.
+    for part in _complex_parts(cos, sin):
+        base = _dtype_kept_base(part)
+        if base is None:
+            return Outcome(
+                ROTARY,
+                f"rotary embedding not fused: `{source(part)}` is read as complex numbers, and whether it is "
+                "complex cannot be checked before the branch reads it (a real table is no rotation)",
+                remedy="to fuse it, bind the complex table to a name before the rotation",
+            )
+        for check in (f"isinstance({source(base)}, torch.Tensor)", f"torch.is_complex({source(base)})"):
+            if check not in tensors:
+                tensors.append(check)
     # What the branch states of an imported helper's body (a `torch.cat` of the tables, a constant) must
     # mean here what it meant there: `torch` imported in both, not a name only the sibling binds.
     foreign = unbound_name(
@@ -828,6 +844,46 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         "result": source(rewritten),
     }
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+def _complex_parts(*tables: ast.expr) -> list[ast.expr]:
+    """The expressions whose `.imag` the kernel tables read (`_npu_t0.imag` is of what `_npu_t0` binds)."""
+    found: list[ast.expr] = []
+    for table in tables:
+        for node in walk_shared(table):
+            if isinstance(node, ast.Attribute) and node.attr == "imag" and not any(node.value is f for f in found):
+                found.append(node.value)
+    return found
+
+
+#: Tensor methods whose result is complex exactly where their receiver is (with these arguments).
+_DTYPE_KEPT = frozenset(
+    {"view", "reshape", "unsqueeze", "squeeze", "expand", "contiguous", "detach", "clone", "flatten"}
+)
+
+
+def _dtype_kept_base(node: ast.expr) -> ast.Name | None:
+    """The name `node` is computed from by steps that keep its dtype (indexing, views, `.to(x.device)`),
+    else None."""
+    while not isinstance(node, ast.Name):
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.keywords:
+            method = node.func.attr
+            to_device = (
+                method == "to"
+                and len(node.args) == 1
+                and isinstance(node.args[0], ast.Attribute)
+                and node.args[0].attr == "device"
+            )
+            if method not in _DTYPE_KEPT and not to_device:
+                return None
+            if method == "view" and len(node.args) == 1 and isinstance(node.args[0], (ast.Name, ast.Attribute)):
+                return None  # `t.view(dtype)` reinterprets the bits in another dtype
+            node = node.func.value
+        else:
+            return None
+    return node
 
 
 #: What the finding of a branch declined for calling user code twice says (`_reruns`): a later placement,

@@ -251,7 +251,18 @@ def substitute(node: ast.AST, env: dict[str, ast.expr]) -> ast.AST:
     """`node` with every loaded name in `env` replaced by its (shared) value; `node` is not modified."""
     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in env:
         return env[node.id]
-    if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        # liger's `shape = [d if i == 1 or i == ndim - 1 else 1 for i, d in enumerate(t.shape)]`: substituted
+        # where no name it binds is one of the function's (which it would shadow inside) and no value put in
+        # reads one (which it would capture).
+        bound = {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+        loaded = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        values = [env[name] for name in loaded - bound if name in env]
+        if bound & set(env) or any(isinstance(n, ast.Name) and n.id in bound for v in values for n in ast.walk(v)):
+            raise NotStraightLine("it binds names in a nested scope")
+        inner = {name: value for name, value in env.items() if name not in bound}
+        return substitute_children(node, lambda child: substitute(child, inner))
+    if isinstance(node, ast.Lambda):
         raise NotStraightLine("it binds names in a nested scope")
     return substitute_children(node, lambda child: substitute(child, env))
 
