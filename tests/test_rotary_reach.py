@@ -447,3 +447,87 @@ def test_a_real_table_where_a_complex_one_is_read_falls_back_instead_of_crashing
     unguarded = text.replace("torch.is_complex(", "True or torch.is_complex(")
     with pytest.raises(RuntimeError, match="imag"):
         _exec(unguarded, True, torch_npu)[function](*args)
+
+
+#: Our own rotations shaped as the silent diffusers sites were: per sample in a loop (Wan Animate 2's
+#: `rope_apply`), and on x of [B, S, C] with the dims named from the front (LTX / LTX 2).
+PER_SAMPLE = """
+import torch
+
+
+def rope_per_sample(x, lengths, freqs):
+    out = []
+    for b, n in enumerate(lengths.tolist()):
+        xc = torch.view_as_complex(x[b, :n].to(torch.float64).reshape(n, x.size(2), -1, 2))
+        rotated = torch.view_as_real(xc * freqs[:n]).flatten(2)
+        out.append(torch.cat([rotated, x[b, n:]]))
+    return torch.stack(out).float()
+"""
+
+FRONT_DIMS = """
+import torch
+
+
+def rope_front(x, cos, sin):
+    even, odd = x.unflatten(2, (-1, 2)).unbind(-1)
+    turned = torch.stack([-odd, even], dim=-1).flatten(2)
+    return (x.float() * cos + turned.float() * sin).to(x.dtype)
+"""
+
+#: FRONT_DIMS as its finding's remedy says: the dims counted from the end (x then 4-D).
+FROM_THE_END = FRONT_DIMS.replace("unflatten(2,", "unflatten(-1,").replace("flatten(2)", "flatten(-2)")
+
+
+def _finding(source: str) -> str:
+    text, findings = migrate_text(source, path="rotate.py", select=["NPU703"])
+    assert "_npu_rotary_mul(" not in text.split("def rope_", 1)[1], text
+    (message,) = [m for m in _messages(findings) if "not fused" in m]
+    return message
+
+
+def test_a_rotation_in_a_loop_is_declined_with_the_reason_not_silent():
+    message = _finding(PER_SAMPLE)
+    assert message.startswith("rotary embedding inside `for b, n in enumerate(lengths.tolist()):` not fused:")
+    assert "(this rotation is computed in float64)" in message
+    assert "; to fuse it, rotate in a function of its own that the loop calls" in message
+    # Not said of a loop that rotates nothing: no complex product, no `rotate*` helper times a table.
+    plain = PER_SAMPLE.replace("torch.view_as_complex(", "torch.abs(").replace("xc * freqs[:n]", "xc + freqs[:n]")
+    assert not [m for m in _messages(migrate_text(plain, path="rotate.py", select=["NPU703"])[1]) if "loop" in m]
+
+
+def test_dims_named_from_the_front_are_declined_with_a_remedy_that_holds():
+    message = _finding(FRONT_DIMS)
+    assert "it names the dims it splits and joins from the front (`.unflatten(2, (-1, 2))`, `.flatten(2)`)" in message
+    assert "the last one only of a 3-D tensor" in message
+    # The proof is the evaluator's: from the front with no rotation in it, nothing is said.
+    swapped = FRONT_DIMS.replace("[-odd, even]", "[odd, even]")
+    assert not [m for m in _messages(migrate_text(swapped, path="rotate.py", select=["NPU703"])[1]) if "front" in m]
+    # The remedy: counted from the end, it is fused.
+    text, findings = migrate_text(FROM_THE_END, path="rotate.py", select=["NPU703"])
+    assert _fused(findings) and 'rotary_mode="interleave"' in text, _messages(findings)
+
+
+@pytest.mark.integration  # runs the migrated code with torch
+def test_the_remedied_spelling_agrees_with_the_original_and_a_broken_branch_is_caught():
+    import torch
+
+    from npu_migrate.verify import reference
+
+    torch_npu = reference.torch_npu_module()
+    text, _ = migrate_text(FROM_THE_END, path="rotate.py", select=["NPU703"])
+    generator = torch.Generator().manual_seed(9)
+    theta = ((torch.rand(1, 6, 1, 4, generator=generator) * 2 - 1) * 3.14159).repeat_interleave(2, dim=-1)
+    x = 3 * torch.randn(2, 6, 3, 8, generator=generator)
+    for dtype, floor in ((torch.float32, 0.999), (torch.bfloat16, 0.99)):
+        # fp32 tables: the code rotates `x.float()`, and the kernel takes x and tables of one dtype
+        args = (x.to(dtype), theta.cos(), theta.sin())
+        want = _exec(FROM_THE_END, False)["rope_front"](*args)
+        before = torch_npu.calls["npu_rotary_mul"]
+        got = _exec(text, True, torch_npu)["rope_front"](*args)
+        assert torch_npu.calls["npu_rotary_mul"] - before == 1
+        assert got.dtype == want.dtype and _cosine(got, want) >= floor
+        assert torch.equal(_exec(text, False)["rope_front"](*args), want)
+    args = (x, theta.cos(), theta.sin())
+    want = _exec(FROM_THE_END, False)["rope_front"](*args)
+    paired = _exec(text.replace('rotary_mode="interleave"', 'rotary_mode="half"'), True, torch_npu)["rope_front"](*args)
+    assert _cosine(paired, want) < 0.999
