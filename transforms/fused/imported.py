@@ -9,11 +9,20 @@ imports (`Scope.qualname`); a branch that would read a name of the sibling's tha
 the same way is declined (`Scope.unbound`). The rewrite stays at the call site, in the file being
 migrated; the imported helper stays what the original code calls.
 
-Bounded and deterministic: only names bound once, by a top-level `from ... import`, are followed, one
-level (the sibling's own imports are not), at most `MAX_MODULES` modules of at most `MAX_BYTES` each per
-file. A name (of the file, or the sibling's def) that a later top-level `from X import *` or a function's
-`global` may rebind is not followed: what a call reaches at run time is not known. A module resolves to
-one file by fixed rules, the package (`x/__init__.py`) before a module `x.py` beside it, as Python does:
+A call reaches a helper four ways: by a name a top-level `from .rope import rotate_half` binds; as
+`rope.rotate_half` of a module bound by `from . import rope` or `import pkg.rope as rope` (the package's
+`__init__.py` is read too: what it binds to `rope` is what the import gets); by a name an import at the
+top of the function's body binds (`_local_imports`: the branch goes after those imports); and, from a
+sibling's helper, by a name *its* module imports (`Scope.functions_of`: a scope per module, `MAX_DEPTH`
+imports beyond the file's own, sharing what was read).
+
+Bounded and deterministic: only names bound once by an import are followed, at most `MAX_MODULES`
+modules of at most `MAX_BYTES` each per file, `MAX_DEPTH` levels. A name (of the file, or a module's def)
+that a later top-level `from X import *`, a function's `global`, another binding (a `try` import's
+fallback) or, in a function, a later assignment may rebind is not followed: what a call reaches at run
+time is not known, and `why` says so (NPU703 turns it into a declined finding, never silence). A module
+resolves to one file by fixed rules, the package (`x/__init__.py`) before a module `x.py` beside it, as
+Python does:
 
 * relative (`from .rope import f`, `from ..layers import f`): through the package, from the file's folder;
 * absolute (`from model_utils import f`): from the file's folder when it is no package (a script's folder
