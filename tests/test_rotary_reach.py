@@ -531,3 +531,24 @@ def test_the_remedied_spelling_agrees_with_the_original_and_a_broken_branch_is_c
     want = _exec(FROM_THE_END, False)["rope_front"](*args)
     paired = _exec(text.replace('rotary_mode="interleave"', 'rotary_mode="half"'), True, torch_npu)["rope_front"](*args)
     assert _cosine(paired, want) < 0.999
+
+
+@pytest.mark.parametrize(
+    "source", [COMPREHENSION, PER_SAMPLE, FRONT_DIMS, FROM_THE_END], ids=["comprehension", "loop", "front", "end"]
+)
+def test_switching_the_screen_off_changes_nothing_on_these_spellings(source):
+    from unittest import mock
+
+    from npu_migrate.transforms.fused import rotary
+
+    def run():
+        text, findings = migrate_text(source, path="rotate.py", select=["NPU703"])
+        return text, [(f.line, f.message, f.fixed) for f in findings]
+
+    screened = run()
+    assert any(m for _, m, _ in screened[1] if "rotary" in m)  # not vacuous: each gets a finding
+    with (
+        mock.patch.object(rotary, "may_rotate", lambda fn: True),
+        mock.patch.object(rotary, "may_hold_site", lambda fn: True),
+    ):
+        assert run() == screened
