@@ -95,7 +95,17 @@ def _bindings(
     tree: ast.Module,
 ) -> tuple[dict[str, ast.ImportFrom], dict[str, ast.FunctionDef], dict[str, int], dict[str, str]]:
     """(names bound by a top-level `from ... import`, top-level defs, how often each module-level name is
-    bound, the names bound before a later top-level `from X import *` -> that X)."""
+    bound, the names bound before a later top-level `from X import *` -> that X). Kept on the tree: a
+    file's scopes ask for it several times (its imports, its modules, its stars)."""
+    found = getattr(tree, "_npu_bindings", None)
+    if found is None:
+        found = tree._npu_bindings = _read_bindings(tree)  # type: ignore[attr-defined]
+    return found
+
+
+def _read_bindings(
+    tree: ast.Module,
+) -> tuple[dict[str, ast.ImportFrom], dict[str, ast.FunctionDef], dict[str, int], dict[str, str]]:
     counts: dict[str, int] = {}
     imported: dict[str, ast.ImportFrom] = {}
     defs: dict[str, ast.FunctionDef] = {}
@@ -252,8 +262,17 @@ class Scope:
     module (`child`) follows that module's own imports the same way, `MAX_DEPTH` levels in all; every
     scope of one file shares what was read (and counts it against `MAX_MODULES`)."""
 
-    def __init__(self, tree: ast.Module, file: Path | None, shared: Scope | None = None, depth: int = 0) -> None:
+    def __init__(
+        self,
+        tree: ast.Module,
+        file: Path | None,
+        shared: Scope | None = None,
+        depth: int = 0,
+        declared: set[str] | frozenset[str] | None = None,
+    ) -> None:
         self.tree, self._file, self.depth = tree, file, depth
+        if declared is not None:  # known already (the checker's walk, a parsed module's): not walked again
+            self.declared = declared
         if shared is None:
             self._texts: dict[str, bytes | None] = {}  # path -> its bytes (None: no readable file)
             self._modules: dict[str, _Module | None] = {}  # path -> module parsed (None: it does not parse)
@@ -284,7 +303,7 @@ class Scope:
     def with_local(self, local: dict[str, ast.ImportFrom]) -> Scope:
         """This scope seen from a function whose body begins by importing `local` (`def apply(...): from
         .rope import rotate_half`): those names are the function's, whatever the module binds them to."""
-        scope = Scope(self.tree, self._file, self, self.depth)
+        scope = Scope(self.tree, self._file, self, self.depth, self.declared)
         scope.imports = {**self.imports, **local}
         scope.modules = {**{k: v for k, v in self.modules.items() if k not in local}, **local}
         return scope
@@ -486,7 +505,7 @@ class Scope:
         that module imports (read by a scope of its own, sharing what this one read)."""
         key = str(module.path)
         if key not in self._children:
-            self._children[key] = Scope(module.tree, module.path, self, self.depth + 1)
+            self._children[key] = Scope(module.tree, module.path, self, self.depth + 1, module.declared)
         child = self._children[key]
         return Namespace(module.functions, child) if child.follows else module.functions
 
