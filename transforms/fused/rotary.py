@@ -110,9 +110,15 @@ ROTARY = Rule(
     never guessed: the function is left alone, and one that multiplies what a `rotate*` helper returns
     gets a finding saying why (the helper imported from a module the tool cannot read, as from stdin, or
     not recognised, or the tensor it rotates computed by a call the evaluator does not model). An imported
-    helper is followed one module deep, next to the file (relative imports through the package, absolute
-    ones from a script's folder or the package root); its names are read as its module binds them, and a
-    branch that would need a name this file does not bind alike is declined.
+    helper is followed next to the file (relative imports through the package, absolute ones from a
+    script's folder or the package root), by name (`from .rope import rotate_half`), as a module's
+    function (`from . import rope`, `rope.rotate_half(x)`), from imports at the top of the function body
+    (the branch goes after them), and one import further (a helper of the sibling calling what its module
+    imports); its names are read as its module binds them, and a branch that would need a name this file
+    does not bind alike is declined, as is a helper a star import, `global`, a `try` import's fallback or
+    a later assignment may rebind. A complex table is checked to be complex before the branch reads its
+    imaginary part. A rotation inside a loop, or one that names the dims it splits from the front (the
+    last dim of a 3-D x only, where the same code counted from the end is one), is declined with why.
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
