@@ -552,3 +552,34 @@ def test_switching_the_screen_off_changes_nothing_on_these_spellings(source):
         mock.patch.object(rotary, "may_hold_site", lambda fn: True),
     ):
         assert run() == screened
+
+
+@pytest.mark.parametrize(
+    "where, import_line, call",
+    [
+        ("package/sub", "from PKG import rope", "rope"),  # absolute, from the package root
+        ("package/sub", "from .. import rope", "rope"),  # relative, a level up
+        ("script", "import rope", "rope"),  # a script's folder is on sys.path
+        ("script", "import rope as r", "r"),
+    ],
+)
+def test_each_spelling_of_a_module_import_reaches_its_file(tmp_path, where, import_line, call):
+    from test_rotary_imports import _write
+
+    model = ATTRIBUTE.replace("from . import rope", import_line).replace("rope.rotate_half", f"{call}.rotate_half")
+    if where == "script":
+        _write(tmp_path, {"rope.py": ROPE, "train.py": model})
+        path = tmp_path / "train.py"
+    else:
+        package = _package(tmp_path, {"rope.py": ROPE, "sub/__init__.py": ""})
+        path = package / "sub" / "model.py"
+        path.write_text(textwrap.dedent(model).replace("PKG", package.name), encoding="utf-8")
+    text, findings = _migrate(path)
+    assert _fused(findings), _messages(findings)
+    # ... and a module that is not there is declined with the reason, not silent
+    (path.parent / "rope.py" if where == "script" else path.parent.parent / "rope.py").unlink()
+    _, findings = _migrate(path)
+    assert not _fused(findings)
+    assert any("which is no readable Python file next to this one" in m for m in _messages(findings)), _messages(
+        findings
+    )
