@@ -125,6 +125,23 @@ def _packages():
         "no-rotation": {"rope.py": ROPE.replace("(-x2, x1)", "(x2, x1)"), "model.py": HALF},
         "starred": {"rope.py": ROPE, "other.py": IDENTITY, "model.py": HALF + "\nfrom .other import *\n"},
         "package-first": {"rope.py": ROPE, "rope/__init__.py": IDENTITY, "model.py": HALF},
+        **_reached(),
+    }
+
+
+def _reached():
+    """test_rotary_reach's: `rope.rotate_half(x)`, imports in the body, a third module, and declines."""
+    from test_rotary_imports import IDENTITY, ROPE
+    from test_rotary_reach import ATTRIBUTE, LAYERS, LOCAL, LOCAL_MODULE, THIRD
+
+    starred = LAYERS.replace("rotate_half\n", "rotate_half\nfrom .other import *\n", 1)
+    return {
+        "reach-attribute": {"rope.py": ROPE, "model.py": ATTRIBUTE},
+        "reach-local": {"rope.py": ROPE, "model.py": LOCAL},
+        "reach-local-module": {"rope.py": ROPE, "model.py": LOCAL_MODULE},
+        "reach-third": {"rope.py": ROPE, "layers.py": LAYERS, "model.py": THIRD},
+        "reach-third-starred": {"rope.py": ROPE, "other.py": IDENTITY, "layers.py": starred, "model.py": THIRD},
+        "reach-init-binds": {"__init__.py": "rope = None\n", "rope.py": ROPE, "model.py": ATTRIBUTE},
     }
 
 
@@ -142,6 +159,10 @@ def test_switching_the_screen_off_changes_nothing_across_sibling_modules(tmp_pat
         assert _run(source, str(model)) == screened
     if name == "nested":  # not vacuous: both tensors fused at the call of the imported helper
         assert screened[0].split("def attend(", 1)[1].count("_npu_rotary_mul(") == 2, screened[0]
+    if name in ("reach-attribute", "reach-local", "reach-local-module", "reach-third"):  # not vacuous: fused
+        assert "_npu_rotary_mul(" in screened[0].split("def apply(", 1)[1], screened[0]
+    if name in ("reach-third-starred", "reach-init-binds"):  # not vacuous: declined
+        assert any("not fused" in str(f) for f in screened[1]), screened[1]
 
 
 def test_a_file_s_statements_leave_the_caches_when_the_next_file_is_checked():

@@ -448,7 +448,7 @@ class FusedOpsChecker(TreeChecker):
         declared = declared_global(tree) if "global" in source.text else frozenset()
         self.functions = _ModuleFunctions(tree, declared)
         # Helpers imported from sibling modules, read only when an idiom follows one (NPU703).
-        self.imported = Scope(tree, getattr(source, "file", None))
+        self.imported = Scope(tree, getattr(source, "file", None), declared=declared)
         self.reports: list[TreeReport] = []
         #: Per rewrite: the helper templates it needs, those its own code calls, and its report.
         self.applied: list[tuple[list[str], list[str], TreeReport]] = []

@@ -29,10 +29,12 @@ from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHOD
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.imported import (
     NO_FILE,
+    after_imports,
     following,
     rebinding,
     unbound_name,
     why_not_followed,
+    why_unfollowed_call,
 )
 from npu_migrate.transforms.fused.rotary_screen import may_hold_site, may_rotate
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
@@ -48,10 +50,12 @@ from npu_migrate.transforms.fused.symbolic import (
     fold,
     inline_functions,
     is_pure,
+    module_function,
     replace_nodes,
     same,
     source,
     straight_tail,
+    substitute_children,
     walk_shared,
 )
 
@@ -106,9 +110,15 @@ ROTARY = Rule(
     never guessed: the function is left alone, and one that multiplies what a `rotate*` helper returns
     gets a finding saying why (the helper imported from a module the tool cannot read, as from stdin, or
     not recognised, or the tensor it rotates computed by a call the evaluator does not model). An imported
-    helper is followed one module deep, next to the file (relative imports through the package, absolute
-    ones from a script's folder or the package root); its names are read as its module binds them, and a
-    branch that would need a name this file does not bind alike is declined.
+    helper is followed next to the file (relative imports through the package, absolute ones from a
+    script's folder or the package root), by name (`from .rope import rotate_half`), as a module's
+    function (`from . import rope`, `rope.rotate_half(x)`), from imports at the top of the function body
+    (the branch goes after them), and one import further (a helper of the sibling calling what its module
+    imports); its names are read as its module binds them, and a branch that would need a name this file
+    does not bind alike is declined, as is a helper a star import, `global`, a `try` import's fallback or
+    a later assignment may rebind. A complex table is checked to be complex before the branch reads its
+    imaginary part. A rotation inside a loop, or one that names the dims it splits from the front (the
+    last dim of a 3-D x only, where the same code counted from the end is one), is declined with why.
     """,
     why="""
     The hand-written rotation is several operators per tensor (halves, a negation, a concatenation, two
@@ -282,6 +292,7 @@ def _may_rotate(call: ast.Call, fn: Function) -> bool:
     return (
         isinstance(func, ast.Name)
         and func.id in fn.functions
+        or module_function(fn, func) is not None
         or isinstance(func, ast.Attribute)
         and func.attr in KNOWN_METHODS
         or fn.qualname(func) in KNOWN_FUNCTIONS
@@ -339,9 +350,13 @@ def match(fn: Function) -> Outcome | None:
         except NotStraightLine:
             calls_rotation = False
         if not calls_rotation:
-            return _rotate_helper_outcome(fn)
+            return _rotate_helper_outcome(fn) or _loop_outcome(fn)
         return Outcome(ROTARY, f"rotary embedding not fused: {why}", remedy=STRAIGHT_LINE)
     outcome = _outcome(fn, result)
+    if outcome is not None and outcome.template is not None and outcome.before is None:
+        # The body began with imports (`from .rope import rotate_half`), read as the function's own names:
+        # the branch goes after them, which run first as in the original.
+        outcome.before = after_imports(fn)
     if outcome is not None and outcome.template is not None and fn.autocast_off is not None:
         # Z-image's `with torch.amp.autocast("cuda", enabled=False):` around the rotation: the branch goes
         # first inside the block, so the kernel runs with autocast disabled as the original's ops do (in
@@ -448,7 +463,12 @@ def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
                 f"rotary embedding not fused: {declined[0]}, so it is not what npu_rotary_mul computes",
                 remedy=declined[0].remedy,
             )
-        return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn)
+        return (
+            _unmatched_rotation(result, fn)
+            or _rotate_helper_outcome(fn)
+            or _unfollowed_outcome(result, fn)
+            or _front_dims_outcome(result, fn)
+        )
     modes = {s.mode for s in found}
     if len(modes) > 1:
         return Outcome(
@@ -516,6 +536,12 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                 continue
             computed = _unmodelled_argument(factor, fn) if isinstance(factor.func, ast.Name) else None
             imported = why_not_followed(fn, name) if isinstance(factor.func, ast.Name) else None
+            if isinstance(factor.func, ast.Attribute) and isinstance(factor.func.value, ast.Name):
+                # `rope.rotate_half(q)`: the function of a module the file imports, not read (why says so).
+                dotted = f"{factor.func.value.id}.{name}"
+                if dotted in fn.functions or why_not_followed(fn, dotted) is not None:
+                    name, imported = dotted, why_not_followed(fn, dotted)
+            readable = (isinstance(factor.func, ast.Name) or "." in name) and name in fn.functions
             if computed is not None:
                 # The helper is a rotation (as it is in the function next door): what is declined is its argument.
                 why = (
@@ -523,14 +549,14 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                     "model, so it cannot be shown to be the tensor multiplied by cos"
                 )
                 remedy = "to fuse it, compute that tensor in a statement of its own (`x = ...`) before the rotation"
-            elif isinstance(factor.func, ast.Name) and name in fn.functions and _branches(fn.functions[name]):
+            elif readable and _branches(fn.functions[name]):
                 # Megatron's `_rotate_half(x, rotary_interleaved)`: `if not rotary_interleaved: <half> else: <pairs>`.
                 why = (
                     f"`{name}` has control flow (`{_branches(fn.functions[name])}`): which rotation it computes is "
                     "only decided at run time"
                 )
                 remedy = "to fuse it, write one straight-line helper per rotation and choose between them in the caller"
-            elif isinstance(factor.func, ast.Name) and name in fn.functions:
+            elif readable:
                 why = (
                     f"`{name}` is not recognised as rotate_half (`cat((-x2, x1), -1)` of the halves of the last "
                     "dim) or its interleaved form, the rotations npu_rotary_mul applies"
@@ -546,6 +572,8 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
                     if imported == NO_FILE
                     else _rebound_remedy(name, imported)
                     if "may rebind" in imported
+                    else f"to fuse it, import `{name.rpartition('.')[2]}` by name from its module"
+                    if "__init__.py" in imported
                     else f"to fuse it, define `{name}` in this file or in a module next to it"
                 )
             elif isinstance(factor.func, ast.Name) and rebinding(fn, name) is not None:
@@ -563,7 +591,205 @@ def _rotate_helper_outcome(fn: Function) -> Outcome | None:
     return None
 
 
+def _unfollowed_outcome(result: ast.expr, fn: Function) -> Outcome | None:
+    """The finding for a folded function (helpers inlined) that multiplies what an imported helper it could
+    not read returns by a table (`rotate_half(q) * sin`, `rotate_half` imported by the sibling `layers.py`
+    under a `try` with a fallback), where the function reads cos and sin: which rotation it is cannot be
+    proven, and it is not left silent."""
+    words = {n.id for n in walk_shared(result) if isinstance(n, ast.Name)}
+    words |= {n.attr for n in walk_shared(result) if isinstance(n, ast.Attribute)}
+    if not (any("cos" in w for w in words) and any("sin" in w for w in words)):
+        return None
+    for node in walk_shared(result):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+            continue
+        for factor in (node.left, node.right):
+            why = why_unfollowed_call(fn, factor) if isinstance(factor, ast.Call) else None
+            if why is not None:
+                name = source(factor.func)
+                return Outcome(
+                    ROTARY,
+                    f"rotary embedding not fused: {why}, so what it computes cannot be proven to be the rotation "
+                    "npu_rotary_mul applies",
+                    remedy=(
+                        _rebound_remedy(name, why)
+                        if "may rebind" in why
+                        else "to fuse it, import the rotation from a module nearer the file migrated"
+                        if "past the" in why
+                        else f"to fuse it, import `{name}` once, by name, with no fallback, from a module next to "
+                        "the one that calls it"
+                    ),
+                )
+    return None
+
+
+#: The dim-taking operations `_front_dims_outcome` reads: method or function -> (dim's position, keyword).
+_DIM_OPS = {
+    "unflatten": (0, "dim"),
+    "unbind": (0, "dim"),
+    "flatten": (0, "start_dim"),
+    "chunk": (1, "dim"),
+    "split": (1, "dim"),
+}
+_DIM_FUNCTIONS = {"torch.stack": (1, "dim"), "torch.cat": (1, "dim"), "torch.concat": (1, "dim")}
+_SAME_NDIM = frozenset({"float", "half", "bfloat16", "double", "to", "type_as", "contiguous", "clone", "detach", "neg"})
+
+
+def _front_dims_outcome(result: ast.expr, fn: Function, ndim: int = 3) -> Outcome | None:
+    """The finding for a rotation that names the dims it splits and joins from the front (diffusers' LTX:
+    `x.unflatten(2, (-1, 2))` ... `.flatten(2)` on x of [B, S, C], heads folded into C): on the 4-D x the
+    kernel takes, those dims are not the last one, so nothing was recognised. Proven by the evaluator: the
+    same code with each such dim counted from the end, as for an `ndim`-D x, is a rotary embedding."""
+    params = set(fn.params)
+    dims: dict[int, object] = {}  # id(node) -> its ndim, or ("seq", ndim) for a sequence of tensors
+    changed: list[ast.Call] = []
+
+    def of(node: ast.AST):
+        if id(node) not in dims:
+            dims[id(node)] = _ndim(node, of, params, ndim, fn.qualname)
+        return dims[id(node)]
+
+    def visit(node: ast.AST) -> ast.AST:
+        new = substitute_children(node, visit)
+        if not isinstance(node, ast.Call):
+            return new
+        spec, receiver = None, None
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _DIM_OPS and fn.qualname(node.func) is None:
+            spec, receiver = _DIM_OPS[node.func.attr], of(node.func.value)
+        elif fn.qualname(node.func) in _DIM_FUNCTIONS and node.args:
+            spec, items = _DIM_FUNCTIONS[fn.qualname(node.func)], of(node.args[0])
+            receiver = items[1] + (fn.qualname(node.func) == "torch.stack") if isinstance(items, tuple) else None
+        if spec is None or not isinstance(receiver, int):
+            return new
+        at, keyword = spec
+        given = (
+            node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == keyword), None)
+        )
+        if not (isinstance(given, ast.Constant) and type(given.value) is int and given.value >= 0):
+            return new
+        new = copy.copy(new)
+        counted = ast.Constant(given.value - receiver)
+        if len(node.args) > at:
+            new.args = [*new.args[:at], counted, *new.args[at + 1 :]]
+        else:
+            new.keywords = [ast.keyword(k.arg, counted) if k.arg == keyword else k for k in new.keywords]
+        changed.append(node)
+        return new
+
+    rewritten = visit(result)
+    if not changed or not sites(rewritten, fn):
+        return None
+    spelled = ", ".join(f"`{call}`" for call in list(dict.fromkeys(_front_call(n) for n in changed))[:3])
+    return Outcome(
+        ROTARY,
+        f"rotary embedding not fused: it names the dims it splits and joins from the front ({spelled}), so "
+        f"the dim it rotates is the last one only of a {ndim}-D tensor, and npu_rotary_mul takes a 4-D x",
+        remedy="to fuse it, count those dims from the end (as `unflatten(-1, (-1, 2))`, `flatten(-2)`) and rotate "
+        "a 4-D x (heads split out of the last dim): the branch applies where x is 4-D",
+    )
+
+
+def _front_call(call: ast.Call) -> str:
+    """`.unflatten(2, (-1, 2))`, or `torch.stack(..., dim=2)` (a function's sequence argument left out)."""
+    method = isinstance(call.func, ast.Attribute) and call.func.attr in _DIM_OPS
+    parts = [source(a) for a in call.args[0 if method else 1 :]] + [f"{k.arg}={source(k.value)}" for k in call.keywords]
+    return f".{call.func.attr}({', '.join(parts)})" if method else f"{source(call.func)}(..., {', '.join(parts)})"
+
+
+def _ndim(node: ast.AST, of, params: set[str], ndim: int, qualname):
+    """How many dims `node` has where each parameter the rotation reads has `ndim` (None: not known)."""
+    if isinstance(node, ast.Name):
+        return ndim if node.id in params else None
+    if isinstance(node, ast.UnaryOp):
+        return of(node.operand)
+    if isinstance(node, ast.BinOp):
+        sides = [of(node.left), of(node.right)]
+        known = [s for s in sides if isinstance(s, int)]
+        return max(known) if known else None
+    if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
+        first = of(node.elts[0])
+        return ("seq", first) if isinstance(first, int) else None
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        value = of(node.value)
+        return value[1] if isinstance(value, tuple) else None
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    joined = qualname(node.func)
+    if joined in _DIM_FUNCTIONS:
+        items = of(node.args[0]) if node.args else None
+        return items[1] + (joined == "torch.stack") if isinstance(items, tuple) else None
+    method, receiver = node.func.attr, of(node.func.value)
+    if not isinstance(receiver, int):
+        return None
+    if method in _SAME_NDIM:
+        return receiver
+    if method == "unflatten" and len(node.args) == 2 and isinstance(node.args[1], (ast.Tuple, ast.List)):
+        return receiver + len(node.args[1].elts) - 1
+    if method == "unbind":
+        return ("seq", receiver - 1)
+    if method in ("chunk", "split"):
+        return ("seq", receiver)
+    if method == "flatten" and len(node.args) <= 2 and all(isinstance(a, ast.Constant) for a in node.args):
+        start, end = [*(a.value for a in node.args), 0, -1][:2] if node.args else (0, -1)
+        if len(node.args) == 1:
+            end = -1
+        start, end = start % receiver, end % receiver
+        return receiver - (end - start)
+    return None
+
+
+def _loop_outcome(fn: Function) -> Outcome | None:
+    """The finding for a rotation written in the body of a loop at the top of the function (diffusers' Wan
+    Animate 2 rotates each sample's prefix in a `for` over the batch's grid sizes): a complex product, or a
+    `rotate*` helper multiplied by a table, with cos / sin / freqs tables in the loop. The evaluator reads
+    straight-line code; the kernel rotates one whole tensor per call; never silent about it."""
+    for stmt in body_statements(fn.tree):
+        if not isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+            continue
+        nodes = [n for part in stmt.body for n in ast.walk(part)]
+        words = {n.id for n in nodes if isinstance(n, ast.Name)} | {
+            n.attr for n in nodes if isinstance(n, ast.Attribute)
+        }
+        if not any("freq" in w or "cos" in w or "sin" in w or "rope" in w for w in words):
+            continue
+        complex_product = any(
+            isinstance(n, ast.Call) and fn.qualname(n.func) in ("torch.view_as_complex", "torch.polar") for n in nodes
+        ) and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult) for n in nodes)
+        rotate_product = any(
+            isinstance(n, ast.BinOp)
+            and isinstance(n.op, ast.Mult)
+            and any(
+                isinstance(f, ast.Call) and "rotate" in source(f.func).rpartition(".")[2].lower()
+                for f in (n.left, n.right)
+            )
+            for n in nodes
+        )
+        if not (complex_product or rotate_product):
+            continue
+        wide = any(
+            isinstance(n, (ast.Attribute, ast.Name))
+            and fn.qualname(n) in ("torch.float64", "torch.double")
+            or isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "double"
+            for n in nodes
+        )
+        head = ast.unparse(stmt).splitlines()[0]
+        return Outcome(
+            ROTARY,
+            f"rotary embedding inside `{head}` not fused: the loop rotates a part of a tensor per iteration, "
+            "which is not read (straight-line code is), and npu_rotary_mul rotates one whole 4-D tensor per call"
+            + (", in fp16, bf16 or fp32 (this rotation is computed in float64)" if wide else ""),
+            remedy="to fuse it, rotate in a function of its own that the loop calls"
+            + (", in a dtype the kernel takes if float64 is not needed" if wide else "")
+            + " (NPU703 fuses it there when it is one kernel call)",
+        )
+    return None
+
+
 def _rebound_remedy(name: str, why: str) -> str:
+    if "." in name:  # `rope.rotate_half`: the module, or its function, may be rebound
+        return f"to fuse it, import `{name.rpartition('.')[2]}` by name where nothing rebinds it"
     if "import *` " in why:
         return f"to fuse it, bind `{name}` after the `import *` (or import by name what it is needed for)"
     return f"to fuse it, give what the `global {name}` statement assigns a name of its own"
@@ -756,6 +982,22 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         d = f"{source(rotated)}.shape[-1]"
         expected = ", ".join(s.replace("d", d) for s in sizes)
         tensors.insert(at, f"{source(table)}.shape[-{len(sizes)}:] == ({expected})")
+    # A table read as complex numbers (`freqs_cis.imag`, from `xc * freqs_cis`) was assumed complex because
+    # it multiplies a complex tensor; a real one scales both parts instead (liger's Llama4 reference says
+    # a cast may have dropped the imaginary part), and `.imag` of it raises. Checked first, on the table
+    # the code passes in, through steps that keep the dtype.
+    for part in _complex_parts(cos, sin):
+        base = _dtype_kept_base(part)
+        if base is None:
+            return Outcome(
+                ROTARY,
+                f"rotary embedding not fused: `{source(part)}` is read as complex numbers, and whether it is "
+                "complex cannot be checked before the branch reads it (a real table is no rotation)",
+                remedy="to fuse it, bind the complex table to a name before the rotation",
+            )
+        for check in (f"isinstance({source(base)}, torch.Tensor)", f"torch.is_complex({source(base)})"):
+            if check not in tensors:
+                tensors.append(check)
     # What the branch states of an imported helper's body (a `torch.cat` of the tables, a constant) must
     # mean here what it meant there: `torch` imported in both, not a name only the sibling binds.
     foreign = unbound_name(
@@ -778,6 +1020,46 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         "result": source(rewritten),
     }
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+def _complex_parts(*tables: ast.expr) -> list[ast.expr]:
+    """The expressions whose `.imag` the kernel tables read (`_npu_t0.imag` is of what `_npu_t0` binds)."""
+    found: list[ast.expr] = []
+    for table in tables:
+        for node in walk_shared(table):
+            if isinstance(node, ast.Attribute) and node.attr == "imag" and not any(node.value is f for f in found):
+                found.append(node.value)
+    return found
+
+
+#: Tensor methods whose result is complex exactly where their receiver is (with these arguments).
+_DTYPE_KEPT = frozenset(
+    {"view", "reshape", "unsqueeze", "squeeze", "expand", "contiguous", "detach", "clone", "flatten"}
+)
+
+
+def _dtype_kept_base(node: ast.expr) -> ast.Name | None:
+    """The name `node` is computed from by steps that keep its dtype (indexing, views, `.to(x.device)`),
+    else None."""
+    while not isinstance(node, ast.Name):
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.keywords:
+            method = node.func.attr
+            to_device = (
+                method == "to"
+                and len(node.args) == 1
+                and isinstance(node.args[0], ast.Attribute)
+                and node.args[0].attr == "device"
+            )
+            if method not in _DTYPE_KEPT and not to_device:
+                return None
+            if method == "view" and len(node.args) == 1 and isinstance(node.args[0], (ast.Name, ast.Attribute)):
+                return None  # `t.view(dtype)` reinterprets the bits in another dtype
+            node = node.func.value
+        else:
+            return None
+    return node
 
 
 #: What the finding of a branch declined for calling user code twice says (`_reruns`): a later placement,

@@ -137,6 +137,12 @@ def _scan(
             elif type(func) is ast.Attribute:
                 name = spelled = func.attr
                 attributes.add(name)
+                if scope is not None and type(func.value) is ast.Name:
+                    # `rope.rotate_half(x)`: a function of a module the file imports, as the inliner reads it.
+                    dotted = f"{func.value.id}.{name}"
+                    callee = functions.get(dotted)
+                    if callee is not None:
+                        callees.append((callee, scope(dotted)))
             else:
                 continue
             if name in _COMPLEX:

@@ -251,7 +251,18 @@ def substitute(node: ast.AST, env: dict[str, ast.expr]) -> ast.AST:
     """`node` with every loaded name in `env` replaced by its (shared) value; `node` is not modified."""
     if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in env:
         return env[node.id]
-    if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        # liger's `shape = [d if i == 1 or i == ndim - 1 else 1 for i, d in enumerate(t.shape)]`: substituted
+        # where no name it binds is one of the function's (which it would shadow inside) and no value put in
+        # reads one (which it would capture).
+        bound = {n.id for g in node.generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
+        loaded = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        values = [env[name] for name in loaded - bound if name in env]
+        if bound & set(env) or any(isinstance(n, ast.Name) and n.id in bound for v in values for n in ast.walk(v)):
+            raise NotStraightLine("it binds names in a nested scope")
+        inner = {name: value for name, value in env.items() if name not in bound}
+        return substitute_children(node, lambda child: substitute(child, inner))
+    if isinstance(node, ast.Lambda):
         raise NotStraightLine("it binds names in a nested scope")
     return substitute_children(node, lambda child: substitute(child, env))
 
@@ -422,7 +433,12 @@ def fold(
                 for index, element in enumerate(target.elts):
                     env[element.id] = ast.Subscript(value=value, slice=ast.Constant(index), ctx=ast.Load())
                 continue
-            if names and unpack and isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            if (
+                names
+                and unpack
+                and isinstance(value, ast.Call)
+                and (isinstance(value.func, ast.Name) or module_function(fn, value.func) is not None)
+            ):
                 # `q, k = apply_rotary(q, k, cos, sin)`: the items of what the helper returns, which
                 # `inline_functions` takes from the tuple its body builds, or declines (`UNPACKED`).
                 for index, element in enumerate(target.elts):
@@ -670,6 +686,16 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
         ):
             tree = static[node.func.attr]
             callee = Function(tree, False, fn.qualname, fn.siblings, fn.functions, fn.api, class_name=fn.class_name)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id not in shadowed
+            and module_function(fn, node.func) is not None
+        ):
+            # `rope.rotate_half(x)`: the function of a module the file imports (`imported.Namespace`).
+            name = module_function(fn, node.func)
+            callee = Function(fn.functions[name], False, fn.qualname, {}, fn.functions.scope(name), fn.api)
         if callee is not None:
             bound = bind_arguments(callee.tree, node)
             if bound is not None:
@@ -696,6 +722,19 @@ def inline_functions(fn: Function, expr: ast.expr, depth: int = 0) -> ast.expr:
         return substitute_children(node, visit)
 
     return visit(expr)
+
+
+def module_function(fn: Function, func: ast.expr) -> str | None:
+    """`rope.rotate_half` where `func` calls the function of a module the file imports that the inliner
+    can read (`imported.Namespace`, which only that reads), else None."""
+    if not (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
+        and hasattr(fn.functions, "scope")
+        and f"{func.value.id}.{func.attr}" in fn.functions
+    ):
+        return None
+    return f"{func.value.id}.{func.attr}"
 
 
 def bind_arguments(tree: ast.FunctionDef, call: ast.Call) -> dict[str, ast.expr] | None:
