@@ -331,6 +331,49 @@ CASES["rope_autocast_off"] = (
 )
 
 
+#: ChatGLM's partial rotary (Kolors' text encoder), written here: the rotated width is read from the table's
+#: shape, x's sizes from x, the pairs written out, and the rest of the head passed through by a cat.
+WINDOW = textwrap.dedent(
+    """
+    import torch
+
+
+    def pair_cache(theta):
+        return torch.stack((theta.cos(), theta.sin()), dim=-1)
+
+
+    def rope_window_from_table(x, cache):
+        n = cache.shape[-2] * 2
+        rot, rest = x[..., :n], x[..., n:]
+        s = x.size(0)
+        pairs = rot.reshape(s, -1, x.size(2), n // 2, 2)
+        table = cache[:s].view(s, -1, 1, pairs.size(3), 2)
+        even = pairs[..., 0] * table[..., 0] - pairs[..., 1] * table[..., 1]
+        odd = pairs[..., 0] * table[..., 1] + pairs[..., 1] * table[..., 0]
+        return torch.cat([torch.stack((even, odd), dim=-1).flatten(3), rest], -1)
+    """
+)
+
+
+def _window_cache(dtype, pairs=D // 4):
+    """x read as SBND (S=2, B=5, N=3, D=16): a (positions, 1, pairs, 2) cache of (cos, sin), a quarter of
+    the head rotated (the kernel's SBND table, S11D)."""
+    theta = (torch.rand(B + 1, 1, pairs, generator=torch.Generator().manual_seed(4)) * 2 - 1) * math.pi
+    return (torch.stack((theta.cos(), theta.sin()), dim=-1).to(dtype),)
+
+
+CASES["rope_window_from_table"] = (
+    WINDOW,
+    _window_cache,
+    "interleave",
+    {
+        "sign": ("_npu_sin = _npu_t0[..., 1]", "_npu_sin = -_npu_t0[..., 1]"),
+        "pairing": ('rotary_mode="interleave"', 'rotary_mode="half"'),
+        "repeat": ("_npu_cos = _npu_t0[..., 0].repeat_interleave(2, dim=-1)", "_npu_cos = _npu_t0[..., 0].tile((2,))"),
+    },
+)
+
+
 def _migrated(source: str) -> tuple[str, list]:
     return migrate_text(source, path="rope.py", select=["NPU703"])
 
@@ -480,3 +523,17 @@ def test_any_other_with_is_left_alone(context):
     assert any("inside `with " in m and "; to fuse it, rotate in a function of its own" in m for m in messages), (
         messages
     )
+
+
+def test_a_rotated_width_read_from_the_table_is_checked_to_be_the_windows():
+    """The evaluator takes `cache.shape[-2] * 2` to be the width of `x[..., :n]`; the branch checks that
+    first. A cache wider than the head makes the original fail, and the migrated code the same way."""
+    text, _ = _migrated(WINDOW)
+    assert "if _is_npu(x) and 0 <= cache.shape[-2] * 2 <= x.shape[-1]:" in text, text
+    x, (wide,) = _x(torch.float32), _window_cache(torch.float32, pairs=D // 2 + 2)
+    errors = []
+    for namespace in (_namespace(WINDOW, forced=False), _namespace(text, forced=True)):
+        with pytest.raises(RuntimeError) as error:
+            namespace["rope_window_from_table"](x, wide)
+        errors.append(str(error.value))
+    assert errors[0] == errors[1]

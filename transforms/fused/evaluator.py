@@ -419,6 +419,64 @@ class Structure:
         return number
 
 
+class Sizes:
+    """The tensor x is a last-dim window of (`Evaluation.base_key`): only its sizes are known, and of them
+    only the leading ones (x's); its last size, which the window may be narrower than, is `Unknown`."""
+
+    def __init__(self, leading: tuple[int, ...]) -> None:
+        self.leading = leading
+        self.ndim = len(leading) + 1
+
+    @property
+    def shape(self) -> tuple:
+        return _PartialShape(self.leading)
+
+    def size(self, d: int | None = None):
+        if d is None:
+            return self.shape
+        if not -self.ndim <= d < self.ndim:
+            raise Unknown(f"dim {d} out of range")
+        if d % self.ndim == self.ndim - 1:
+            raise Unknown("the last size of the tensor x is a window of")
+        return self.leading[d % self.ndim]
+
+
+class _PartialShape(tuple):
+    """A shape whose last entry is not known: indexing it there, or unpacking it whole, is `Unknown`."""
+
+    def __new__(cls, leading: tuple[int, ...]):
+        return super().__new__(cls, leading)
+
+    def __getitem__(self, index):
+        if isinstance(index, int) and not isinstance(index, bool):
+            if index in (len(self), -1):
+                raise Unknown("the last size of the tensor x is a window of")
+            if index < -1:
+                index += 1  # counted from the end of the full shape
+        elif isinstance(index, slice) and index == slice(None, -1, None):
+            return tuple(self)
+        else:
+            raise Unknown("a slice of a shape whose last size is not known")
+        return tuple.__getitem__(self, index)
+
+    def __iter__(self):
+        raise Unknown("the last size of the tensor x is a window of")
+
+
+def _window(x: ast.expr, key: Callable[[ast.AST], int]) -> tuple[int | None, int | None]:
+    """(the key of `base`, of `width`) when `x` is `base[..., :width]`, a window of the last dim from 0."""
+    if not (isinstance(x, ast.Subscript) and isinstance(x.slice, ast.Tuple) and len(x.slice.elts) == 2):
+        return None, None
+    ellipsis, window = x.slice.elts
+    if not (isinstance(ellipsis, ast.Constant) and ellipsis.value is Ellipsis and isinstance(window, ast.Slice)):
+        return None, None
+    if window.lower is not None or window.step is not None or window.upper is None:
+        return None, None
+    if isinstance(window.upper, ast.Constant):
+        return None, None  # a literal width is a number already: nothing to learn from the window
+    return key(x.value), key(window.upper)
+
+
 class Table:
     """A subexpression that does not read x: an opaque tensor, shaped where it first meets one of x."""
 
@@ -459,16 +517,26 @@ class Evaluation:
         self.structure = Structure() if structure is None else structure
         self.key = self.structure.of
         self.x_key, self.X, self.qualname = self.key(x), X, qualname
+        #: When x is a window of the last dim of a tensor, `base[..., :width]` (partial rotary, the width
+        #: read from the tables, `rope_cache.shape[-2] * 2`): the base's key, whose leading sizes are x's
+        #: (`base.size(0)`, `base.shape[:-1]`), and the width's, which is x's last size. Nothing else of the
+        #: base is known: its last size, or any of its elements, raises `Unknown`.
+        self.base_key, self.width_key = _window(x, self.key)
         self.shapes = shapes or {}
         self.tables: dict[int, tuple[int, ast.expr, Tensor]] = {}
         self.met: dict[int, tuple[tuple[int, ...], bool]] = {}
         self.downcast = False
+        #: Whether the run read the window's width as x's last size: true where `0 <= width <= base's
+        #: last size`, which the branch then checks.
+        self.width_read = False
         self._reads_x: dict[int, bool] = {}
 
     # -- helpers -----------------------------------------------------------------------------------
     def reads_x(self, node: ast.AST) -> bool:
         if id(node) not in self._reads_x:
-            found = self.key(node) == self.x_key or any(self.reads_x(c) for c in ast.iter_child_nodes(node))
+            found = self.key(node) in (self.x_key, self.base_key, self.width_key) or any(
+                self.reads_x(c) for c in ast.iter_child_nodes(node)
+            )
             self._reads_x[id(node)] = found
         return self._reads_x[id(node)]
 
@@ -494,6 +562,11 @@ class Evaluation:
             return self.constant(node)
         if self.key(node) == self.x_key:
             return self.X
+        if self.key(node) == self.base_key:
+            return Sizes(self.X.shape[:-1])
+        if self.key(node) == self.width_key:
+            self.width_read = True  # an assumption the branch checks at run time (`Meaning.window`)
+            return self.X.shape[-1]
         if self._sized_table(node):
             # `cache.view(-1, x.size(1), 1, d)[..., :x.size(-1)].to(x.dtype)`: a table given x's sizes or dtype
             return Table(node, self.key(node))
@@ -508,13 +581,15 @@ class Evaluation:
         if base is node or not isinstance(node, (ast.Subscript, ast.Call)):
             return False
         sizes = isinstance(base, ast.Attribute) and base.attr in ("shape", "dtype", "device", "ndim")
-        if sizes or self.key(base) == self.x_key:  # `x.shape[-1]` is a number, not a table
+        if sizes or self.key(base) in (self.x_key, self.base_key):  # `x.shape[-1]` is a number, not a table
             return False
         return self._only_sizes(node)
 
     def _only_sizes(self, node: ast.AST) -> bool:
-        if self.key(node) == self.x_key:
+        if self.key(node) in (self.x_key, self.base_key):
             return False
+        if self.key(node) == self.width_key:
+            return True
         if not self.reads_x(node):
             return True
         if isinstance(node, ast.Attribute) and node.attr in ("shape", "dtype", "device", "ndim"):
@@ -637,6 +712,8 @@ class Evaluation:
 
     def _Attribute(self, node):
         value = self.run(node.value)
+        if isinstance(value, Sizes) and node.attr in ("shape", "ndim"):
+            return value.shape if node.attr == "shape" else len(value.shape)
         if not isinstance(value, Tensor):
             raise Unknown(f"attribute `{node.attr}`")
         if node.attr == "shape":
@@ -668,6 +745,8 @@ class Evaluation:
         func = node.func
         if isinstance(func, ast.Attribute) and self.reads_x(func.value):
             receiver = self.run(func.value)
+            if isinstance(receiver, Sizes) and func.attr in ("size", "dim"):
+                return receiver.size(*_bind(args, keywords, [("dim", None)])) if func.attr == "size" else receiver.ndim
             if not isinstance(receiver, Tensor):
                 raise Unknown(f"`.{func.attr}` of something that is not a tensor")
             return self.method(receiver, func.attr, args, keywords)

@@ -180,6 +180,9 @@ class Site:
         self.products: tuple[ast.expr, ...] = ()
         #: The tables whose trailing sizes the evaluator assumed, with those sizes (`rotation.Meaning`).
         self.shapes: tuple[tuple[ast.expr, tuple[str, ...]], ...] = ()
+        #: (base, width) of x = `base[..., :width]` when the rotation read `width` as x's last size
+        #: (`rotation.Meaning.window`): checked first, `0 <= width <= base.shape[-1]`.
+        self.window: tuple[ast.expr, ast.expr] | None = None
 
 
 def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.expr]:
@@ -252,6 +255,7 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
                 site.source_tables = tuple(meant.sources)
                 site.products = tuple(share(p) for p in meant.products)
                 site.shapes = tuple(meant.shapes)
+                site.window = meant.window
                 found.append(site)
                 return
         for child in ast.iter_child_nodes(node):
@@ -756,6 +760,22 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         d = f"{source(rotated)}.shape[-1]"
         expected = ", ".join(s.replace("d", d) for s in sizes)
         tensors.insert(at, f"{source(table)}.shape[-{len(sizes)}:] == ({expected})")
+    # A rotated width read from elsewhere (ChatGLM's `rope_cache.shape[-2] * 2`) was taken to be the width of
+    # the window `x[..., :width]`: so it is where it lies within x's last dim, checked before anything reads it.
+    for site in found:
+        if site.window is None:
+            continue
+        base, width = site.window
+        if not (is_pure(base) and _size_expression(width)):
+            return Outcome(
+                ROTARY,
+                f"rotary embedding not fused: the rotated width `{source(width)}` cannot be checked against the "
+                "tensor it slices",
+                remedy="to fuse it, bind the width and the tensor to names before the rotation",
+            )
+        check = f"0 <= {source(width)} <= {source(base)}.shape[-1]"
+        if check not in tensors:
+            tensors.insert(0, check)
     # What the branch states of an imported helper's body (a `torch.cat` of the tables, a constant) must
     # mean here what it meant there: `torch` imported in both, not a name only the sibling binds.
     foreign = unbound_name(
@@ -870,6 +890,28 @@ def _kernel_call(x: ast.expr, r1: ast.expr, r2: ast.expr, mode: str) -> ast.Call
         [x, r1, r2],
         [ast.keyword("rotary_mode", ast.Constant(mode))],
     )
+
+
+def _size_expression(node: ast.AST) -> bool:
+    """Names, numbers, attributes, shape entries (`t.shape[-2]`, `t.size(1)`) and arithmetic on them: a
+    size the guard may read again, which computes nothing."""
+    if isinstance(node, ast.Subscript):
+        return _size_expression(node.value) and _size_expression(node.slice)
+    if isinstance(node, ast.Call):
+        return (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("size", "dim")
+            and not node.keywords
+            and _size_expression(node.func.value)
+            and all(_size_expression(a) for a in node.args)
+        )
+    if isinstance(node, ast.BinOp):
+        return _size_expression(node.left) and _size_expression(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return _size_expression(node.operand)
+    if isinstance(node, ast.Attribute):
+        return _size_expression(node.value)
+    return isinstance(node, (ast.Name, ast.Constant))
 
 
 def _unique(nodes: list[ast.expr]) -> list[ast.expr]:

@@ -46,6 +46,10 @@ class Meaning:
     #: shape the evaluator assumed for it (`x * t[..., 0]` reads it at any size the product broadcasts
     #: to), which the branch checks before it reads the table
     shapes: list[tuple[ast.expr, tuple[str, ...]]] = field(default_factory=list)
+    #: (base, width) when x is `base[..., :width]` and the computation reads `width` as x's last size (the
+    #: rotated width read from a table's shape, `rope_cache.shape[-2] * 2`): it is, where `0 <= width <=
+    #: base.shape[-1]`, which the branch checks.
+    window: tuple[ast.expr, ast.expr] | None = None
 
 
 class Declined(Exception):
@@ -303,7 +307,7 @@ def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure
     try:
         found = _solve(evaluation, _result(evaluation, node, shape), shape[-1])
         if found is not None:
-            return found
+            return _windowed(found, evaluation, x)
     except Declined as error:
         why = error
     except Exception:  # noqa: BLE001 (Unknown, or an operation on values it cannot take: not read)
@@ -315,10 +319,16 @@ def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure
         except Exception:  # noqa: BLE001 (as above)
             continue
         if found is not None:
-            return found
+            return _windowed(found, again, x)
     if why is not None:
         raise why
     return None
+
+
+def _windowed(found: Meaning, evaluation: Evaluation, x: ast.expr) -> Meaning:
+    if evaluation.width_read:
+        found.window = (x.value, x.slice.elts[1].upper)
+    return found
 
 
 def _agree(results: list[Meaning]) -> Meaning | None:
@@ -336,6 +346,7 @@ def _agree(results: list[Meaning]) -> Meaning | None:
                 "to fuse it, write the slices and repeats in terms of the head dim (`x.shape[-1] // 2`), if that is "
                 "what they mean",
             )
+        first.window = first.window or other.window
     return first
 
 
