@@ -374,6 +374,69 @@ CASES["rope_window_from_table"] = (
 )
 
 
+#: diffusers' `apply_rotary_emb` shape, written here: a flag with a default chooses real tables or complex
+#: numbers, another the pairing (pairs or halves), a third value raises. Each way gets its own branch under
+#: its tests (`parameter_paths`); the case name's suffix picks the way by the arguments passed.
+BY_FLAG = textwrap.dedent(
+    """
+    import torch
+
+
+    def rope_by_flag(x, freqs, use_real=True, pairs_dim=-1):
+        if use_real:
+            cos, sin = freqs
+            if pairs_dim == -1:
+                a, b = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+                turned = torch.stack([-b, a], dim=-1).flatten(3)
+            elif pairs_dim == -2:
+                a, b = x.reshape(*x.shape[:-1], 2, -1).unbind(-2)
+                turned = torch.cat([-b, a], dim=-1)
+            else:
+                raise ValueError(pairs_dim)
+            return (x.float() * cos + turned.float() * sin).to(x.dtype)
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
+    """
+)
+
+CASES["rope_by_flag[pairs]"] = (
+    BY_FLAG,
+    lambda dtype: (_pair_repeated_tables(torch.float32), True, -1),
+    "interleave",
+    {
+        "sign": ("_npu_x0, freqs[0], freqs[1], rotary_mode", "_npu_x0, freqs[0], -freqs[1], rotary_mode"),
+        "pairing": ('freqs[1], rotary_mode="interleave"', 'freqs[1], rotary_mode="half"'),
+        "repeat": (
+            "_npu_x0, freqs[0], freqs[1], rotary_mode",
+            "_npu_x0, freqs[0][..., ::2].tile((2,)), freqs[1][..., ::2].tile((2,)), rotary_mode",
+        ),
+    },
+)
+CASES["rope_by_flag[halves]"] = (
+    BY_FLAG,
+    lambda dtype: (_full_tables(torch.float32), True, -2),
+    "half",
+    {
+        "sign": ('freqs[0], freqs[1], rotary_mode="half"', 'freqs[0], -freqs[1], rotary_mode="half"'),
+        "pairing": ('freqs[1], rotary_mode="half"', 'freqs[1], rotary_mode="interleave"'),
+        "repeat": (
+            'freqs[0], freqs[1], rotary_mode="half"',
+            'freqs[0][..., :8].repeat_interleave(2, -1), freqs[1][..., :8].repeat_interleave(2, -1), rotary_mode="half"',
+        ),
+    },
+)
+CASES["rope_by_flag[complex]"] = (
+    BY_FLAG,
+    lambda dtype: (*_complex_tables(dtype), False),
+    "interleave",
+    {
+        "sign": ("_npu_sin = freqs.imag", "_npu_sin = -freqs.imag"),
+        "pairing": ('_npu_sin, rotary_mode="interleave"', '_npu_sin, rotary_mode="half"'),
+        "repeat": (".real.repeat_interleave(2, dim=-1)", ".real.tile((2,))"),
+    },
+)
+
+
 def _migrated(source: str) -> tuple[str, list]:
     return migrate_text(source, path="rope.py", select=["NPU703"])
 
@@ -400,6 +463,7 @@ def _run(name, dtype, mutate=None):
     source, tables, _, _ = CASES[name]
     text, _ = _migrated(source)
     args = (_x(dtype), *tables(dtype))
+    name = name.split("[")[0]  # `rope_by_flag[halves]`: the function, and the way its arguments choose
     expected = _namespace(source, forced=False)[name](*args)
     before = TORCH_NPU.calls["npu_rotary_mul"]
     got = _namespace(text, forced=True, mutate=mutate)[name](*args)
@@ -414,7 +478,7 @@ def test_each_spelling_gets_a_branch_in_its_mode(name):
     source, _, mode, _ = CASES[name]
     text, findings = _migrated(source)
     ours = [f for f in findings if f.rule_id == "NPU703" and f.fixed and "branch" in f.message]
-    function = text.split(f"def {name}(", 1)[1].split("\ndef ", 1)[0]
+    function = text.split(f"def {name.split('[')[0]}(", 1)[1].split("\ndef ", 1)[0]
     assert f'rotary_mode="{mode}"' in function, function
     assert "_is_npu(x)" in function
     assert ours, [f.message for f in findings]
@@ -537,3 +601,52 @@ def test_a_rotated_width_read_from_the_table_is_checked_to_be_the_windows():
             namespace["rope_window_from_table"](x, wide)
         errors.append(str(error.value))
     assert errors[0] == errors[1]
+
+
+def test_each_way_through_the_flags_falls_back_to_the_original_where_its_kernel_does_not_apply():
+    """The ways' tests exclude each other: where the chosen way's kernel does not apply (tables of another
+    dtype than the upcast x), no other way's branch runs instead, and the original gives its own bits; a
+    value the original raises on raises the same."""
+    text, _ = _migrated(BY_FLAG)
+    migrated = _namespace(text, forced=True)["rope_by_flag"]
+    original = _namespace(BY_FLAG, forced=False)["rope_by_flag"]
+    x = _x(torch.float32)
+    for tables, pairs_dim in ((_pair_repeated_tables(torch.float64), -1), (_full_tables(torch.float64), -2)):
+        before = TORCH_NPU.calls["npu_rotary_mul"]
+        got = migrated(x, tables, True, pairs_dim)
+        assert TORCH_NPU.calls["npu_rotary_mul"] == before
+        assert torch.equal(got, original(x, tables, True, pairs_dim))
+    with pytest.raises(ValueError, match="^0$"):
+        migrated(x, _full_tables(torch.float32), True, 0)
+
+
+FLAG_NEAR_MISSES = {
+    # the flag is rebound in the body: the branch could not test what the original's `if` tests
+    "rebound": (
+        "def rope(x, cos, sin, on=True):\n    on = not on\n    if on:\n"
+        "        x1, x2 = x.chunk(2, dim=-1)\n        y = x * cos + torch.cat((-x2, x1), -1) * sin\n"
+        "    else:\n        y = x\n    return y\n",
+        None,
+    ),
+    # one way scales the rotated half: that way is declined with what differs, the other fused
+    "one way scaled": (
+        "def rope(x, cos, sin, twice=False):\n    x1, x2 = x.chunk(2, dim=-1)\n    if twice:\n"
+        "        return x * cos + torch.cat((-2 * x2, x1), -1) * sin\n"
+        "    return x * cos + torch.cat((-x2, x1), -1) * sin\n",
+        "(1 of 2 ways, rotary_mode 'half'); not where `twice`: rotary embedding not fused: the rotation is scaled by 2",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", FLAG_NEAR_MISSES)
+def test_a_way_that_cannot_be_proven_is_not_fused_and_a_declined_way_is_said_so(name):
+    body, reason = FLAG_NEAR_MISSES[name]
+    source = "import torch\n\n\n" + body
+    _, findings = _migrated(source)
+    messages = [f.message for f in findings if f.rule_id == "NPU703"]
+    assert reason is None or any(reason in m for m in messages), messages
+    if name == "rebound":
+        assert not any(f.fixed for f in findings)
+        # not rebound, the same function is fused on the way that rotates
+        text, _ = _migrated(source.replace("    on = not on\n", ""))
+        assert "    if _is_npu(x):\n        if on and " in text, text

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.program.api import load_table
@@ -41,6 +42,7 @@ from npu_migrate.transforms.fused.symbolic import (
     Function,
     NotStraightLine,
     Outcome,
+    Path,
     body_statements,
     contains_call,
     cuda_only_tensor,
@@ -48,6 +50,7 @@ from npu_migrate.transforms.fused.symbolic import (
     fold,
     inline_functions,
     is_pure,
+    parameter_paths,
     replace_nodes,
     same,
     source,
@@ -80,8 +83,9 @@ ROTARY = Rule(
     (`f[..., 0]`, `f[..., 1]`), a 2x2 rotation matrix per pair (`rot[..., 0] * xp[..., 0] + rot[..., 1] *
     xp[..., 1]`: the kernel tables stacked per parity, the matrix's trailing shape checked first), tables
     times a scale (`t * freqs.cos() * scale`, checked to be tensors), tables given x's sizes
-    (`cache.view(-1, x.size(1), 1, d)`), partial rotary (the rotated window, the rest passed through),
-    a CUDA-only fast path in front (kept for CUDA, the branch goes first), a body that is one
+    (`cache.view(-1, x.size(1), 1, d)`), partial rotary (the rotated window, the rest passed through;
+    ChatGLM's width read from the table, `x[..., :rope_cache.shape[-2] * 2]`, checked first to lie within
+    x), a CUDA-only fast path in front (kept for CUDA, the branch goes first), a body that is one
     `with torch.autocast(..., enabled=False):` (Z-image: the branch goes first inside the block, where
     the kernel runs with autocast disabled as the original's ops do). The kernel tables are built
     once per call, by tensor operations, in the branch. Interleaved rotary maps to
@@ -92,12 +96,16 @@ ROTARY = Rule(
     once (the unsqueezed tables, an upcast `q.float()`, a cache view both tables slice) is bound once, in
     the branch. When the tables are prepared under `if`s or asserts and only the rest of the body is
     straight-line code, the branch goes in front of that rest, reading the values the names hold there
-    (assignments before the `if`s that still hold, as litgpt's `rotated`, are read as computed).
+    (assignments before the `if`s that still hold, as litgpt's `rotated`, are read as computed). When
+    `if`s on parameters choose the rotation (diffusers' `apply_rotary_emb`: `if use_real:`, `if
+    use_real_unbind_dim == -1:`, complex numbers in the `else`), each way through them is read as
+    straight-line code and fused on its own, in one branch per way under the tests that select it (tests
+    of parameters the body never rebinds, calling nothing; a way that raises gets none).
 
     Declined, with a finding saying what differs: an element read from a position neither mode pairs it
     with, a term scaled by a constant, a kernel table that would be a sum of tables, elements not
     rotated, a computation that differs at another head dim (a fixed-width slice), interleaved rotary
-    where the torch_npu version has no rotary_mode, a rotation under control flow, rotations with
+    where the torch_npu version has no rotary_mode, a rotation under other control flow, rotations with
     different tables in one function, a branch that would call anything but a tensor operation
     (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
     original calls it again when the kernel does not apply), or that would repeat what the function calls
@@ -323,6 +331,9 @@ def match(fn: Function) -> Outcome | None:
         return None
     branch = _complex_only_in_a_branch(fn) if _calls(fn, ("torch.view_as_complex", "torch.polar")) else None
     if branch is not None:
+        paths = _paths_outcome(fn)
+        if paths is not None and paths.template is not None:
+            return paths
         return Outcome(
             ROTARY,
             f"rotary embedding under `if {source(branch.test)}:` (complex numbers on one side, real tables on the"
@@ -334,6 +345,11 @@ def match(fn: Function) -> Outcome | None:
     except NotStraightLine as why:
         # The straight-line tail first: what it computes decides, whatever calls it makes.
         tail = _straight_tail_outcome(fn) or _with_outcome(fn)
+        if tail is not None and tail.template is not None and not _returns_before(fn, tail.before):
+            return tail  # every way through the body reaches the tail: one branch covers them all
+        paths = _paths_outcome(fn)
+        if paths is not None and (paths.template is not None or tail is None):
+            return paths
         if tail is not None:
             return tail
         try:
@@ -359,6 +375,72 @@ def match(fn: Function) -> Outcome | None:
         if later is not None and later.template is not None:
             return later
     return outcome
+
+
+def _paths_outcome(fn: Function) -> Outcome | None:
+    """A branch per way through the function's `if`s on its parameters (`parameter_paths`: diffusers'
+    `if use_real:` ... `else:`, `if use_real_unbind_dim == -1:` ...), each guarded by its path's tests and
+    fused by what that path computes, in front of the untouched body; None when no path holds a rotary
+    embedding. The tests read parameters the body never rebinds and call nothing, so the branch sees what
+    the original's `if`s see, and they exclude each other: where a path's kernel does not apply, the next
+    ones' tests are false and the original runs."""
+    paths = parameter_paths(fn)
+    if paths is None:
+        return None
+    fused: list[tuple[Path, Outcome]] = []
+    declined: list[tuple[Path, Outcome]] = []
+    for path in paths:
+        try:
+            outcome = _outcome(path.function, inline_functions(path.function, fold(path.function, unpack=True)))
+        except NotStraightLine:
+            continue
+        if outcome is None:
+            continue
+        if outcome.template is not None and outcome.before is None and path.function.autocast_off is None:
+            if not fused or outcome.context["x"] == fused[0][1].context["x"]:
+                fused.append((path, outcome))
+                continue
+        declined.append((path, outcome))
+    if not fused:
+        if not declined:
+            return None
+        path, outcome = declined[0]
+        outcome.message = f"{outcome.message} (where {_where(path)})"
+        return outcome
+    branches = []
+    for path, outcome in fused:
+        context = outcome.context
+        conditions = [source(c) for c in path.conditions]
+        branches.append(
+            {
+                "guards": [*conditions, *context["guards"]],
+                "bindings": context["bindings"],
+                "checks": context["checks"],
+                "result": context["result"],
+            }
+        )
+    modes = sorted({m for _, o in fused for m in re.findall(r"rotary_mode=.(\w+).", o.context["result"])})
+    message = (
+        "rotary embedding gets a fused `torch_npu.npu_rotary_mul` branch per way through its `if`s on parameters "
+        f"that rotates ({len(fused)} of {len(paths)} ways, rotary_mode {' and '.join(repr(m) for m in modes)})"
+    )
+    if declined:
+        path, outcome = declined[0]
+        message += f"; not where {_where(path)}: {outcome.message}"
+    context = {"x": fused[0][1].context["x"], "paths": branches}
+    return Outcome(ROTARY, message, TEMPLATE, context, (HELPER,))
+
+
+def _returns_before(fn: Function, stmt: ast.stmt | None) -> bool:
+    """Whether a statement of the body before `stmt` may return (`if use_real: ... return out`): a branch
+    in front of `stmt` then misses the ways through the body that return there."""
+    body = body_statements(fn.tree)
+    before = body[: next((at for at, s in enumerate(body) if s is stmt), 0)]
+    return any(isinstance(n, ast.Return) for s in before for n in ast.walk(s))
+
+
+def _where(path: Path) -> str:
+    return " and ".join(f"`{source(c)}`" for c in path.conditions) or "no test holds"
 
 
 def _with_outcome(fn: Function) -> Outcome | None:
