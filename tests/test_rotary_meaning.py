@@ -437,6 +437,35 @@ CASES["rope_by_flag[complex]"] = (
 )
 
 
+#: Sana-WM's layout, written here: x is (batch, heads, dim, seq), the pairs run along dim 2, moved last for
+#: the complex product and back after it. The kernel gets x moved, its result is moved back.
+MOVED = textwrap.dedent(
+    """
+    import torch
+
+
+    def rope_moved(x, freqs_cis):
+        pairs = x.transpose(2, 3).float().reshape(*x.shape[:2], x.shape[3], -1, 2)
+        out = torch.view_as_real(torch.view_as_complex(pairs) * freqs_cis).flatten(3)
+        return out.transpose(2, 3).type_as(x)
+    """
+)
+
+CASES["rope_moved"] = (
+    MOVED,
+    lambda dtype: (_complex_tables(dtype)[0].transpose(1, 2),),  # (1, 1, S, D/2): BNSD's 11SD once moved
+    "interleave",
+    {
+        "sign": ("_npu_sin = freqs_cis.imag", "_npu_sin = -freqs_cis.imag"),
+        "pairing": ('rotary_mode="interleave"', 'rotary_mode="half"'),
+        "repeat": (".real.repeat_interleave(2, dim=-1)", ".real.tile((2,))"),
+    },
+)
+
+#: The case's x from the (B, S, H, D) one the other cases take, where its function wants another layout.
+X_LAYOUT = {"rope_moved": lambda x: x.permute(0, 2, 3, 1)}  # (B, H, D, S)
+
+
 def _migrated(source: str) -> tuple[str, list]:
     return migrate_text(source, path="rope.py", select=["NPU703"])
 
@@ -462,7 +491,7 @@ def _run(name, dtype, mutate=None):
     """(cosine of the forced branch vs the original, kernel calls, fallback bit-identical)."""
     source, tables, _, _ = CASES[name]
     text, _ = _migrated(source)
-    args = (_x(dtype), *tables(dtype))
+    args = (X_LAYOUT.get(name, lambda x: x)(_x(dtype)), *tables(dtype))
     name = name.split("[")[0]  # `rope_by_flag[halves]`: the function, and the way its arguments choose
     expected = _namespace(source, forced=False)[name](*args)
     before = TORCH_NPU.calls["npu_rotary_mul"]

@@ -477,6 +477,32 @@ def _window(x: ast.expr, key: Callable[[ast.AST], int]) -> tuple[int | None, int
     return key(x.value), key(window.upper)
 
 
+def _moved(x: ast.expr, ndim: int) -> tuple[int, ...] | None:
+    """The order that moves x's dims back where `base` has them, when x is `base.permute(order)` or
+    `base.transpose(a, b)` with literal dims (x's rank `ndim`)."""
+    if not (isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and not x.keywords):
+        return None
+    try:
+        dims = [ast.literal_eval(a) for a in x.args]
+    except ValueError:
+        return None
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = list(dims[0])
+    if not all(isinstance(d, int) and not isinstance(d, bool) and -ndim <= d < ndim for d in dims):
+        return None
+    dims = [d % ndim for d in dims]
+    if x.func.attr == "transpose" and len(dims) == 2:
+        order = list(range(ndim))
+        order[dims[0]], order[dims[1]] = order[dims[1]], order[dims[0]]
+        return tuple(order)
+    if x.func.attr == "permute" and sorted(dims) == list(range(ndim)):
+        inverse = [0] * ndim
+        for at, d in enumerate(dims):
+            inverse[d] = at
+        return tuple(inverse)
+    return None
+
+
 class Table:
     """A subexpression that does not read x: an opaque tensor, shaped where it first meets one of x."""
 
@@ -522,6 +548,13 @@ class Evaluation:
         #: (`base.size(0)`, `base.shape[:-1]`), and the width's, which is x's last size. Nothing else of the
         #: base is known: its last size, or any of its elements, raises `Unknown`.
         self.base_key, self.width_key = _window(x, self.key)
+        #: When x is a view of a tensor with its dims moved, `base.permute(...)` / `base.transpose(a, b)` (a
+        #: rotation of another dim than the base's last, Sana-WM's): the base is x with them moved back.
+        self.base_order: tuple[int, ...] | None = None
+        if self.base_key is None:
+            order = _moved(x, X.ndim)
+            if order is not None:
+                self.base_key, self.base_order = self.key(x.func.value), order
         self.shapes = shapes or {}
         self.tables: dict[int, tuple[int, ast.expr, Tensor]] = {}
         self.met: dict[int, tuple[tuple[int, ...], bool]] = {}
@@ -563,6 +596,8 @@ class Evaluation:
         if self.key(node) == self.x_key:
             return self.X
         if self.key(node) == self.base_key:
+            if self.base_order is not None:
+                return self.X.permute(self.base_order)
             return Sizes(self.X.shape[:-1])
         if self.key(node) == self.width_key:
             self.width_read = True  # an assumption the branch checks at run time (`Meaning.window`)

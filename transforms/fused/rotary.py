@@ -85,7 +85,8 @@ ROTARY = Rule(
     times a scale (`t * freqs.cos() * scale`, checked to be tensors), tables given x's sizes
     (`cache.view(-1, x.size(1), 1, d)`), partial rotary (the rotated window, the rest passed through;
     ChatGLM's width read from the table, `x[..., :rope_cache.shape[-2] * 2]`, checked first to lie within
-    x), a CUDA-only fast path in front (kept for CUDA, the branch goes first), a body that is one
+    x), a rotation of another dim than the last (Sana-WM's `x.permute(0, 1, 3, 2)` rotated, moved back
+    after: the kernel on the moved view), a CUDA-only fast path in front (kept for CUDA, the branch goes first), a body that is one
     `with torch.autocast(..., enabled=False):` (Z-image: the branch goes first inside the block, where
     the kernel runs with autocast disabled as the original's ops do). The kernel tables are built
     once per call, by tensor operations, in the branch. Interleaved rotary maps to
@@ -198,13 +199,30 @@ def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.
     folded), or slices, casts and views of one, read at least twice (x is read plainly and again by its
     rotation), outermost first. Names of modules and imports (`torch`) are no tensor."""
     counts: dict[int, list[ast.expr]] = {}
+    moved: list[ast.expr] = []
     for sub in walk_shared(node):
         if sub is node:
             continue
         base = chain_base(sub)
         if isinstance(base, ast.Name) and fn.qualname(base) is None:
             counts.setdefault(structure.of(sub), []).append(sub)
-    return [found[0] for found in counts.values() if len(found) > 1][:8]
+            if _moves_dims(sub, base):
+                moved.append(sub)
+    found = [found[0] for found in counts.values() if len(found) > 1]
+    # A rotation of another dim than the last (Sana-WM's `x.permute(0, 1, 3, 2)` then pairs of the last):
+    # x moved into place is read once, the rotated tensor the kernel gets, its result moved back outside.
+    found += [m for m in moved if not any(structure.of(m) == structure.of(f) for f in found)]
+    return found[:8]
+
+
+def _moves_dims(sub: ast.expr, base: ast.Name) -> bool:
+    """`x.permute(...)` / `x.transpose(...)` of a name: a view of x with another dim last."""
+    return (
+        isinstance(sub, ast.Call)
+        and isinstance(sub.func, ast.Attribute)
+        and sub.func.attr in ("permute", "transpose")
+        and sub.func.value is base
+    )
 
 
 #: Calls that join two terms as a rotary embedding's result does (besides `+` / `-`).
