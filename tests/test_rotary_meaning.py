@@ -556,6 +556,22 @@ NEAR_MISSES = {
         "def rope(x, cos, sin):\n    x1, x2 = x[..., :4], x[..., 4:]\n    return x * cos + torch.cat((-x2, x1), -1) * sin\n",
         "neither rotation pairs it with",
     ),
+    # 3-D activations [B, S, D] rotated over the whole last dim (LTX): no 4-D head dim to give the kernel
+    "3-D activations": (
+        "def rope(x, cos, sin):\n    a, b = x.unflatten(2, (-1, 2)).unbind(-1)\n"
+        "    return x * cos + torch.stack((-b, a), -1).flatten(2) * sin\n",
+        "x is 3-D [B, S, D], rotated over its whole last dim as one head; to fuse it, rotate x viewed per head as 4-D",
+    ),
+    # torchtune's vision rotary, written here: the sequence split into tiles of a size only the config
+    # knows, the table per position within a tile; read where that size is 1, and declined
+    "tiles of the sequence": (
+        "def rope(x, cache, cfg):\n    b, s, h, d = x.shape\n"
+        "    xs = x.float().reshape(b, cfg.tiles, -1, h, d // 2, 2)\n"
+        "    c = cache.view(1, 1, xs.size(2), 1, d // 2, 2)\n    cos, sin = c[..., 0], c[..., 1]\n"
+        "    out = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], -1)\n"
+        "    return out.reshape(b, s, h, d).type_as(x)\n",
+        "x is viewed with sizes read from `cfg.tiles`, which are not known here",
+    ),
     # the second half not rotated
     "partly rotated": (
         "def rope(x, cos, sin):\n    x1, x2 = x.chunk(2, dim=-1)\n    return x * cos + torch.cat((-x2, x1 * 0), -1) * sin\n",

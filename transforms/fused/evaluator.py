@@ -559,6 +559,11 @@ class Evaluation:
         self.tables: dict[int, tuple[int, ast.expr, Tensor]] = {}
         self.met: dict[int, tuple[tuple[int, ...], bool]] = {}
         self.downcast = False
+        #: A size the code reads from an attribute (`self.max_num_tiles`) is no number the run knows: with
+        #: `guess` set, it is taken to be that number where a shape or size arithmetic needs one, and noted in
+        #: `guessed`. Only to say what a function computes where that holds, never to fuse it.
+        self.guess: int | None = None
+        self.guessed: list[ast.expr] = []
         #: Whether the run read the window's width as x's last size: true where `0 <= width <= base's
         #: last size`, which the branch then checks.
         self.width_read = False
@@ -581,6 +586,19 @@ class Evaluation:
             self.met[table.key] = (partner.shape, partner.is_complex)
         tensor = self.tables[table.key][2]
         return tensor.negate() if table.negated else tensor
+
+    def size(self, value):
+        """`value`, or `guess` for an attribute read as a size (`Evaluation.guess`)."""
+        if (
+            self.guess is not None
+            and isinstance(value, Table)
+            and not value.negated
+            and isinstance(value.node, ast.Attribute)
+        ):
+            if not any(self.key(g) == value.key for g in self.guessed):
+                self.guessed.append(value.node)
+            return self.guess
+        return value
 
     def tensor(self, value, partner: Tensor | None = None) -> Tensor:
         if isinstance(value, Tensor):
@@ -694,6 +712,8 @@ class Evaluation:
             node = ast.BinOp(inner.left, ast.Mult(), table)
             self._reads_x[id(node)] = True
         left, right = self.run(node.left), self.run(node.right)
+        if isinstance(left, int) != isinstance(right, int):
+            left, right = self.size(left), self.size(right)  # `self.tiles * n`, a size (`Evaluation.guess`)
         if isinstance(left, int) and isinstance(right, int) and not isinstance(left, bool):
             ops = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.FloorDiv: int.__floordiv__}
             if type(node.op) in ops:
@@ -906,8 +926,8 @@ _METHODS: dict[str, Callable] = {
     "type_as": _type_as,
     "contiguous": lambda ev, t, a, k: t,
     "clone": lambda ev, t, a, k: t,
-    "reshape": lambda ev, t, a, k: t.reshape(_shape_args(a, k)),
-    "view": lambda ev, t, a, k: t.reshape(_shape_args(a, k)),
+    "reshape": lambda ev, t, a, k: t.reshape(_shape_args([ev.size(v) for v in a], k)),
+    "view": lambda ev, t, a, k: t.reshape(_shape_args([ev.size(v) for v in a], k)),
     "reshape_as": lambda ev, t, a, k: t.reshape(ev.tensor(_bind(a, k, [("other", ...)])[0]).shape),
     "view_as": lambda ev, t, a, k: t.reshape(ev.tensor(_bind(a, k, [("other", ...)])[0]).shape),
     "flatten": _flatten_m,

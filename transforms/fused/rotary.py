@@ -107,7 +107,9 @@ ROTARY = Rule(
     with, a term scaled by a constant, a kernel table that would be a sum of tables, elements not
     rotated, a computation that differs at another head dim (a fixed-width slice), interleaved rotary
     where the torch_npu version has no rotary_mode, a rotation under other control flow, rotations with
-    different tables in one function, a branch that would call anything but a tensor operation
+    different tables in one function, 3-D activations [B, S, D] rotated over the whole last dim as one head
+    (LTX: the kernel takes 4-D x and a head dim below 896), a view of x by a size read from an attribute
+    (torchtune's vision `self.max_num_tiles`: read where it is 1 only), a branch that would call anything but a tensor operation
     (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
     original calls it again when the kernel does not apply), or that would repeat what the function calls
     on the rotated tensors (`self.out(sdpa(q, k, v))` after `q, k = apply_rotary(...)`: the helper gets
@@ -511,6 +513,7 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
     for start in range(max(first, 1), len(body)):
         # The names the skipped statements bind, as they are (the branch reads them), and only where that
         # finds no rotation, with the assignments that still hold read as computed (litgpt's `rotated`).
+        declines: list[Declined] = []
         for keep in (False, True):
             candidate = straight_tail(fn, start, keep)
             if keep and len(candidate.tree.body) == len(body) - start:
@@ -521,11 +524,17 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
             except NotStraightLine:
                 tail = None
                 continue
-            if sites(result, tail):
+            if sites(result, tail, declines):
                 break
         else:
             if tail is None:
                 continue
+            read = next((d for d in declines if not d.differs), None)
+            if read is not None:
+                # A rotation read, in a shape the kernel does not take or at a size not known (torchtune's vision
+                # rotary after its `if ...: raise`): said, not left silent. (A difference from the kernel's
+                # formula is no evidence of a rotary embedding here: `(1 - t) * noise + t * x` has one.)
+                return Outcome(ROTARY, f"rotary embedding not fused: {read}", remedy=read.remedy)
             return None
         if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
             return Outcome(
@@ -549,7 +558,8 @@ def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
         if declined:
             return Outcome(
                 ROTARY,
-                f"rotary embedding not fused: {declined[0]}, so it is not what npu_rotary_mul computes",
+                f"rotary embedding not fused: {declined[0]}"
+                + (", so it is not what npu_rotary_mul computes" if declined[0].differs else ""),
                 remedy=declined[0].remedy,
             )
         return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn)

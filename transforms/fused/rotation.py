@@ -57,9 +57,12 @@ class Declined(Exception):
     would let it fuse ("to fuse it, ...") or that nothing in the code can ("nothing in the code can: ..."),
     the clause `Outcome.remedy` joins to the finding."""
 
-    def __init__(self, message: str, remedy: str) -> None:
+    def __init__(self, message: str, remedy: str, *, differs: bool = True) -> None:
         super().__init__(message)
         self.remedy = remedy
+        #: False where the message is no difference from the kernel's formula (a shape the kernel does not
+        #: take, a size not known): the finding does not add that it computes something else.
+        self.differs = differs
 
 
 #: The remedy of a computation no edit that keeps it would let the kernel do.
@@ -296,9 +299,68 @@ def meaning(node: ast.expr, x: ast.expr, qualname, structure: Structure | None =
     for shape in SHAPES:
         found = _at(node, x, shape, qualname, structure)
         if found is None:
+            if not results:
+                _three_d(node, x, qualname, structure)
+                _guessed_sizes(node, x, qualname, structure)
             return None
         results.append(found)
     return _agree(results)
+
+
+def _guessed_sizes(node: ast.expr, x: ast.expr, qualname, structure: Structure | None) -> None:
+    """Declined when `node` rotates x as the kernel does once a size it reads from an attribute (torchtune's
+    vision `self.max_num_tiles`, which splits the sequence into tiles of a table's length) is taken to be 1:
+    what it computes at the other values, the run cannot say, so it is not claimed; the finding says why."""
+    for shape in SHAPES:
+        evaluation = Evaluation(x, x_tensor(shape), qualname, structure=structure)
+        evaluation.guess = 1
+        try:
+            found = split(coefficients(_result(evaluation, node, shape), shape[-1]), shape[-1])
+        except Exception:  # noqa: BLE001 (not read even so: nothing to say)
+            return
+        if found is None or not evaluation.guessed:
+            return
+    names = ", ".join(f"`{ast.unparse(g)}`" for g in evaluation.guessed)
+    raise Declined(
+        f"x is viewed with sizes read from {names}, which are not known here: it rotates as npu_rotary_mul does "
+        "where they are 1, and at other values the view regroups x's dims against the tables",
+        "to fuse it, rotate x in a 4-D view whose dims the tables broadcast into (for tiles of the sequence, "
+        "`x.reshape(-1, tile_len, heads, head_dim)` with a [1, tile_len, 1, head_dim] table), in a function of its own",
+        differs=False,
+    )
+
+
+#: x's shapes as 3-D activations [B, S, D] (LTX's `x.unflatten(2, (-1, 2))`, the heads not split off), read
+#: only where the 4-D run does not read the expression, to say why it is not fused.
+SHAPES_3D = ((2, 3, 8), (2, 3, 12))
+
+
+def _three_d(node: ast.expr, x: ast.expr, qualname, structure: Structure | None) -> None:
+    """Declined when `node` rotates 3-D x [B, S, D] as one head of all D: the kernel takes 4-D x, with a
+    head dim below 896 and, interleaved, tables broadcast over the heads, which a [B, S, D] table spanning
+    every head's elements is not known to be (LTX's per-head frequencies are not)."""
+    modes = set()
+    for shape in SHAPES_3D:
+        try:
+            found = split(
+                coefficients(
+                    _result(Evaluation(x, x_tensor(shape), qualname, structure=structure), node, shape), shape[-1]
+                ),
+                shape[-1],
+            )
+        except Exception:  # noqa: BLE001 (not read, or not a rotation at 3-D: nothing to say)
+            return
+        if found is None:
+            return
+        modes.add(found[0])
+    if len(modes) == 1:
+        raise Declined(
+            "x is 3-D [B, S, D], rotated over its whole last dim as one head",
+            "to fuse it, rotate x viewed per head as 4-D [B, S, heads, head_dim] (`x.unflatten(2, (heads, -1))`) "
+            "with tables that broadcast over the heads, if every head is rotated alike: npu_rotary_mul takes 4-D "
+            "x, a head dim below 896 and, interleaved, one table for every head",
+            differs=False,
+        )
 
 
 def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure=None) -> Meaning | None:
