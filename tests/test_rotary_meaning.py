@@ -695,3 +695,38 @@ def test_a_way_that_cannot_be_proven_is_not_fused_and_a_declined_way_is_said_so(
         # not rebound, the same function is fused on the way that rotates
         text, _ = _migrated(source.replace("    on = not on\n", ""))
         assert "    if _is_npu(x):\n        if on and " in text, text
+
+
+OR_TEST = textwrap.dedent(
+    """
+    import torch
+
+
+    def rope_either(x, cos, sin, a=1, b=None):
+        if a == 2 or b is not None:
+            x1, x2 = x.chunk(2, dim=-1)
+            return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        pairs = x.reshape(*x.shape[:-1], -1, 2)
+        turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(3)
+        return x * cos + turned * sin
+    """
+)
+
+
+def test_a_way_whose_test_is_an_or_keeps_it_whole():
+    """Each way's tests are joined by `and` with the kernel's checks: an `or` keeps its parentheses, and
+    the way that takes it runs its own kernel, the other way the other (one call each)."""
+    text, _ = _migrated(OR_TEST)
+    assert "            (a == 2 or b is not None)\n            and _npu_rotary_fits(" in text, text
+    migrated = _namespace(text, forced=True)["rope_either"]
+    original = _namespace(OR_TEST, forced=False)["rope_either"]
+    x, cos, sin = _x(torch.float32), *_full_tables(torch.float32)
+    for a, b, mode in ((2, None, "half"), (1, 0, "half"), (1, None, "interleave")):
+        before = TORCH_NPU.calls["npu_rotary_mul"]
+        got = migrated(x, cos, sin, a, b)
+        assert TORCH_NPU.calls["npu_rotary_mul"] == before + 1, (a, b)
+        assert _cosine(got, original(x, cos, sin, a, b)) >= 0.999, (a, b, mode)
+    # the sides swapped in the branch: fails
+    swapped = text.replace("    (a == 2", "    @").replace("not (a == 2", "(a == 2").replace("    @", "    not (a == 2")
+    broken = _namespace(swapped, forced=True)
+    assert _cosine(broken["rope_either"](x, cos, sin, 2, None), original(x, cos, sin, 2, None)) < 0.999

@@ -454,7 +454,7 @@ class _PartialShape(tuple):
             if index < -1:
                 index += 1  # counted from the end of the full shape
         elif isinstance(index, slice) and index == slice(None, -1, None):
-            return tuple(self)
+            return tuple.__getitem__(self, slice(None))
         else:
             raise Unknown("a slice of a shape whose last size is not known")
         return tuple.__getitem__(self, index)

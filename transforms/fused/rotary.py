@@ -367,7 +367,8 @@ def match(fn: Function) -> Outcome | None:
         tail = _straight_tail_outcome(fn) or _with_outcome(fn)
         if tail is not None and tail.template is not None and not _returns_before(fn, tail.before):
             return tail  # every way through the body reaches the tail: one branch covers them all
-        paths = _paths_outcome(fn)
+        covered = tail.before if tail is not None and tail.template is not None else None
+        paths = _paths_outcome(fn, covered)
         if paths is not None and (paths.template is not None or tail is None):
             return paths
         if tail is not None:
@@ -397,13 +398,15 @@ def match(fn: Function) -> Outcome | None:
     return outcome
 
 
-def _paths_outcome(fn: Function) -> Outcome | None:
+def _paths_outcome(fn: Function, covered: ast.stmt | None = None) -> Outcome | None:
     """A branch per way through the function's `if`s on its parameters (`parameter_paths`: diffusers'
     `if use_real:` ... `else:`, `if use_real_unbind_dim == -1:` ...), each guarded by its path's tests and
     fused by what that path computes, in front of the untouched body; None when no path holds a rotary
     embedding. The tests read parameters the body never rebinds and call nothing, so the branch sees what
     the original's `if`s see, and they exclude each other: where a path's kernel does not apply, the next
-    ones' tests are false and the original runs."""
+    ones' tests are false and the original runs. None too when every fused way runs `covered`, the statement
+    a straight tail's branch goes in front of: that one branch covers them (`if n < 2: return x`, then the
+    rotation)."""
     paths = parameter_paths(fn)
     if paths is None:
         return None
@@ -421,6 +424,8 @@ def _paths_outcome(fn: Function) -> Outcome | None:
                 fused.append((path, outcome))
                 continue
         declined.append((path, outcome))
+    if fused and covered is not None and all(any(s is covered for s in p.function.tree.body) for p, _ in fused):
+        return None
     if not fused:
         if not declined:
             return None
@@ -430,7 +435,11 @@ def _paths_outcome(fn: Function) -> Outcome | None:
     branches = []
     for path, outcome in fused:
         context = outcome.context
-        conditions = [source(c) for c in path.conditions]
+        # joined by `and` in the branch: an `or` keeps its parentheses
+        conditions = [
+            f"({source(c)})" if isinstance(c, ast.BoolOp) and isinstance(c.op, ast.Or) else source(c)
+            for c in path.conditions
+        ]
         branches.append(
             {
                 "guards": [*conditions, *context["guards"]],

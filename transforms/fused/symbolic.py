@@ -762,7 +762,8 @@ def parameter_paths(fn: Function) -> list[Path] | None:
     test a branch in front of the body may evaluate again, with the same outcome, and no side effect. A
     path that ends in `raise` is left out (the original raises there: nothing to fuse). None when no such
     `if` is at the top level of the body or there are more than `PATH_LIMIT` paths."""
-    params = set(fn.params)
+    args = fn.tree.args
+    params = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} - {fn.self_name}
     rebound = {name for names in fn.stores for name in names}
     body = body_statements(fn.tree)
     if not any(isinstance(s, ast.If) and _parameter_test(s.test, params - rebound) for s in body):
@@ -826,18 +827,14 @@ _OPPOSITE = {
     ast.IsNot: ast.Is,
     ast.In: ast.NotIn,
     ast.NotIn: ast.In,
-    ast.Lt: ast.GtE,
-    ast.GtE: ast.Lt,
-    ast.Gt: ast.LtE,
-    ast.LtE: ast.Gt,
-}
+}  # not the orderings: `a >= b` is not `not a < b` for NaN, sets or a class of one's own
 
 
 def negated(test: ast.expr) -> ast.expr:
     """`test` false, as one would write it: `a != b` for `a == b`, `flag` for `not flag`."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return test.operand
-    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _OPPOSITE:
         return ast.Compare(test.left, [_OPPOSITE[type(test.ops[0])]()], test.comparators)
     return ast.UnaryOp(ast.Not(), test)
 
