@@ -297,14 +297,27 @@ def meaning(node: ast.expr, x: ast.expr, qualname, structure: Structure | None =
     not read (an op the evaluator does not know, not x's shape); Declined when it is close but not equal."""
     results = []
     for shape in SHAPES:
-        found = _at(node, x, shape, qualname, structure)
+        failures: list[str] = []
+        found = _at(node, x, shape, qualname, structure, failures)
         if found is None:
-            if not results:
+            # Read again only where the first run stopped at a shape (every candidate of every function goes
+            # through here: an unknown call stops the other runs as early, at their cost)
+            if not results and failures and failures[0] in _NOT_4D:
                 _three_d(node, x, qualname, structure)
+            if not results and failures and failures[0] in _SIZE_NOT_KNOWN:
                 _guessed_sizes(node, x, qualname, structure)
             return None
         results.append(found)
     return _agree(results)
+
+
+#: Why a 4-D run of 3-D activations stops (LTX's `x.unflatten(2, (-1, 2))` on a size-1 dim 2), and of a view
+#: of x by a size read from an attribute (torchtune's `self.max_num_tiles` in a shape): the other runs'
+#: only triggers.
+_NOT_4D = frozenset(
+    {"shape does not divide", "view_as_complex needs a real last dim of 2", "einops group does not divide"}
+)
+_SIZE_NOT_KNOWN = frozenset({"a shape that is not numbers", "arithmetic on values that are not tensors"})
 
 
 def _guessed_sizes(node: ast.expr, x: ast.expr, qualname, structure: Structure | None) -> None:
@@ -363,7 +376,10 @@ def _three_d(node: ast.expr, x: ast.expr, qualname, structure: Structure | None)
         )
 
 
-def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure=None) -> Meaning | None:
+def _at(
+    node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure=None, failures: list | None = None
+) -> Meaning | None:
+    """What `node` computes at x's `shape`; why the first run read nothing goes to `failures`."""
     evaluation = Evaluation(x, x_tensor(shape), qualname, structure=structure)
     why = None
     try:
@@ -372,8 +388,9 @@ def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure
             return _windowed(found, evaluation, x)
     except Declined as error:
         why = error
-    except Exception:  # noqa: BLE001 (Unknown, or an operation on values it cannot take: not read)
-        pass
+    except Exception as error:  # noqa: BLE001 (Unknown, or an operation on values it cannot take: not read)
+        if failures is not None:
+            failures.append(str(error))
     for shapes in _hypotheses(evaluation):
         again = Evaluation(x, x_tensor(shape), qualname, shapes, evaluation.structure)
         try:
