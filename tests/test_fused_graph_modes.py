@@ -32,6 +32,28 @@ def _rotary(batch=1, heads=2, seq=5, dim=8):
     return q, k, emb.cos(), emb.sin()
 
 
+def _width_from_table():
+    """x [seq, batch, heads, head_dim] = [5, 1, 2, 8], half of each head rotated by a (positions, 1, 2, 2)
+    cache of (cos, sin) pairs."""
+    theta = torch.rand(6, 1, 2, generator=torch.Generator().manual_seed(3)) * 3
+    return torch.randn(5, 1, 2, 8, generator=torch.Generator().manual_seed(4)), torch.stack(
+        (theta.cos(), theta.sin()), -1
+    )
+
+
+def _moved_dim():
+    """x (batch, heads, dim, seq) = (1, 2, 8, 5), a (1, 1, seq, dim / 2) complex table."""
+    theta = torch.rand(1, 1, 5, 4, generator=torch.Generator().manual_seed(5)) * 3
+    return torch.randn(1, 2, 8, 5, generator=torch.Generator().manual_seed(6)), torch.polar(
+        torch.ones_like(theta), theta
+    )
+
+
+def _angles():
+    """Angles per pair, repeated per element: (1, 1, seq, dim), for einops_conditional's interleaved pairs."""
+    return torch.rand(1, 1, 5, 4, generator=torch.Generator().manual_seed(7)).repeat_interleave(2, -1) * 3
+
+
 def _attention(dtype=torch.float32):
     g = torch.Generator().manual_seed(1)
     return tuple(torch.randn(2, 4, 6, 8, generator=g).to(dtype) for _ in range(3))
@@ -89,6 +111,17 @@ CASES = [
     ("NPU703", "control_flow", lambda ns: ns["apply_rotary_pos_emb"], _rotary),
     ("NPU703", "einops_interleaved", lambda ns: ns["rotate_scaled"], lambda: (*_pick(_rotary(), 0, 2, head=1), 0.5)),
     ("NPU703", "every_other_pairs", lambda ns: ns["apply_every_other"], lambda: _pick(_rotary(), 0, 2, 3, head=1)),
+    # A rotated width read from the table (ChatGLM), a rotation of a moved dim (Sana-WM), a branch per way
+    # through `if`s on parameters (diffusers' `use_real`, a flag).
+    ("NPU703", "width_from_table", lambda ns: ns["rotate_table_width"], lambda: _width_from_table()),
+    ("NPU703", "moved_dim", lambda ns: ns["rotate_features"], lambda: _moved_dim()),
+    (
+        "NPU703",
+        "real_or_complex_branch",
+        lambda ns: ns["apply_rotary"],
+        lambda: (_rotary()[0], _pick(_rotary(), 2, 3, head=1), True),
+    ),
+    ("NPU703", "einops_conditional", lambda ns: ns["rotate_when"], lambda: (_rotary()[0], _angles(), True)),
     (
         "NPU707",
         "sdpa_functional",
@@ -125,6 +158,10 @@ ORIGINAL_FAILS = {
     ("upcast_interleaved", "jit.script"),
     ("control_flow", "jit.script"),  # `position_ids=None` is not annotated either
     ("einops_interleaved", "jit.script"),  # einops is not scriptable
+    ("einops_conditional", "jit.script"),
+    ("einops_conditional", "fx.symbolic_trace"),  # `if enabled:` of a proxy
+    ("real_or_complex_branch", "jit.script"),  # `cos, sin = freqs`: freqs is taken for a Tensor
+    ("real_or_complex_branch", "fx.symbolic_trace"),  # `if use_real:` of a proxy
     ("einops_interleaved", "fx.symbolic_trace"),  # nor traceable: "Tensor type unknown to einops"
     ("sdpa_module", "jit.script"),  # SDPA's enable_gqa under TorchScript on CPU
     ("sdpa_torch_path", "jit.script"),  # **kwargs

@@ -332,6 +332,141 @@ CASES["rope_autocast_off"] = (
 )
 
 
+#: ChatGLM's partial rotary (Kolors' text encoder), written here: the rotated width is read from the table's
+#: shape, x's sizes from x, the pairs written out, and the rest of the head passed through by a cat.
+WINDOW = textwrap.dedent(
+    """
+    import torch
+
+
+    def pair_cache(theta):
+        return torch.stack((theta.cos(), theta.sin()), dim=-1)
+
+
+    def rope_window_from_table(x, cache):
+        n = cache.shape[-2] * 2
+        rot, rest = x[..., :n], x[..., n:]
+        s = x.size(0)
+        pairs = rot.reshape(s, -1, x.size(2), n // 2, 2)
+        table = cache[:s].view(s, -1, 1, pairs.size(3), 2)
+        even = pairs[..., 0] * table[..., 0] - pairs[..., 1] * table[..., 1]
+        odd = pairs[..., 0] * table[..., 1] + pairs[..., 1] * table[..., 0]
+        return torch.cat([torch.stack((even, odd), dim=-1).flatten(3), rest], -1)
+    """
+)
+
+
+def _window_cache(dtype, pairs=D // 4):
+    """x read as SBND (S=2, B=5, N=3, D=16): a (positions, 1, pairs, 2) cache of (cos, sin), a quarter of
+    the head rotated (the kernel's SBND table, S11D)."""
+    theta = (torch.rand(B + 1, 1, pairs, generator=torch.Generator().manual_seed(4)) * 2 - 1) * math.pi
+    return (torch.stack((theta.cos(), theta.sin()), dim=-1).to(dtype),)
+
+
+CASES["rope_window_from_table"] = (
+    WINDOW,
+    _window_cache,
+    "interleave",
+    {
+        "sign": ("_npu_sin = _npu_t0[..., 1]", "_npu_sin = -_npu_t0[..., 1]"),
+        "pairing": ('rotary_mode="interleave"', 'rotary_mode="half"'),
+        "repeat": ("_npu_cos = _npu_t0[..., 0].repeat_interleave(2, dim=-1)", "_npu_cos = _npu_t0[..., 0].tile((2,))"),
+    },
+)
+
+
+#: diffusers' `apply_rotary_emb` shape, written here: a flag with a default chooses real tables or complex
+#: numbers, another the pairing (pairs or halves), a third value raises. Each way gets its own branch under
+#: its tests (`parameter_paths`); the case name's suffix picks the way by the arguments passed.
+BY_FLAG = textwrap.dedent(
+    """
+    import torch
+
+
+    def rope_by_flag(x, freqs, use_real=True, pairs_dim=-1):
+        if use_real:
+            cos, sin = freqs
+            if pairs_dim == -1:
+                a, b = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+                turned = torch.stack([-b, a], dim=-1).flatten(3)
+            elif pairs_dim == -2:
+                a, b = x.reshape(*x.shape[:-1], 2, -1).unbind(-2)
+                turned = torch.cat([-b, a], dim=-1)
+            else:
+                raise ValueError(pairs_dim)
+            return (x.float() * cos + turned.float() * sin).to(x.dtype)
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * freqs).flatten(3).type_as(x)
+    """
+)
+
+CASES["rope_by_flag[pairs]"] = (
+    BY_FLAG,
+    lambda dtype: (_pair_repeated_tables(torch.float32), True, -1),
+    "interleave",
+    {
+        "sign": ("_npu_x0, freqs[0], freqs[1], rotary_mode", "_npu_x0, freqs[0], -freqs[1], rotary_mode"),
+        "pairing": ('freqs[1], rotary_mode="interleave"', 'freqs[1], rotary_mode="half"'),
+        "repeat": (
+            "_npu_x0, freqs[0], freqs[1], rotary_mode",
+            "_npu_x0, freqs[0][..., ::2].tile((2,)), freqs[1][..., ::2].tile((2,)), rotary_mode",
+        ),
+    },
+)
+CASES["rope_by_flag[halves]"] = (
+    BY_FLAG,
+    lambda dtype: (_full_tables(torch.float32), True, -2),
+    "half",
+    {
+        "sign": ('freqs[0], freqs[1], rotary_mode="half"', 'freqs[0], -freqs[1], rotary_mode="half"'),
+        "pairing": ('freqs[1], rotary_mode="half"', 'freqs[1], rotary_mode="interleave"'),
+        "repeat": (
+            'freqs[0], freqs[1], rotary_mode="half"',
+            'freqs[0][..., :8].repeat_interleave(2, -1), freqs[1][..., :8].repeat_interleave(2, -1), rotary_mode="half"',
+        ),
+    },
+)
+CASES["rope_by_flag[complex]"] = (
+    BY_FLAG,
+    lambda dtype: (*_complex_tables(dtype), False),
+    "interleave",
+    {
+        "sign": ("_npu_sin = freqs.imag", "_npu_sin = -freqs.imag"),
+        "pairing": ('_npu_sin, rotary_mode="interleave"', '_npu_sin, rotary_mode="half"'),
+        "repeat": (".real.repeat_interleave(2, dim=-1)", ".real.tile((2,))"),
+    },
+)
+
+
+#: Sana-WM's layout, written here: x is (batch, heads, dim, seq), the pairs run along dim 2, moved last for
+#: the complex product and back after it. The kernel gets x moved, its result is moved back.
+MOVED = textwrap.dedent(
+    """
+    import torch
+
+
+    def rope_moved(x, freqs_cis):
+        pairs = x.transpose(2, 3).float().reshape(*x.shape[:2], x.shape[3], -1, 2)
+        out = torch.view_as_real(torch.view_as_complex(pairs) * freqs_cis).flatten(3)
+        return out.transpose(2, 3).type_as(x)
+    """
+)
+
+CASES["rope_moved"] = (
+    MOVED,
+    lambda dtype: (_complex_tables(dtype)[0].transpose(1, 2),),  # (1, 1, S, D/2): BNSD's 11SD once moved
+    "interleave",
+    {
+        "sign": ("_npu_sin = freqs_cis.imag", "_npu_sin = -freqs_cis.imag"),
+        "pairing": ('rotary_mode="interleave"', 'rotary_mode="half"'),
+        "repeat": (".real.repeat_interleave(2, dim=-1)", ".real.tile((2,))"),
+    },
+)
+
+#: The case's x from the (B, S, H, D) one the other cases take, where its function wants another layout.
+X_LAYOUT = {"rope_moved": lambda x: x.permute(0, 2, 3, 1)}  # (B, H, D, S)
+
+
 def _migrated(source: str) -> tuple[str, list]:
     return migrate_text(source, path="rope.py", select=["NPU703"])
 
@@ -357,7 +492,8 @@ def _run(name, dtype, mutate=None):
     """(cosine of the forced branch vs the original, kernel calls, fallback bit-identical)."""
     source, tables, _, _ = CASES[name]
     text, _ = _migrated(source)
-    args = (_x(dtype), *tables(dtype))
+    args = (X_LAYOUT.get(name, lambda x: x)(_x(dtype)), *tables(dtype))
+    name = name.split("[")[0]  # `rope_by_flag[halves]`: the function, and the way its arguments choose
     expected = _namespace(source, forced=False)[name](*args)
     before = TORCH_NPU.calls["npu_rotary_mul"]
     got = _namespace(text, forced=True, mutate=mutate)[name](*args)
@@ -372,7 +508,7 @@ def test_each_spelling_gets_a_branch_in_its_mode(name):
     source, _, mode, _ = CASES[name]
     text, findings = _migrated(source)
     ours = [f for f in findings if f.rule_id == "NPU703" and f.fixed and "branch" in f.message]
-    function = text.split(f"def {name}(", 1)[1].split("\ndef ", 1)[0]
+    function = text.split(f"def {name.split('[')[0]}(", 1)[1].split("\ndef ", 1)[0]
     assert f'rotary_mode="{mode}"' in function, function
     assert "_is_npu(x)" in function
     assert ours, [f.message for f in findings]
@@ -420,6 +556,22 @@ NEAR_MISSES = {
     "fixed width": (
         "def rope(x, cos, sin):\n    x1, x2 = x[..., :4], x[..., 4:]\n    return x * cos + torch.cat((-x2, x1), -1) * sin\n",
         "neither rotation pairs it with",
+    ),
+    # 3-D activations [B, S, D] rotated over the whole last dim (LTX): no 4-D head dim to give the kernel
+    "3-D activations": (
+        "def rope(x, cos, sin):\n    a, b = x.unflatten(2, (-1, 2)).unbind(-1)\n"
+        "    return x * cos + torch.stack((-b, a), -1).flatten(2) * sin\n",
+        "x is 3-D [B, S, D], rotated over its whole last dim as one head; to fuse it, rotate x viewed per head as 4-D",
+    ),
+    # torchtune's vision rotary, written here: the sequence split into tiles of a size only the config
+    # knows, the table per position within a tile; read where that size is 1, and declined
+    "tiles of the sequence": (
+        "def rope(x, cache, cfg):\n    b, s, h, d = x.shape\n"
+        "    xs = x.float().reshape(b, cfg.tiles, -1, h, d // 2, 2)\n"
+        "    c = cache.view(1, 1, xs.size(2), 1, d // 2, 2)\n    cos, sin = c[..., 0], c[..., 1]\n"
+        "    out = torch.stack([xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin], -1)\n"
+        "    return out.reshape(b, s, h, d).type_as(x)\n",
+        "x is viewed with sizes read from `cfg.tiles`, which are not known here",
     ),
     # the second half not rotated
     "partly rotated": (
@@ -484,3 +636,101 @@ def test_any_other_with_is_left_alone(context):
     assert any("inside `with " in m and "; to fuse it, rotate in a function of its own" in m for m in messages), (
         messages
     )
+
+
+def test_a_rotated_width_read_from_the_table_is_checked_to_be_the_windows():
+    """The evaluator takes `cache.shape[-2] * 2` to be the width of `x[..., :n]`; the branch checks that
+    first. A cache wider than the head makes the original fail, and the migrated code the same way."""
+    text, _ = _migrated(WINDOW)
+    assert "if _is_npu(x) and 0 <= cache.shape[-2] * 2 <= x.shape[-1]:" in text, text
+    x, (wide,) = _x(torch.float32), _window_cache(torch.float32, pairs=D // 2 + 2)
+    errors = []
+    for namespace in (_namespace(WINDOW, forced=False), _namespace(text, forced=True)):
+        with pytest.raises(RuntimeError) as error:
+            namespace["rope_window_from_table"](x, wide)
+        errors.append(str(error.value))
+    assert errors[0] == errors[1]
+
+
+def test_each_way_through_the_flags_falls_back_to_the_original_where_its_kernel_does_not_apply():
+    """The ways' tests exclude each other: where the chosen way's kernel does not apply (tables of another
+    dtype than the upcast x), no other way's branch runs instead, and the original gives its own bits; a
+    value the original raises on raises the same."""
+    text, _ = _migrated(BY_FLAG)
+    migrated = _namespace(text, forced=True)["rope_by_flag"]
+    original = _namespace(BY_FLAG, forced=False)["rope_by_flag"]
+    x = _x(torch.float32)
+    for tables, pairs_dim in ((_pair_repeated_tables(torch.float64), -1), (_full_tables(torch.float64), -2)):
+        before = TORCH_NPU.calls["npu_rotary_mul"]
+        got = migrated(x, tables, True, pairs_dim)
+        assert TORCH_NPU.calls["npu_rotary_mul"] == before
+        assert torch.equal(got, original(x, tables, True, pairs_dim))
+    with pytest.raises(ValueError, match="^0$"):
+        migrated(x, _full_tables(torch.float32), True, 0)
+
+
+FLAG_NEAR_MISSES = {
+    # the flag is rebound in the body: the branch could not test what the original's `if` tests
+    "rebound": (
+        "def rope(x, cos, sin, on=True):\n    on = not on\n    if on:\n"
+        "        x1, x2 = x.chunk(2, dim=-1)\n        y = x * cos + torch.cat((-x2, x1), -1) * sin\n"
+        "    else:\n        y = x\n    return y\n",
+        None,
+    ),
+    # one way scales the rotated half: that way is declined with what differs, the other fused
+    "one way scaled": (
+        "def rope(x, cos, sin, twice=False):\n    x1, x2 = x.chunk(2, dim=-1)\n    if twice:\n"
+        "        return x * cos + torch.cat((-2 * x2, x1), -1) * sin\n"
+        "    return x * cos + torch.cat((-x2, x1), -1) * sin\n",
+        "(1 of 2 ways, rotary_mode 'half'); not where `twice`: rotary embedding not fused: the rotation is scaled by 2",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", FLAG_NEAR_MISSES)
+def test_a_way_that_cannot_be_proven_is_not_fused_and_a_declined_way_is_said_so(name):
+    body, reason = FLAG_NEAR_MISSES[name]
+    source = "import torch\n\n\n" + body
+    _, findings = _migrated(source)
+    messages = [f.message for f in findings if f.rule_id == "NPU703"]
+    assert reason is None or any(reason in m for m in messages), messages
+    if name == "rebound":
+        assert not any(f.fixed for f in findings)
+        # not rebound, the same function is fused on the way that rotates
+        text, _ = _migrated(source.replace("    on = not on\n", ""))
+        assert "    if _is_npu(x):\n        if on and " in text, text
+
+
+OR_TEST = textwrap.dedent(
+    """
+    import torch
+
+
+    def rope_either(x, cos, sin, a=1, b=None):
+        if a == 2 or b is not None:
+            x1, x2 = x.chunk(2, dim=-1)
+            return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        pairs = x.reshape(*x.shape[:-1], -1, 2)
+        turned = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(3)
+        return x * cos + turned * sin
+    """
+)
+
+
+def test_a_way_whose_test_is_an_or_keeps_it_whole():
+    """Each way's tests are joined by `and` with the kernel's checks: an `or` keeps its parentheses, and
+    the way that takes it runs its own kernel, the other way the other (one call each)."""
+    text, _ = _migrated(OR_TEST)
+    assert "            (a == 2 or b is not None)\n            and _npu_rotary_fits(" in text, text
+    migrated = _namespace(text, forced=True)["rope_either"]
+    original = _namespace(OR_TEST, forced=False)["rope_either"]
+    x, cos, sin = _x(torch.float32), *_full_tables(torch.float32)
+    for a, b, mode in ((2, None, "half"), (1, 0, "half"), (1, None, "interleave")):
+        before = TORCH_NPU.calls["npu_rotary_mul"]
+        got = migrated(x, cos, sin, a, b)
+        assert TORCH_NPU.calls["npu_rotary_mul"] == before + 1, (a, b)
+        assert _cosine(got, original(x, cos, sin, a, b)) >= 0.999, (a, b, mode)
+    # the sides swapped in the branch: fails
+    swapped = text.replace("    (a == 2", "    @").replace("not (a == 2", "(a == 2").replace("    @", "    not (a == 2")
+    broken = _namespace(swapped, forced=True)
+    assert _cosine(broken["rope_either"](x, cos, sin, 2, None), original(x, cos, sin, 2, None)) < 0.999

@@ -419,6 +419,90 @@ class Structure:
         return number
 
 
+class Sizes:
+    """The tensor x is a last-dim window of (`Evaluation.base_key`): only its sizes are known, and of them
+    only the leading ones (x's); its last size, which the window may be narrower than, is `Unknown`."""
+
+    def __init__(self, leading: tuple[int, ...]) -> None:
+        self.leading = leading
+        self.ndim = len(leading) + 1
+
+    @property
+    def shape(self) -> tuple:
+        return _PartialShape(self.leading)
+
+    def size(self, d: int | None = None):
+        if d is None:
+            return self.shape
+        if not -self.ndim <= d < self.ndim:
+            raise Unknown(f"dim {d} out of range")
+        if d % self.ndim == self.ndim - 1:
+            raise Unknown("the last size of the tensor x is a window of")
+        return self.leading[d % self.ndim]
+
+
+class _PartialShape(tuple):
+    """A shape whose last entry is not known: indexing it there, or unpacking it whole, is `Unknown`."""
+
+    def __new__(cls, leading: tuple[int, ...]):
+        return super().__new__(cls, leading)
+
+    def __getitem__(self, index):
+        if isinstance(index, int) and not isinstance(index, bool):
+            if index in (len(self), -1):
+                raise Unknown("the last size of the tensor x is a window of")
+            if index < -1:
+                index += 1  # counted from the end of the full shape
+        elif isinstance(index, slice) and index == slice(None, -1, None):
+            return tuple.__getitem__(self, slice(None))
+        else:
+            raise Unknown("a slice of a shape whose last size is not known")
+        return tuple.__getitem__(self, index)
+
+    def __iter__(self):
+        raise Unknown("the last size of the tensor x is a window of")
+
+
+def _window(x: ast.expr, key: Callable[[ast.AST], int]) -> tuple[int | None, int | None]:
+    """(the key of `base`, of `width`) when `x` is `base[..., :width]`, a window of the last dim from 0."""
+    if not (isinstance(x, ast.Subscript) and isinstance(x.slice, ast.Tuple) and len(x.slice.elts) == 2):
+        return None, None
+    ellipsis, window = x.slice.elts
+    if not (isinstance(ellipsis, ast.Constant) and ellipsis.value is Ellipsis and isinstance(window, ast.Slice)):
+        return None, None
+    if window.lower is not None or window.step is not None or window.upper is None:
+        return None, None
+    if isinstance(window.upper, ast.Constant):
+        return None, None  # a literal width is a number already: nothing to learn from the window
+    return key(x.value), key(window.upper)
+
+
+def _moved(x: ast.expr, ndim: int) -> tuple[int, ...] | None:
+    """The order that moves x's dims back where `base` has them, when x is `base.permute(order)` or
+    `base.transpose(a, b)` with literal dims (x's rank `ndim`)."""
+    if not (isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and not x.keywords):
+        return None
+    try:
+        dims = [ast.literal_eval(a) for a in x.args]
+    except ValueError:
+        return None
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = list(dims[0])
+    if not all(isinstance(d, int) and not isinstance(d, bool) and -ndim <= d < ndim for d in dims):
+        return None
+    dims = [d % ndim for d in dims]
+    if x.func.attr == "transpose" and len(dims) == 2:
+        order = list(range(ndim))
+        order[dims[0]], order[dims[1]] = order[dims[1]], order[dims[0]]
+        return tuple(order)
+    if x.func.attr == "permute" and sorted(dims) == list(range(ndim)):
+        inverse = [0] * ndim
+        for at, d in enumerate(dims):
+            inverse[d] = at
+        return tuple(inverse)
+    return None
+
+
 class Table:
     """A subexpression that does not read x: an opaque tensor, shaped where it first meets one of x."""
 
@@ -459,16 +543,38 @@ class Evaluation:
         self.structure = Structure() if structure is None else structure
         self.key = self.structure.of
         self.x_key, self.X, self.qualname = self.key(x), X, qualname
+        #: When x is a window of the last dim of a tensor, `base[..., :width]` (partial rotary, the width
+        #: read from the tables, `rope_cache.shape[-2] * 2`): the base's key, whose leading sizes are x's
+        #: (`base.size(0)`, `base.shape[:-1]`), and the width's, which is x's last size. Nothing else of the
+        #: base is known: its last size, or any of its elements, raises `Unknown`.
+        self.base_key, self.width_key = _window(x, self.key)
+        #: When x is a view of a tensor with its dims moved, `base.permute(...)` / `base.transpose(a, b)` (a
+        #: rotation of another dim than the base's last, Sana-WM's): the base is x with them moved back.
+        self.base_order: tuple[int, ...] | None = None
+        if self.base_key is None:
+            order = _moved(x, X.ndim)
+            if order is not None:
+                self.base_key, self.base_order = self.key(x.func.value), order
         self.shapes = shapes or {}
         self.tables: dict[int, tuple[int, ast.expr, Tensor]] = {}
         self.met: dict[int, tuple[tuple[int, ...], bool]] = {}
         self.downcast = False
+        #: A size the code reads from an attribute (`self.max_num_tiles`) is no number the run knows: with
+        #: `guess` set, it is taken to be that number where a shape or size arithmetic needs one, and noted in
+        #: `guessed`. Only to say what a function computes where that holds, never to fuse it.
+        self.guess: int | None = None
+        self.guessed: list[ast.expr] = []
+        #: Whether the run read the window's width as x's last size: true where `0 <= width <= base's
+        #: last size`, which the branch then checks.
+        self.width_read = False
         self._reads_x: dict[int, bool] = {}
 
     # -- helpers -----------------------------------------------------------------------------------
     def reads_x(self, node: ast.AST) -> bool:
         if id(node) not in self._reads_x:
-            found = self.key(node) == self.x_key or any(self.reads_x(c) for c in ast.iter_child_nodes(node))
+            found = self.key(node) in (self.x_key, self.base_key, self.width_key) or any(
+                self.reads_x(c) for c in ast.iter_child_nodes(node)
+            )
             self._reads_x[id(node)] = found
         return self._reads_x[id(node)]
 
@@ -480,6 +586,19 @@ class Evaluation:
             self.met[table.key] = (partner.shape, partner.is_complex)
         tensor = self.tables[table.key][2]
         return tensor.negate() if table.negated else tensor
+
+    def size(self, value):
+        """`value`, or `guess` for an attribute read as a size (`Evaluation.guess`)."""
+        if (
+            self.guess is not None
+            and isinstance(value, Table)
+            and not value.negated
+            and isinstance(value.node, ast.Attribute)
+        ):
+            if not any(self.key(g) == value.key for g in self.guessed):
+                self.guessed.append(value.node)
+            return self.guess
+        return value
 
     def tensor(self, value, partner: Tensor | None = None) -> Tensor:
         if isinstance(value, Tensor):
@@ -494,6 +613,13 @@ class Evaluation:
             return self.constant(node)
         if self.key(node) == self.x_key:
             return self.X
+        if self.key(node) == self.base_key:
+            if self.base_order is not None:
+                return self.X.permute(self.base_order)
+            return Sizes(self.X.shape[:-1])
+        if self.key(node) == self.width_key:
+            self.width_read = True  # an assumption the branch checks at run time (`Meaning.window`)
+            return self.X.shape[-1]
         if self._sized_table(node):
             # `cache.view(-1, x.size(1), 1, d)[..., :x.size(-1)].to(x.dtype)`: a table given x's sizes or dtype
             return Table(node, self.key(node))
@@ -508,13 +634,15 @@ class Evaluation:
         if base is node or not isinstance(node, (ast.Subscript, ast.Call)):
             return False
         sizes = isinstance(base, ast.Attribute) and base.attr in ("shape", "dtype", "device", "ndim")
-        if sizes or self.key(base) == self.x_key:  # `x.shape[-1]` is a number, not a table
+        if sizes or self.key(base) in (self.x_key, self.base_key):  # `x.shape[-1]` is a number, not a table
             return False
         return self._only_sizes(node)
 
     def _only_sizes(self, node: ast.AST) -> bool:
-        if self.key(node) == self.x_key:
+        if self.key(node) in (self.x_key, self.base_key):
             return False
+        if self.key(node) == self.width_key:
+            return True
         if not self.reads_x(node):
             return True
         if isinstance(node, ast.Attribute) and node.attr in ("shape", "dtype", "device", "ndim"):
@@ -584,6 +712,8 @@ class Evaluation:
             node = ast.BinOp(inner.left, ast.Mult(), table)
             self._reads_x[id(node)] = True
         left, right = self.run(node.left), self.run(node.right)
+        if isinstance(left, int) != isinstance(right, int):
+            left, right = self.size(left), self.size(right)  # `self.tiles * n`, a size (`Evaluation.guess`)
         if isinstance(left, int) and isinstance(right, int) and not isinstance(left, bool):
             ops = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.FloorDiv: int.__floordiv__}
             if type(node.op) in ops:
@@ -637,6 +767,8 @@ class Evaluation:
 
     def _Attribute(self, node):
         value = self.run(node.value)
+        if isinstance(value, Sizes) and node.attr in ("shape", "ndim"):
+            return value.shape if node.attr == "shape" else len(value.shape)
         if not isinstance(value, Tensor):
             raise Unknown(f"attribute `{node.attr}`")
         if node.attr == "shape":
@@ -668,6 +800,8 @@ class Evaluation:
         func = node.func
         if isinstance(func, ast.Attribute) and self.reads_x(func.value):
             receiver = self.run(func.value)
+            if isinstance(receiver, Sizes) and func.attr in ("size", "dim"):
+                return receiver.size(*_bind(args, keywords, [("dim", None)])) if func.attr == "size" else receiver.ndim
             if not isinstance(receiver, Tensor):
                 raise Unknown(f"`.{func.attr}` of something that is not a tensor")
             return self.method(receiver, func.attr, args, keywords)
@@ -792,8 +926,8 @@ _METHODS: dict[str, Callable] = {
     "type_as": _type_as,
     "contiguous": lambda ev, t, a, k: t,
     "clone": lambda ev, t, a, k: t,
-    "reshape": lambda ev, t, a, k: t.reshape(_shape_args(a, k)),
-    "view": lambda ev, t, a, k: t.reshape(_shape_args(a, k)),
+    "reshape": lambda ev, t, a, k: t.reshape(_shape_args([ev.size(v) for v in a], k)),
+    "view": lambda ev, t, a, k: t.reshape(_shape_args([ev.size(v) for v in a], k)),
     "reshape_as": lambda ev, t, a, k: t.reshape(ev.tensor(_bind(a, k, [("other", ...)])[0]).shape),
     "view_as": lambda ev, t, a, k: t.reshape(ev.tensor(_bind(a, k, [("other", ...)])[0]).shape),
     "flatten": _flatten_m,

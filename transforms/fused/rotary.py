@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.program.api import load_table
@@ -43,6 +44,7 @@ from npu_migrate.transforms.fused.symbolic import (
     Function,
     NotStraightLine,
     Outcome,
+    Path,
     body_statements,
     contains_call,
     cuda_only_tensor,
@@ -51,11 +53,11 @@ from npu_migrate.transforms.fused.symbolic import (
     inline_functions,
     is_pure,
     module_function,
+    parameter_paths,
     replace_nodes,
     same,
     source,
     straight_tail,
-    substitute_children,
     walk_shared,
 )
 
@@ -84,8 +86,10 @@ ROTARY = Rule(
     (`f[..., 0]`, `f[..., 1]`), a 2x2 rotation matrix per pair (`rot[..., 0] * xp[..., 0] + rot[..., 1] *
     xp[..., 1]`: the kernel tables stacked per parity, the matrix's trailing shape checked first), tables
     times a scale (`t * freqs.cos() * scale`, checked to be tensors), tables given x's sizes
-    (`cache.view(-1, x.size(1), 1, d)`), partial rotary (the rotated window, the rest passed through),
-    a CUDA-only fast path in front (kept for CUDA, the branch goes first), a body that is one
+    (`cache.view(-1, x.size(1), 1, d)`), partial rotary (the rotated window, the rest passed through;
+    ChatGLM's width read from the table, `x[..., :rope_cache.shape[-2] * 2]`, checked first to lie within
+    x), a rotation of another dim than the last (Sana-WM's `x.permute(0, 1, 3, 2)` rotated, moved back
+    after: the kernel on the moved view), a CUDA-only fast path in front (kept for CUDA, the branch goes first), a body that is one
     `with torch.autocast(..., enabled=False):` (Z-image: the branch goes first inside the block, where
     the kernel runs with autocast disabled as the original's ops do). The kernel tables are built
     once per call, by tensor operations, in the branch. Interleaved rotary maps to
@@ -96,13 +100,19 @@ ROTARY = Rule(
     once (the unsqueezed tables, an upcast `q.float()`, a cache view both tables slice) is bound once, in
     the branch. When the tables are prepared under `if`s or asserts and only the rest of the body is
     straight-line code, the branch goes in front of that rest, reading the values the names hold there
-    (assignments before the `if`s that still hold, as litgpt's `rotated`, are read as computed).
+    (assignments before the `if`s that still hold, as litgpt's `rotated`, are read as computed). When
+    `if`s on parameters choose the rotation (diffusers' `apply_rotary_emb`: `if use_real:`, `if
+    use_real_unbind_dim == -1:`, complex numbers in the `else`), each way through them is read as
+    straight-line code and fused on its own, in one branch per way under the tests that select it (tests
+    of parameters the body never rebinds, calling nothing; a way that raises gets none).
 
     Declined, with a finding saying what differs: an element read from a position neither mode pairs it
     with, a term scaled by a constant, a kernel table that would be a sum of tables, elements not
     rotated, a computation that differs at another head dim (a fixed-width slice), interleaved rotary
-    where the torch_npu version has no rotary_mode, a rotation under control flow, rotations with
-    different tables in one function, a branch that would call anything but a tensor operation
+    where the torch_npu version has no rotary_mode, a rotation under other control flow, rotations with
+    different tables in one function, 3-D activations [B, S, D] rotated over the whole last dim as one head
+    (LTX: the kernel takes 4-D x and a head dim below 896), a view of x by a size read from an attribute
+    (torchtune's vision `self.max_num_tiles`: read where it is 1 only), a branch that would call anything but a tensor operation
     (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
     original calls it again when the kernel does not apply), or that would repeat what the function calls
     on the rotated tensors (`self.out(sdpa(q, k, v))` after `q, k = apply_rotary(...)`: the helper gets
@@ -190,6 +200,9 @@ class Site:
         self.products: tuple[ast.expr, ...] = ()
         #: The tables whose trailing sizes the evaluator assumed, with those sizes (`rotation.Meaning`).
         self.shapes: tuple[tuple[ast.expr, tuple[str, ...]], ...] = ()
+        #: (base, width) of x = `base[..., :width]` when the rotation read `width` as x's last size
+        #: (`rotation.Meaning.window`): checked first, `0 <= width <= base.shape[-1]`.
+        self.window: tuple[ast.expr, ast.expr] | None = None
 
 
 def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.expr]:
@@ -197,13 +210,30 @@ def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.
     folded), or slices, casts and views of one, read at least twice (x is read plainly and again by its
     rotation), outermost first. Names of modules and imports (`torch`) are no tensor."""
     counts: dict[int, list[ast.expr]] = {}
+    moved: list[ast.expr] = []
     for sub in walk_shared(node):
         if sub is node:
             continue
         base = chain_base(sub)
         if isinstance(base, ast.Name) and fn.qualname(base) is None:
             counts.setdefault(structure.of(sub), []).append(sub)
-    return [found[0] for found in counts.values() if len(found) > 1][:8]
+            if _moves_dims(sub, base):
+                moved.append(sub)
+    found = [found[0] for found in counts.values() if len(found) > 1]
+    # A rotation of another dim than the last (Sana-WM's `x.permute(0, 1, 3, 2)` then pairs of the last):
+    # x moved into place is read once, the rotated tensor the kernel gets, its result moved back outside.
+    found += [m for m in moved if not any(structure.of(m) == structure.of(f) for f in found)]
+    return found[:8]
+
+
+def _moves_dims(sub: ast.expr, base: ast.Name) -> bool:
+    """`x.permute(...)` / `x.transpose(...)` of a name: a view of x with another dim last."""
+    return (
+        isinstance(sub, ast.Call)
+        and isinstance(sub.func, ast.Attribute)
+        and sub.func.attr in ("permute", "transpose")
+        and sub.func.value is base
+    )
 
 
 #: Calls that join two terms as a rotary embedding's result does (besides `+` / `-`).
@@ -262,6 +292,7 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
                 site.source_tables = tuple(meant.sources)
                 site.products = tuple(share(p) for p in meant.products)
                 site.shapes = tuple(meant.shapes)
+                site.window = meant.window
                 found.append(site)
                 return
         for child in ast.iter_child_nodes(node):
@@ -330,6 +361,9 @@ def match(fn: Function) -> Outcome | None:
         return None
     branch = _complex_only_in_a_branch(fn) if _calls(fn, ("torch.view_as_complex", "torch.polar")) else None
     if branch is not None:
+        paths = _paths_outcome(fn)
+        if paths is not None and paths.template is not None:
+            return paths
         return Outcome(
             ROTARY,
             f"rotary embedding under `if {source(branch.test)}:` (complex numbers on one side, real tables on the"
@@ -341,6 +375,12 @@ def match(fn: Function) -> Outcome | None:
     except NotStraightLine as why:
         # The straight-line tail first: what it computes decides, whatever calls it makes.
         tail = _straight_tail_outcome(fn) or _with_outcome(fn)
+        if tail is not None and tail.template is not None and not _returns_before(fn, tail.before):
+            return tail  # every way through the body reaches the tail: one branch covers them all
+        covered = tail.before if tail is not None and tail.template is not None else None
+        paths = _paths_outcome(fn, covered)
+        if paths is not None and (paths.template is not None or tail is None):
+            return paths
         if tail is not None:
             return tail
         try:
@@ -370,6 +410,80 @@ def match(fn: Function) -> Outcome | None:
         if later is not None and later.template is not None:
             return later
     return outcome
+
+
+def _paths_outcome(fn: Function, covered: ast.stmt | None = None) -> Outcome | None:
+    """A branch per way through the function's `if`s on its parameters (`parameter_paths`: diffusers'
+    `if use_real:` ... `else:`, `if use_real_unbind_dim == -1:` ...), each guarded by its path's tests and
+    fused by what that path computes, in front of the untouched body; None when no path holds a rotary
+    embedding. The tests read parameters the body never rebinds and call nothing, so the branch sees what
+    the original's `if`s see, and they exclude each other: where a path's kernel does not apply, the next
+    ones' tests are false and the original runs. None too when every fused way runs `covered`, the statement
+    a straight tail's branch goes in front of: that one branch covers them (`if n < 2: return x`, then the
+    rotation)."""
+    paths = parameter_paths(fn)
+    if paths is None:
+        return None
+    fused: list[tuple[Path, Outcome]] = []
+    declined: list[tuple[Path, Outcome]] = []
+    for path in paths:
+        try:
+            outcome = _outcome(path.function, inline_functions(path.function, fold(path.function, unpack=True)))
+        except NotStraightLine:
+            continue
+        if outcome is None:
+            continue
+        if outcome.template is not None and outcome.before is None and path.function.autocast_off is None:
+            if not fused or outcome.context["x"] == fused[0][1].context["x"]:
+                fused.append((path, outcome))
+                continue
+        declined.append((path, outcome))
+    if fused and covered is not None and all(any(s is covered for s in p.function.tree.body) for p, _ in fused):
+        return None
+    if not fused:
+        if not declined:
+            return None
+        path, outcome = declined[0]
+        outcome.message = f"{outcome.message} (where {_where(path)})"
+        return outcome
+    branches = []
+    for path, outcome in fused:
+        context = outcome.context
+        # joined by `and` in the branch: an `or` keeps its parentheses
+        conditions = [
+            f"({source(c)})" if isinstance(c, ast.BoolOp) and isinstance(c.op, ast.Or) else source(c)
+            for c in path.conditions
+        ]
+        branches.append(
+            {
+                "guards": [*conditions, *context["guards"]],
+                "bindings": context["bindings"],
+                "checks": context["checks"],
+                "result": context["result"],
+            }
+        )
+    modes = sorted({m for _, o in fused for m in re.findall(r"rotary_mode=.(\w+).", o.context["result"])})
+    message = (
+        "rotary embedding gets a fused `torch_npu.npu_rotary_mul` branch per way through its `if`s on parameters "
+        f"that rotates ({len(fused)} of {len(paths)} ways, rotary_mode {' and '.join(repr(m) for m in modes)})"
+    )
+    if declined:
+        path, outcome = declined[0]
+        message += f"; not where {_where(path)}: {outcome.message}"
+    context = {"x": fused[0][1].context["x"], "paths": branches}
+    return Outcome(ROTARY, message, TEMPLATE, context, (HELPER,))
+
+
+def _returns_before(fn: Function, stmt: ast.stmt | None) -> bool:
+    """Whether a statement of the body before `stmt` may return (`if use_real: ... return out`): a branch
+    in front of `stmt` then misses the ways through the body that return there."""
+    body = body_statements(fn.tree)
+    before = body[: next((at for at, s in enumerate(body) if s is stmt), 0)]
+    return any(isinstance(n, ast.Return) for s in before for n in ast.walk(s))
+
+
+def _where(path: Path) -> str:
+    return " and ".join(f"`{source(c)}`" for c in path.conditions) or "no test holds"
 
 
 def _with_outcome(fn: Function) -> Outcome | None:
@@ -422,6 +536,7 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
     for start in range(max(first, 1), len(body)):
         # The names the skipped statements bind, as they are (the branch reads them), and only where that
         # finds no rotation, with the assignments that still hold read as computed (litgpt's `rotated`).
+        declines: list[Declined] = []
         for keep in (False, True):
             candidate = straight_tail(fn, start, keep)
             if keep and len(candidate.tree.body) == len(body) - start:
@@ -432,11 +547,17 @@ def _straight_tail_outcome(fn: Function) -> Outcome | None:
             except NotStraightLine:
                 tail = None
                 continue
-            if sites(result, tail):
+            if sites(result, tail, declines):
                 break
         else:
             if tail is None:
                 continue
+            read = next((d for d in declines if not d.differs), None)
+            if read is not None:
+                # A rotation read, in a shape the kernel does not take or at a size not known (torchtune's vision
+                # rotary after its `if ...: raise`): said, not left silent. (A difference from the kernel's
+                # formula is no evidence of a rotary embedding here: `(1 - t) * noise + t * x` has one.)
+                return Outcome(ROTARY, f"rotary embedding not fused: {read}", remedy=read.remedy)
             return None
         if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
             return Outcome(
@@ -460,14 +581,14 @@ def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
         if declined:
             return Outcome(
                 ROTARY,
-                f"rotary embedding not fused: {declined[0]}, so it is not what npu_rotary_mul computes",
+                f"rotary embedding not fused: {declined[0]}"
+                + (", so it is not what npu_rotary_mul computes" if declined[0].differs else ""),
                 remedy=declined[0].remedy,
             )
         return (
             _unmatched_rotation(result, fn)
             or _rotate_helper_outcome(fn)
             or _unfollowed_outcome(result, fn)
-            or _front_dims_outcome(result, fn)
         )
     modes = {s.mode for s in found}
     if len(modes) > 1:
@@ -620,121 +741,6 @@ def _unfollowed_outcome(result: ast.expr, fn: Function) -> Outcome | None:
                         "the one that calls it"
                     ),
                 )
-    return None
-
-
-#: The dim-taking operations `_front_dims_outcome` reads: method or function -> (dim's position, keyword).
-_DIM_OPS = {
-    "unflatten": (0, "dim"),
-    "unbind": (0, "dim"),
-    "flatten": (0, "start_dim"),
-    "chunk": (1, "dim"),
-    "split": (1, "dim"),
-}
-_DIM_FUNCTIONS = {"torch.stack": (1, "dim"), "torch.cat": (1, "dim"), "torch.concat": (1, "dim")}
-_SAME_NDIM = frozenset({"float", "half", "bfloat16", "double", "to", "type_as", "contiguous", "clone", "detach", "neg"})
-
-
-def _front_dims_outcome(result: ast.expr, fn: Function, ndim: int = 3) -> Outcome | None:
-    """The finding for a rotation that names the dims it splits and joins from the front (diffusers' LTX:
-    `x.unflatten(2, (-1, 2))` ... `.flatten(2)` on x of [B, S, C], heads folded into C): on the 4-D x the
-    kernel takes, those dims are not the last one, so nothing was recognised. Proven by the evaluator: the
-    same code with each such dim counted from the end, as for an `ndim`-D x, is a rotary embedding."""
-    params = set(fn.params)
-    dims: dict[int, object] = {}  # id(node) -> its ndim, or ("seq", ndim) for a sequence of tensors
-    changed: list[ast.Call] = []
-
-    def of(node: ast.AST):
-        if id(node) not in dims:
-            dims[id(node)] = _ndim(node, of, params, ndim, fn.qualname)
-        return dims[id(node)]
-
-    def visit(node: ast.AST) -> ast.AST:
-        new = substitute_children(node, visit)
-        if not isinstance(node, ast.Call):
-            return new
-        spec, receiver = None, None
-        if isinstance(node.func, ast.Attribute) and node.func.attr in _DIM_OPS and fn.qualname(node.func) is None:
-            spec, receiver = _DIM_OPS[node.func.attr], of(node.func.value)
-        elif fn.qualname(node.func) in _DIM_FUNCTIONS and node.args:
-            spec, items = _DIM_FUNCTIONS[fn.qualname(node.func)], of(node.args[0])
-            receiver = items[1] + (fn.qualname(node.func) == "torch.stack") if isinstance(items, tuple) else None
-        if spec is None or not isinstance(receiver, int):
-            return new
-        at, keyword = spec
-        given = (
-            node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == keyword), None)
-        )
-        if not (isinstance(given, ast.Constant) and type(given.value) is int and given.value >= 0):
-            return new
-        new = copy.copy(new)
-        counted = ast.Constant(given.value - receiver)
-        if len(node.args) > at:
-            new.args = [*new.args[:at], counted, *new.args[at + 1 :]]
-        else:
-            new.keywords = [ast.keyword(k.arg, counted) if k.arg == keyword else k for k in new.keywords]
-        changed.append(node)
-        return new
-
-    rewritten = visit(result)
-    if not changed or not sites(rewritten, fn):
-        return None
-    spelled = ", ".join(f"`{call}`" for call in list(dict.fromkeys(_front_call(n) for n in changed))[:3])
-    return Outcome(
-        ROTARY,
-        f"rotary embedding not fused: it names the dims it splits and joins from the front ({spelled}), so "
-        f"the dim it rotates is the last one only of a {ndim}-D tensor, and npu_rotary_mul takes a 4-D x",
-        remedy="to fuse it, count those dims from the end (as `unflatten(-1, (-1, 2))`, `flatten(-2)`) and rotate "
-        "a 4-D x (heads split out of the last dim): the branch applies where x is 4-D",
-    )
-
-
-def _front_call(call: ast.Call) -> str:
-    """`.unflatten(2, (-1, 2))`, or `torch.stack(..., dim=2)` (a function's sequence argument left out)."""
-    method = isinstance(call.func, ast.Attribute) and call.func.attr in _DIM_OPS
-    parts = [source(a) for a in call.args[0 if method else 1 :]] + [f"{k.arg}={source(k.value)}" for k in call.keywords]
-    return f".{call.func.attr}({', '.join(parts)})" if method else f"{source(call.func)}(..., {', '.join(parts)})"
-
-
-def _ndim(node: ast.AST, of, params: set[str], ndim: int, qualname):
-    """How many dims `node` has where each parameter the rotation reads has `ndim` (None: not known)."""
-    if isinstance(node, ast.Name):
-        return ndim if node.id in params else None
-    if isinstance(node, ast.UnaryOp):
-        return of(node.operand)
-    if isinstance(node, ast.BinOp):
-        sides = [of(node.left), of(node.right)]
-        known = [s for s in sides if isinstance(s, int)]
-        return max(known) if known else None
-    if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
-        first = of(node.elts[0])
-        return ("seq", first) if isinstance(first, int) else None
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        value = of(node.value)
-        return value[1] if isinstance(value, tuple) else None
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-        return None
-    joined = qualname(node.func)
-    if joined in _DIM_FUNCTIONS:
-        items = of(node.args[0]) if node.args else None
-        return items[1] + (joined == "torch.stack") if isinstance(items, tuple) else None
-    method, receiver = node.func.attr, of(node.func.value)
-    if not isinstance(receiver, int):
-        return None
-    if method in _SAME_NDIM:
-        return receiver
-    if method == "unflatten" and len(node.args) == 2 and isinstance(node.args[1], (ast.Tuple, ast.List)):
-        return receiver + len(node.args[1].elts) - 1
-    if method == "unbind":
-        return ("seq", receiver - 1)
-    if method in ("chunk", "split"):
-        return ("seq", receiver)
-    if method == "flatten" and len(node.args) <= 2 and all(isinstance(a, ast.Constant) for a in node.args):
-        start, end = [*(a.value for a in node.args), 0, -1][:2] if node.args else (0, -1)
-        if len(node.args) == 1:
-            end = -1
-        start, end = start % receiver, end % receiver
-        return receiver - (end - start)
     return None
 
 
@@ -998,6 +1004,22 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         for check in (f"isinstance({source(base)}, torch.Tensor)", f"torch.is_complex({source(base)})"):
             if check not in tensors:
                 tensors.append(check)
+    # A rotated width read from elsewhere (ChatGLM's `rope_cache.shape[-2] * 2`) was taken to be the width of
+    # the window `x[..., :width]`: so it is where it lies within x's last dim, checked before anything reads it.
+    for site in found:
+        if site.window is None:
+            continue
+        base, width = site.window
+        if not (is_pure(base) and _size_expression(width)):
+            return Outcome(
+                ROTARY,
+                f"rotary embedding not fused: the rotated width `{source(width)}` cannot be checked against the "
+                "tensor it slices",
+                remedy="to fuse it, bind the width and the tensor to names before the rotation",
+            )
+        check = f"0 <= {source(width)} <= {source(base)}.shape[-1]"
+        if check not in tensors:
+            tensors.insert(0, check)
     # What the branch states of an imported helper's body (a `torch.cat` of the tables, a constant) must
     # mean here what it meant there: `torch` imported in both, not a name only the sibling binds.
     foreign = unbound_name(
@@ -1152,6 +1174,28 @@ def _kernel_call(x: ast.expr, r1: ast.expr, r2: ast.expr, mode: str) -> ast.Call
         [x, r1, r2],
         [ast.keyword("rotary_mode", ast.Constant(mode))],
     )
+
+
+def _size_expression(node: ast.AST) -> bool:
+    """Names, numbers, attributes, shape entries (`t.shape[-2]`, `t.size(1)`) and arithmetic on them: a
+    size the guard may read again, which computes nothing."""
+    if isinstance(node, ast.Subscript):
+        return _size_expression(node.value) and _size_expression(node.slice)
+    if isinstance(node, ast.Call):
+        return (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("size", "dim")
+            and not node.keywords
+            and _size_expression(node.func.value)
+            and all(_size_expression(a) for a in node.args)
+        )
+    if isinstance(node, ast.BinOp):
+        return _size_expression(node.left) and _size_expression(node.right)
+    if isinstance(node, ast.UnaryOp):
+        return _size_expression(node.operand)
+    if isinstance(node, ast.Attribute):
+        return _size_expression(node.value)
+    return isinstance(node, (ast.Name, ast.Constant))
 
 
 def _unique(nodes: list[ast.expr]) -> list[ast.expr]:

@@ -46,6 +46,10 @@ class Meaning:
     #: shape the evaluator assumed for it (`x * t[..., 0]` reads it at any size the product broadcasts
     #: to), which the branch checks before it reads the table
     shapes: list[tuple[ast.expr, tuple[str, ...]]] = field(default_factory=list)
+    #: (base, width) when x is `base[..., :width]` and the computation reads `width` as x's last size (the
+    #: rotated width read from a table's shape, `rope_cache.shape[-2] * 2`): it is, where `0 <= width <=
+    #: base.shape[-1]`, which the branch checks.
+    window: tuple[ast.expr, ast.expr] | None = None
 
 
 class Declined(Exception):
@@ -53,9 +57,12 @@ class Declined(Exception):
     would let it fuse ("to fuse it, ...") or that nothing in the code can ("nothing in the code can: ..."),
     the clause `Outcome.remedy` joins to the finding."""
 
-    def __init__(self, message: str, remedy: str) -> None:
+    def __init__(self, message: str, remedy: str, *, differs: bool = True) -> None:
         super().__init__(message)
         self.remedy = remedy
+        #: False where the message is no difference from the kernel's formula (a shape the kernel does not
+        #: take, a size not known): the finding does not add that it computes something else.
+        self.differs = differs
 
 
 #: The remedy of a computation no edit that keeps it would let the kernel do.
@@ -290,24 +297,100 @@ def meaning(node: ast.expr, x: ast.expr, qualname, structure: Structure | None =
     not read (an op the evaluator does not know, not x's shape); Declined when it is close but not equal."""
     results = []
     for shape in SHAPES:
-        found = _at(node, x, shape, qualname, structure)
+        failures: list[str] = []
+        found = _at(node, x, shape, qualname, structure, failures)
         if found is None:
+            # Read again only where the first run stopped at a shape (every candidate of every function goes
+            # through here: an unknown call stops the other runs as early, at their cost)
+            if not results and failures and failures[0] in _NOT_4D:
+                _three_d(node, x, qualname, structure)
+            if not results and failures and failures[0] in _SIZE_NOT_KNOWN:
+                _guessed_sizes(node, x, qualname, structure)
             return None
         results.append(found)
     return _agree(results)
 
 
-def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure=None) -> Meaning | None:
+#: Why a 4-D run of 3-D activations stops (LTX's `x.unflatten(2, (-1, 2))` on a size-1 dim 2), and of a view
+#: of x by a size read from an attribute (torchtune's `self.max_num_tiles` in a shape): the other runs'
+#: only triggers.
+_NOT_4D = frozenset(
+    {"shape does not divide", "view_as_complex needs a real last dim of 2", "einops group does not divide"}
+)
+_SIZE_NOT_KNOWN = frozenset({"a shape that is not numbers", "arithmetic on values that are not tensors"})
+
+
+def _guessed_sizes(node: ast.expr, x: ast.expr, qualname, structure: Structure | None) -> None:
+    """Declined when `node` rotates x as the kernel does once a size it reads from an attribute (torchtune's
+    vision `self.max_num_tiles`, which splits the sequence into tiles of a table's length) is taken to be 1:
+    what it computes at the other values, the run cannot say, so it is not claimed; the finding says why."""
+    for shape in SHAPES:
+        evaluation = Evaluation(x, x_tensor(shape), qualname, structure=structure)
+        evaluation.guess = 1
+        try:
+            found = split(coefficients(_result(evaluation, node, shape), shape[-1]), shape[-1])
+        except Exception:  # noqa: BLE001 (not read even so: nothing to say)
+            return
+        if found is None or not evaluation.guessed:
+            return
+    names = ", ".join(f"`{ast.unparse(g)}`" for g in evaluation.guessed)
+    raise Declined(
+        f"x is viewed with sizes read from {names}, which are not known here: it rotates as npu_rotary_mul does "
+        "where they are 1, and at other values the view regroups x's dims against the tables",
+        "to fuse it, rotate x in a 4-D view whose dims the tables broadcast into (for tiles of the sequence, "
+        "`x.reshape(-1, tile_len, heads, head_dim)` with a [1, tile_len, 1, head_dim] table), in a function of its own",
+        differs=False,
+    )
+
+
+#: x's shapes as 3-D activations [B, S, D] (LTX's `x.unflatten(2, (-1, 2))`, the heads not split off), read
+#: only where the 4-D run does not read the expression, to say why it is not fused.
+SHAPES_3D = ((2, 3, 8), (2, 3, 12))
+
+
+def _three_d(node: ast.expr, x: ast.expr, qualname, structure: Structure | None) -> None:
+    """Declined when `node` rotates 3-D x [B, S, D] as one head of all D: the kernel takes 4-D x, with a
+    head dim below 896 and, interleaved, tables broadcast over the heads, which a [B, S, D] table spanning
+    every head's elements is not known to be (LTX's per-head frequencies are not)."""
+    modes = set()
+    for shape in SHAPES_3D:
+        try:
+            found = split(
+                coefficients(
+                    _result(Evaluation(x, x_tensor(shape), qualname, structure=structure), node, shape), shape[-1]
+                ),
+                shape[-1],
+            )
+        except Exception:  # noqa: BLE001 (not read, or not a rotation at 3-D: nothing to say)
+            return
+        if found is None:
+            return
+        modes.add(found[0])
+    if len(modes) == 1:
+        raise Declined(
+            "x is 3-D [B, S, D], rotated over its whole last dim as one head",
+            "to fuse it, rotate x viewed per head as 4-D [B, S, heads, head_dim] (`x.unflatten(2, (heads, -1))`) "
+            "with tables that broadcast over the heads, if every head is rotated alike: npu_rotary_mul takes 4-D "
+            "x, a head dim below 896 and, interleaved, one table for every head",
+            differs=False,
+        )
+
+
+def _at(
+    node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure=None, failures: list | None = None
+) -> Meaning | None:
+    """What `node` computes at x's `shape`; why the first run read nothing goes to `failures`."""
     evaluation = Evaluation(x, x_tensor(shape), qualname, structure=structure)
     why = None
     try:
         found = _solve(evaluation, _result(evaluation, node, shape), shape[-1])
         if found is not None:
-            return found
+            return _windowed(found, evaluation, x)
     except Declined as error:
         why = error
-    except Exception:  # noqa: BLE001 (Unknown, or an operation on values it cannot take: not read)
-        pass
+    except Exception as error:  # noqa: BLE001 (Unknown, or an operation on values it cannot take: not read)
+        if failures is not None:
+            failures.append(str(error))
     for shapes in _hypotheses(evaluation):
         again = Evaluation(x, x_tensor(shape), qualname, shapes, evaluation.structure)
         try:
@@ -315,10 +398,16 @@ def _at(node: ast.expr, x: ast.expr, shape: tuple[int, ...], qualname, structure
         except Exception:  # noqa: BLE001 (as above)
             continue
         if found is not None:
-            return found
+            return _windowed(found, again, x)
     if why is not None:
         raise why
     return None
+
+
+def _windowed(found: Meaning, evaluation: Evaluation, x: ast.expr) -> Meaning:
+    if evaluation.width_read:
+        found.window = (x.value, x.slice.elts[1].upper)
+    return found
 
 
 def _agree(results: list[Meaning]) -> Meaning | None:
@@ -336,6 +425,7 @@ def _agree(results: list[Meaning]) -> Meaning | None:
                 "to fuse it, write the slices and repeats in terms of the head dim (`x.shape[-1] // 2`), if that is "
                 "what they mean",
             )
+        first.window = first.window or other.window
     return first
 
 

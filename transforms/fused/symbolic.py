@@ -780,3 +780,124 @@ def replace_nodes(node: ast.AST, replacements: dict[int, ast.AST]) -> ast.AST:
         return memo[id(n)]
 
     return visit(node)
+
+
+@dataclass
+class Path:
+    """One way through a function's `if`s on its parameters (`parameter_paths`): the tests as they hold on
+    it (`not` put in for the sides not taken), and the function as if its body were that path's statements."""
+
+    conditions: list[ast.expr]
+    function: Function
+
+
+#: A function with more ways through its parameter tests than this is not split (each is folded and run).
+PATH_LIMIT = 8
+
+
+def parameter_paths(fn: Function) -> list[Path] | None:
+    """The straight-line functions `fn` is, one per way through its `if`s whose tests read only parameters
+    the body never rebinds, compared with constants (diffusers' `if use_real:`, `if sequence_dim == 2:`): a
+    test a branch in front of the body may evaluate again, with the same outcome, and no side effect. A
+    path that ends in `raise` is left out (the original raises there: nothing to fuse). None when no such
+    `if` is at the top level of the body or there are more than `PATH_LIMIT` paths."""
+    args = fn.tree.args
+    params = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} - {fn.self_name}
+    rebound = {name for names in fn.stores for name in names}
+    body = body_statements(fn.tree)
+    if not any(isinstance(s, ast.If) and _parameter_test(s.test, params - rebound) for s in body):
+        return None
+    found: list[tuple[list[ast.expr], list[ast.stmt]]] = []
+
+    def walk(statements: list[ast.stmt], conditions: list[ast.expr]) -> bool:
+        for at, stmt in enumerate(statements):
+            if isinstance(stmt, ast.Raise):
+                return True  # the original raises: no path
+            if isinstance(stmt, ast.Return):
+                statements = statements[: at + 1]
+                break
+            if isinstance(stmt, ast.If) and _parameter_test(stmt.test, params - rebound):
+                rest = statements[at + 1 :]
+                for side, test in ((stmt.body, stmt.test), (stmt.orelse, negated(stmt.test))):
+                    if len(found) > PATH_LIMIT or not walk([*statements[:at], *side, *rest], [*conditions, test]):
+                        return False
+                return True
+        found.append((conditions, statements))
+        return len(found) <= PATH_LIMIT
+
+    if not walk(list(body), []) or not found:
+        return None
+    paths = []
+    for conditions, statements in found:
+        tree = copy.copy(fn.tree)
+        tree.body = statements
+        function = Function(
+            tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names, class_name=fn.class_name
+        )
+        function.imported = fn.imported
+        paths.append(Path(_simplified(conditions), function))
+    return paths
+
+
+def _parameter_test(test: ast.expr, params: set[str]) -> bool:
+    """Names of `params`, constants, comparisons, `and` / `or` / `not` of them: nothing that calls or reads
+    an attribute, which could compute something else the second time."""
+    if isinstance(test, ast.Name):
+        return test.id in params
+    if isinstance(test, ast.Constant):
+        return True
+    if isinstance(test, ast.UnaryOp):
+        return isinstance(test.op, (ast.Not, ast.USub)) and _parameter_test(test.operand, params)
+    if isinstance(test, ast.BoolOp):
+        return all(_parameter_test(v, params) for v in test.values)
+    if isinstance(test, ast.Compare):
+        parts = [test.left, *test.comparators]
+        return any(isinstance(p, ast.Name) for p in parts) and all(
+            _parameter_test(p, params) or isinstance(p, ast.Tuple) and all(isinstance(e, ast.Constant) for e in p.elts)
+            for p in parts
+        )
+    return False
+
+
+_OPPOSITE = {
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}  # not the orderings: `a >= b` is not `not a < b` for NaN, sets or a class of one's own
+
+
+def negated(test: ast.expr) -> ast.expr:
+    """`test` false, as one would write it: `a != b` for `a == b`, `flag` for `not flag`."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return test.operand
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _OPPOSITE:
+        return ast.Compare(test.left, [_OPPOSITE[type(test.ops[0])]()], test.comparators)
+    return ast.UnaryOp(ast.Not(), test)
+
+
+def _simplified(conditions: list[ast.expr]) -> list[ast.expr]:
+    """Without `p != a` where another condition says `p == b` for a constant b other than a (an `elif` after
+    an `if` on one parameter): implied by it."""
+
+    def constant(c: ast.expr, op: type) -> tuple[str, object] | None:
+        if isinstance(c, ast.Compare) and isinstance(c.left, ast.Name) and [type(o) for o in c.ops] == [op]:
+            try:  # a number, `-1` too (a unary minus of a constant)
+                value = ast.literal_eval(c.comparators[0])
+            except ValueError:
+                return None
+            return (c.left.id, value) if isinstance(value, (int, str, bool)) or value is None else None
+        return None
+
+    equal = dict(filter(None, (constant(c, ast.Eq) for c in conditions)))
+    implied = [
+        c
+        for c in conditions
+        if (found := constant(c, ast.NotEq)) is not None
+        and found[0] in equal
+        and type(equal[found[0]]) is type(found[1])
+        and equal[found[0]] != found[1]
+    ]
+    return [c for c in conditions if not any(c is i for i in implied)]
