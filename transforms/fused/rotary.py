@@ -585,11 +585,7 @@ def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
                 + (", so it is not what npu_rotary_mul computes" if declined[0].differs else ""),
                 remedy=declined[0].remedy,
             )
-        return (
-            _unmatched_rotation(result, fn)
-            or _rotate_helper_outcome(fn)
-            or _unfollowed_outcome(result, fn)
-        )
+        return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn) or _unfollowed_outcome(result, fn)
     modes = {s.mode for s in found}
     if len(modes) > 1:
         return Outcome(
