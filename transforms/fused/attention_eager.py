@@ -38,7 +38,9 @@ from npu_migrate.transforms.fused.symbolic import (
 )
 
 _SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax")
-_MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
+#: einops' `einsum(q, k, "b h i d, b h j d -> b h i j")` too (lucidrains' packages): not a layout the branch
+#: reads, but attention that deserves a finding saying so rather than silence.
+_MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum", "einops.einsum")
 _DROPOUT = ("torch.nn.functional.dropout", "torch.dropout")
 _DROPOUT_MODULES = ("torch.nn.Dropout", "torch.nn.modules.dropout.Dropout")
 SDPA = "torch.nn.functional.scaled_dot_product_attention"

@@ -347,14 +347,21 @@ def _normalize_decline(fn: Function) -> Outcome | None:
                 return True
         return False
 
+    def normalized(operand: ast.expr) -> bool:
+        """`F.normalize(...)` itself, or a name every assignment in the function gives one (x-transformers'
+        `normed = F.normalize(x, dim=-1)` then `normed * self.scale * (gamma + 1.)`)."""
+        if isinstance(operand, ast.Name):
+            values = _assigned(fn, operand.id)
+            return bool(values) and all(normalized(v) for v in values if v is not operand)
+        return isinstance(operand, ast.Call) and fn.qualname(operand.func) == "torch.nn.functional.normalize"
+
     for node in fn.nodes:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             for operand, other in ((node.left, node.right), (node.right, node.left)):
-                if (
-                    isinstance(operand, ast.Call)
-                    and fn.qualname(operand.func) == "torch.nn.functional.normalize"
-                    and sqrt_scale(other)
-                ):
+                if isinstance(operand, ast.BinOp) and isinstance(operand.op, ast.Mult):
+                    # `normed * scale * gamma` is `(normed * scale) * gamma`: its inner product is checked
+                    continue
+                if normalized(operand) and sqrt_scale(other):
                     return Outcome(
                         RMS_NORM,
                         "RMS-like normalisation not fused: `F.normalize` divides by max(norm, eps), where"
@@ -364,13 +371,42 @@ def _normalize_decline(fn: Function) -> Outcome | None:
     return None
 
 
+def _assigned(fn: Function, name: str) -> list[ast.expr]:
+    """The values the function assigns to `name` (plain `name = value` statements, in any branch)."""
+    return [
+        node.value
+        for node in fn.nodes
+        if isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
+    ]
+
+
+def _unfolded_sites(fn: Function) -> bool:
+    """`rsqrt(v + eps)` where `v` is assigned a mean of squares in branches (timm's `rms_norm`, whose mean
+    differs under TorchScript): not foldable, so no proof, but an RMSNorm that deserves a finding."""
+    for node in fn.calls:
+        name = fn.qualname(node.func)
+        if name in ("torch.rsqrt", "torch.sqrt") and len(node.args) == 1:
+            inner = node.args[0]
+        elif (method_call(node, "rsqrt") or method_call(node, "sqrt")) and not node.args and name is None:
+            inner = node.func.value
+        else:
+            continue
+        if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add):
+            for side in (inner.left, inner.right):
+                values = _assigned(fn, side.id) if isinstance(side, ast.Name) else []
+                if any(_mean(v, fn) is not None for v in values):
+                    return True
+    return False
+
+
 def match(fn: Function) -> Outcome | None:
     if _calls_kernel(fn):
         return None
     try:
         result = fold(fn)
     except NotStraightLine as why:
-        if sites(fn.tree, fn) or _functional_calls(fn.tree, fn):
+        if sites(fn.tree, fn) or _functional_calls(fn.tree, fn) or _unfolded_sites(fn):
             return Outcome(RMS_NORM, f"RMS normalisation not fused: {why}", remedy=STRAIGHT_LINE)
         return _normalize_decline(fn)
     found = sites(result, fn)
