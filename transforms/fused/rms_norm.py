@@ -353,20 +353,36 @@ def _normalize_decline(fn: Function) -> Outcome | None:
         if isinstance(operand, ast.Name):
             values = _assigned(fn, operand.id)
             return bool(values) and all(normalized(v) for v in values if v is not operand)
-        return isinstance(operand, ast.Call) and fn.qualname(operand.func) == "torch.nn.functional.normalize"
+        if isinstance(operand, ast.Call) and fn.qualname(operand.func) == "torch.nn.functional.normalize":
+            calls.append(operand)
+            return True
+        return False
+
+    calls: list[ast.Call] = []
+
+    def factors(node: ast.expr) -> list[ast.expr]:
+        """The factors of a product chain: `F.normalize(x, dim=1) * self.g * self.scale` has three."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            return [*factors(node.left), *factors(node.right)]
+        return [node]
 
     for node in fn.nodes:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            for operand, other in ((node.left, node.right), (node.right, node.left)):
-                if isinstance(operand, ast.BinOp) and isinstance(operand.op, ast.Mult):
-                    # `normed * scale * gamma` is `(normed * scale) * gamma`: its inner product is checked
-                    continue
-                if normalized(operand) and sqrt_scale(other):
+            parts = factors(node)
+            for i, operand in enumerate(parts):
+                calls.clear()
+                if normalized(operand) and any(sqrt_scale(other) for other in parts[:i] + parts[i + 1 :]):
+                    dims = {source(argument(c, 2, "dim") or ast.Constant(1)) for c in calls}
+                    # F.normalize's default dim is 1: channels first (denoising-diffusion's `dim = 1`)
+                    across = (
+                        "" if dims == {"-1"} else f" (and it normalises dim {', '.join(sorted(dims))}, not the last)"
+                    )
                     return Outcome(
                         RMS_NORM,
                         "RMS-like normalisation not fused: `F.normalize` divides by max(norm, eps), where"
-                        " npu_rms_norm adds eps to the mean square: the two differ for small inputs",
-                        remedy="to fuse it, compute it as x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)",
+                        f" npu_rms_norm adds eps to the mean square: the two differ for small inputs{across}",
+                        remedy="to fuse it, compute it as x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)"
+                        + (" with the normalised dim moved last" if across else ""),
                     )
     return None
 
