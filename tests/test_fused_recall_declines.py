@@ -74,6 +74,20 @@ CASES = {
         """,
         ["not straight-line assignments (`if torch.jit.is_scripting():`)", "; to fuse it, "],
     ),
+    # llama-models' multimodal FeedForward: the activation bound to a name, the projections in a comprehension
+    "silu_bound_to_a_name": (
+        "NPU702",
+        """
+        import torch.nn.functional as F
+
+
+        def gated(x, wa, wb):
+            a, b = [F.linear(x, w) for w in (wa, wb)]
+            a = F.silu(a)
+            return a * b
+        """,
+        ["SwiGLU not fused: it binds names in a nested scope", "; to fuse it, "],
+    ),
     # local-attention / denoising-diffusion: einops' einsum for the scores, under a branch
     "einops_einsum_attention": (
         "NPU704",
