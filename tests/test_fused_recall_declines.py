@@ -152,3 +152,42 @@ def test_a_normalize_without_the_root_scale_stays_silent():
     ).lstrip()
     out, findings = migrate_text(text, path="unit.py", select=["NPU701"])
     assert out == text and not [f for f in findings if f.rule_id == "NPU701"]
+
+
+def test_a_root_mean_square_that_scales_nothing_stays_silent():
+    # alphafold3's RMSD: sqrt(mean(d²) + eps) under a branch is a distance, not a normalisation
+    text = textwrap.dedent(
+        """
+        import torch
+
+
+        def deviation(a, b, keep=None, eps: float = 1e-6):
+            if keep is not None:
+                a, b = a * keep, b * keep
+            sq = torch.square(a - b).sum(dim=-1)
+            msd = torch.mean(sq, dim=-1)
+            return torch.sqrt(msd + eps)
+        """
+    ).lstrip()
+    out, findings = migrate_text(text, path="deviation.py", select=["NPU701"])
+    assert out == text and not [f for f in findings if f.rule_id == "NPU701"]
+
+
+def test_names_assigned_from_each_other_do_not_recurse():
+    # `a = b` and `b = a` in branches: no proof, no finding, and no RecursionError (timm had such a cycle)
+    text = textwrap.dedent(
+        """
+        import torch.nn.functional as F
+
+
+        def swap(x, flag):
+            a = F.normalize(x, dim=-1)
+            if flag:
+                a, b = x, a
+                b = a
+                a = b
+            return a * x.shape[-1] ** 0.5
+        """
+    ).lstrip()
+    out, findings = migrate_text(text, path="swap.py", select=["NPU701"])
+    assert out == text

@@ -347,12 +347,14 @@ def _normalize_decline(fn: Function) -> Outcome | None:
                 return True
         return False
 
-    def normalized(operand: ast.expr) -> bool:
+    def normalized(operand: ast.expr, seen: frozenset[str] = frozenset()) -> bool:
         """`F.normalize(...)` itself, or a name every assignment in the function gives one (x-transformers'
         `normed = F.normalize(x, dim=-1)` then `normed * self.scale * (gamma + 1.)`)."""
         if isinstance(operand, ast.Name):
+            if operand.id in seen:  # `a = b` and `b = a`: no proof either way
+                return False
             values = _assigned(fn, operand.id)
-            return bool(values) and all(normalized(v) for v in values if v is not operand)
+            return bool(values) and all(normalized(v, seen | {operand.id}) for v in values)
         if isinstance(operand, ast.Call) and fn.qualname(operand.func) == "torch.nn.functional.normalize":
             calls.append(operand)
             return True
@@ -398,21 +400,54 @@ def _assigned(fn: Function, name: str) -> list[ast.expr]:
 
 
 def _unfolded_sites(fn: Function) -> bool:
-    """`rsqrt(v + eps)` where `v` is assigned a mean of squares in branches (timm's `rms_norm`, whose mean
-    differs under TorchScript): not foldable, so no proof, but an RMSNorm that deserves a finding."""
-    for node in fn.calls:
-        name = fn.qualname(node.func)
-        if name in ("torch.rsqrt", "torch.sqrt") and len(node.args) == 1:
-            inner = node.args[0]
-        elif (method_call(node, "rsqrt") or method_call(node, "sqrt")) and not node.args and name is None:
-            inner = node.func.value
+    """`t * rsqrt(v + eps)` (or `t / sqrt(v + eps)`) where `v` is assigned, in branches, a mean of a square
+    (timm's `rms_norm`, whose mean differs under TorchScript): not foldable, so no proof, but an RMSNorm
+    that deserves a finding. An RMSD (`sqrt(mean(d²) + eps)` scaling nothing) is none."""
+
+    def root_of_mean_square(call: ast.expr, names: set[str]) -> bool:
+        if not isinstance(call, ast.Call) or call.args:
+            inner = call.args[0] if isinstance(call, ast.Call) and len(call.args) == 1 else None
+        else:
+            inner = call.func.value if isinstance(call.func, ast.Attribute) else None
+        if not (isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add)):
+            return False
+        return any(is_mean_square(side, names) for side in (inner.left, inner.right))
+
+    def is_mean_square(node: ast.expr, names: set[str]) -> bool:
+        if isinstance(node, ast.Name):
+            if node.id in names:  # `v = v.mean(...)`: followed once
+                return False
+            return any(is_mean_square(value, names | {node.id}) for value in _assigned(fn, node.id))
+        mean = _mean(node, fn)
+        return mean is not None and is_square(mean[0], names)
+
+    def is_square(node: ast.expr, names: set[str]) -> bool:
+        if _square_base(node, fn) is not None:
+            return True
+        if isinstance(node, ast.Name) and node.id not in names:
+            return any(is_square(value, names | {node.id}) for value in _assigned(fn, node.id))
+        return False
+
+    def is_root(node: ast.expr, names: tuple[str, ...]) -> bool:
+        return isinstance(node, ast.Call) and (
+            fn.qualname(node.func) in tuple(f"torch.{n}" for n in names)
+            or (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr in names
+                and fn.qualname(node.func) is None
+                and not node.args
+            )
+        )
+
+    for node in fn.nodes:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            roots = [side for side in (node.left, node.right) if is_root(side, ("rsqrt",))]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            roots = [node.right] if is_root(node.right, ("sqrt",)) else []
         else:
             continue
-        if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add):
-            for side in (inner.left, inner.right):
-                values = _assigned(fn, side.id) if isinstance(side, ast.Name) else []
-                if any(_mean(v, fn) is not None for v in values):
-                    return True
+        if any(root_of_mean_square(root, set()) for root in roots):
+            return True
     return False
 
 
