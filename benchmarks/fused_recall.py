@@ -35,7 +35,9 @@ import rotary_recall  # noqa: E402  (the download and function index live there)
 SITES = HERE / "fused_sites.csv"
 CACHE = rotary_recall.CACHE  # one cache: the rotary benchmark's packages are measured here too
 
-#: PyPI name -> pinned version: rotary_recall's packages and these, none of them transformers.
+#: PyPI name -> pinned version: rotary_recall's packages and these, none of them transformers (nanotron 0.4
+#: and vector-quantize-pytorch 1.32.0 were tried too: no site of these ops outside Triton kernels; mamba-ssm's
+#: sdist needs a CUDA build even to download).
 PACKAGES = {
     **rotary_recall.PACKAGES,
     "open-clip-torch": "3.3.0",
@@ -43,12 +45,10 @@ PACKAGES = {
     "xlstm": "2.0.6",
     "flash-linear-attention": "0.6.0",
     "fair-esm": "2.0.0",
-    "nanotron": "0.4",
     "denoising-diffusion-pytorch": "2.3.4",
     "stable-audio-tools": "0.0.20",
     "audiocraft": "1.3.0",
     "mmpretrain": "1.2.0",
-    "vector-quantize-pytorch": "1.32.0",
     "alphafold3-pytorch": "0.8.3",
 }
 
