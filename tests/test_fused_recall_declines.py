@@ -64,11 +64,11 @@ CASES = {
 
 
         def root_mean_norm(t, gamma, epsilon: float = 1e-6):
-            sq = t * t
+            ms = t * t
             if torch.jit.is_scripting():
-                ms = sq.mean(-1).unsqueeze(-1)
+                ms = ms.mean(-1).unsqueeze(-1)
             else:
-                ms = sq.mean(dim=(-1,), keepdim=True)
+                ms = ms.mean(dim=(-1,), keepdim=True)
             t = t * torch.rsqrt(ms + epsilon)
             return t * gamma
         """,

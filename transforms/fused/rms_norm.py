@@ -419,7 +419,8 @@ def _unfolded_sites(fn: Function) -> bool:
                 return False
             return any(is_mean_square(value, names | {node.id}) for value in _assigned(fn, node.id))
         mean = _mean(node, fn)
-        return mean is not None and is_square(mean[0], names)
+        # the square is followed apart: `v = x.pow(2)` then `v = v.mean(...)` reuses the name
+        return mean is not None and is_square(mean[0], set())
 
     def is_square(node: ast.expr, names: set[str]) -> bool:
         if _square_base(node, fn) is not None:
