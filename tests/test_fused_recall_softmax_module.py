@@ -51,8 +51,8 @@ SOURCE = textwrap.dedent(
 ).lstrip()
 
 
-def _migrate(dim: str = "-1"):
-    text = SOURCE.replace("SOFTMAX_DIM", dim)
+def _migrate(dim: str = "-1", attribute: str = "normalise"):
+    text = SOURCE.replace("SOFTMAX_DIM", dim).replace("self.normalise", f"self.{attribute}")
     out, findings = migrate_text(text, path="mixer.py", select=["NPU704"])
     # the helpers' finding (added once per file) is about the file, not the site
     return text, out, [f for f in findings if f.rule_id == "NPU704" and not f.message.startswith("fused-op helpers")]
@@ -123,3 +123,15 @@ def test_an_nn_softmax_over_another_dim_is_declined(dim):
     assert out == text
     assert len(findings) == 1 and not findings[0].fixed
     assert "the softmax is not over the last dim" in findings[0].message, findings[0].message
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_module_attribute_named_softmax_is_the_module_not_a_tensor_method(dtype):
+    # mmpretrain's and timm's swin: `self.softmax = nn.Softmax(dim=-1)`, then `self.softmax(attn)`, which
+    # reads like the method `t.softmax(dim)` of a tensor `self`
+    text, out, findings = _migrate(attribute="softmax")
+    assert len(findings) == 1 and findings[0].fixed, [f.message for f in findings]
+    with torch.no_grad():
+        expected = _module(text, dtype, forced=False)(_tokens(dtype))
+        got = _module(out, dtype, forced=True)(_tokens(dtype))
+    assert _cosine(got, expected) >= FLOOR[dtype]

@@ -107,10 +107,11 @@ def _softmax_input(node: ast.AST, fn: Function) -> ast.expr | None:
         return None
     if fn.qualname(node.func) in _SOFTMAX and node.args:
         return node.args[0]
-    if isinstance(node.func, ast.Attribute) and node.func.attr == "softmax" and fn.qualname(node.func) is None:
-        return node.func.value
+    # before `t.softmax(dim)`: `self.softmax(attn)` (mmpretrain's, timm's swin) calls a module, not a method
     if _softmax_module(node, fn) is not None:
         return node.args[0]
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "softmax" and fn.qualname(node.func) is None:
+        return node.func.value
     return None
 
 
