@@ -56,6 +56,28 @@ CASES = {
         """,
         ["normalises dim 1, not the last", "with the normalised dim moved last"],
     ),
+    # diffusers' Wan / Kandinsky norms: normalised in float32 and cast back, then a product chain
+    "normalize_cast_back": (
+        "NPU701",
+        """
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+
+
+        class VolumeNorm(nn.Module):
+            def __init__(self, channels, first=True):
+                super().__init__()
+                self.first = first
+                self.root = channels**0.5
+                self.g = nn.Parameter(torch.ones(channels, 1, 1, 1))
+
+            def forward(self, v):
+                n = F.normalize(v.float(), dim=(1 if self.first else -1)).to(v.dtype)
+                return n * self.root * self.g
+        """,
+        ["(and it normalises dim 1 if self.first else -1, not the last)", "with the normalised dim moved last"],
+    ),
     # timm's rms_norm: the mean of squares computed differently under TorchScript
     "mean_square_assigned_in_branches": (
         "NPU701",

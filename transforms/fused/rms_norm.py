@@ -360,7 +360,11 @@ def _normalize_decline(fn: Function) -> Outcome | None:
         if isinstance(operand, ast.Call) and fn.qualname(operand.func) == "torch.nn.functional.normalize":
             calls.append(operand)
             return True
-        return False
+        # cast back after a float32 normalize (diffusers' Wan / Kandinsky norms: `F.normalize(x.float()).to(x.dtype)`)
+        call = next(
+            (method_call(operand, m) for m in ("to", "float", "type_as", "type") if method_call(operand, m)), None
+        )
+        return call is not None and normalized(call.func.value, seen)
 
     calls: list[ast.Call] = []
 
