@@ -213,3 +213,24 @@ def test_names_assigned_from_each_other_do_not_recurse():
     ).lstrip()
     out, findings = migrate_text(text, path="swap.py", select=["NPU701"])
     assert out == text
+
+
+def test_a_layer_norm_under_a_branch_is_not_called_an_rms_norm():
+    # fair-esm's ESM1LayerNorm, mmpretrain's HorNet norm: the variance of `x - mean` is no mean square
+    text = textwrap.dedent(
+        """
+        import torch
+
+
+        def centred_norm(x, w, b, eps: float = 1e-5, affine: bool = True):
+            mu = x.mean(-1, keepdim=True)
+            xc = x - mu
+            var = xc.pow(2).mean(-1, keepdim=True)
+            x = xc / torch.sqrt(var + eps)
+            if affine:
+                x = w * x + b
+            return x
+        """
+    ).lstrip()
+    out, findings = migrate_text(text, path="centred.py", select=["NPU701"])
+    assert out == text and not [f for f in findings if f.rule_id == "NPU701"], [f.message for f in findings]

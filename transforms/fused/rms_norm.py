@@ -428,9 +428,16 @@ def _unfolded_sites(fn: Function) -> bool:
         # the square is followed apart: `v = x.pow(2)` then `v = v.mean(...)` reuses the name
         return mean is not None and is_square(mean[0], set())
 
-    def is_square(node: ast.expr, names: set[str]) -> bool:
-        if _square_base(node, fn) is not None:
+    def centred(node: ast.expr) -> bool:
+        """`x - mean`, directly or through a name: a LayerNorm's variance, not an RMSNorm's mean square."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
             return True
+        return isinstance(node, ast.Name) and any(centred(v) for v in _assigned(fn, node.id) if v is not node)
+
+    def is_square(node: ast.expr, names: set[str]) -> bool:
+        base = _square_base(node, fn)
+        if base is not None:
+            return not centred(base)
         if isinstance(node, ast.Name) and node.id not in names:
             return any(is_square(value, names | {node.id}) for value in _assigned(fn, node.id))
         return False
