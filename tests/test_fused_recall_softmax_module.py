@@ -10,6 +10,7 @@ a branch with the wrong scale is caught; an `nn.Softmax` over another dim, or wi
 
 from __future__ import annotations
 
+import importlib
 import textwrap
 
 import pytest
@@ -40,8 +41,9 @@ SOURCE = textwrap.dedent(
             self.out = nn.Linear(width, width)
 
         def forward(self, tokens):
-            b, n, c = tokens.shape
-            q, k, v = self.qkv(tokens).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            b, n, c = tokens.shape[0], tokens.shape[1], tokens.shape[2]
+            qkv = self.qkv(tokens).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
             affinity = torch.matmul(q, k.transpose(-1, -2)) * self.temperature
             weights = self.normalise(affinity)
             weights = self.drop(weights)
@@ -135,3 +137,23 @@ def test_a_module_attribute_named_softmax_is_the_module_not_a_tensor_method(dtyp
         expected = _module(text, dtype, forced=False)(_tokens(dtype))
         got = _module(out, dtype, forced=True)(_tokens(dtype))
     assert _cosine(got, expected) >= FLOOR[dtype]
+
+
+def test_the_migrated_module_still_scripts_and_traces(tmp_path, monkeypatch):
+    # TorchScript compiles the branch (the helper is `@torch.jit.unused`), FX traces past it (`_is_npu` is
+    # False for a Proxy): both keep the original's output. TorchScript reads the source from a file.
+    text, out, _ = _migrate()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    modules = {}
+    for name, code in (("mixer_in", text), ("mixer_out", out)):
+        (tmp_path / f"{name}.py").write_text(code, encoding="utf-8")
+        modules[name] = importlib.import_module(name)
+    torch.manual_seed(0)
+    original = modules["mixer_in"].HeadsMixer(64, 4).eval()
+    torch.manual_seed(0)
+    migrated = modules["mixer_out"].HeadsMixer(64, 4).eval()
+    tokens = _tokens(torch.float32)
+    with torch.no_grad():
+        expected = original(tokens)
+        assert torch.equal(torch.jit.script(migrated)(tokens), expected)
+        assert torch.equal(torch.fx.symbolic_trace(migrated)(tokens), expected)
