@@ -73,9 +73,10 @@ def known_sites() -> list[Site]:
     return [Site(r["package"], r["file"], r["function"], r["expected"]) for r in rows]
 
 
-def fetch(package: str, cache: Path = CACHE) -> Path:
-    """The unpacked distribution of the pinned `package` (downloaded once; later runs read the cache)."""
-    version = PACKAGES[package]
+def fetch(package: str, cache: Path = CACHE, version: str | None = None) -> Path:
+    """The unpacked distribution of the pinned `package` (downloaded once; later runs read the cache);
+    `version` for a package pinned elsewhere (fused_recall.py's)."""
+    version = version or PACKAGES[package]
     root = cache / f"{package}-{version}"
     if (root / ".complete").exists():
         return root

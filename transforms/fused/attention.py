@@ -158,8 +158,9 @@ def match(fn: Function) -> Outcome | None:
 
 IDIOM = Idiom(
     rule=ATTENTION,
-    markers=("scaled_dot_product_attention", "softmax"),
-    identifiers=("scaled_dot_product_attention", "softmax"),
+    # `Softmax`: an `nn.Softmax(dim=-1)` module called on the scores (attention_eager._softmax_module)
+    markers=("scaled_dot_product_attention", "softmax", "Softmax"),
+    identifiers=("scaled_dot_product_attention", "softmax", "Softmax"),
     kernels=("npu_fusion_attention",),
     match=match,
     template=EAGER_TEMPLATE,

@@ -38,7 +38,10 @@ from npu_migrate.transforms.fused.symbolic import (
 )
 
 _SOFTMAX = ("torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax")
-_MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum")
+_SOFTMAX_MODULES = ("torch.nn.Softmax", "torch.nn.modules.activation.Softmax")
+#: einops' `einsum(q, k, "b h i d, b h j d -> b h i j")` too (lucidrains' packages): not a layout the branch
+#: reads, but attention that deserves a finding saying so rather than silence.
+_MATMUL = ("torch.matmul", "torch.bmm", "torch.einsum", "einops.einsum")
 _DROPOUT = ("torch.nn.functional.dropout", "torch.dropout")
 _DROPOUT_MODULES = ("torch.nn.Dropout", "torch.nn.modules.dropout.Dropout")
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
@@ -81,10 +84,31 @@ def _is_matmul(node: ast.AST, fn: Function) -> bool:
     return isinstance(node, ast.Call) and fn.qualname(node.func) in _MATMUL
 
 
+def _softmax_module(node: ast.AST, fn: Function) -> ast.Call | None:
+    """The `nn.Softmax(dim=...)` that `__init__` assigns to `self.<attr>`, for a call `self.<attr>(t)`
+    (lucidrains' ViTs: `self.attend = nn.Softmax(dim = -1)`, then `attn = self.attend(dots)`)."""
+    if not (
+        isinstance(node, ast.Call)
+        and len(node.args) == 1
+        and not node.keywords
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == fn.self_name
+    ):
+        return None
+    origin = fn.attribute_source(node.func.attr)
+    if isinstance(origin, ast.Call) and fn.qualname(origin.func) in _SOFTMAX_MODULES:
+        return origin
+    return None
+
+
 def _softmax_input(node: ast.AST, fn: Function) -> ast.expr | None:
     if not isinstance(node, ast.Call):
         return None
     if fn.qualname(node.func) in _SOFTMAX and node.args:
+        return node.args[0]
+    # before `t.softmax(dim)`: `self.softmax(attn)` (mmpretrain's, timm's swin) calls a module, not a method
+    if _softmax_module(node, fn) is not None:
         return node.args[0]
     if isinstance(node.func, ast.Attribute) and node.func.attr == "softmax" and fn.qualname(node.func) is None:
         return node.func.value
@@ -365,8 +389,11 @@ def _probabilities(node: ast.expr, fn: Function, attention: Attention) -> ast.ex
                     remedy="nothing in the code can: the kernel multiplies the softmax by v directly",
                 )
             raise _NotProbabilities
-        at = 1 if fn.qualname(node.func) in _SOFTMAX else 0  # `F.softmax(s, dim)` or `s.softmax(dim)`
-        dim = node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == "dim"), None)
+        # `F.softmax(s, dim)`, `s.softmax(dim)`, or `self.attend(s)` with the dim in `nn.Softmax(dim)`: an
+        # `nn.Softmax()` without one picks a dim by the input's rank (1 for 4-D scores), never the last here
+        call = _softmax_module(node, fn) or node
+        at = 1 if fn.qualname(call.func) in _SOFTMAX else 0
+        dim = call.args[at] if len(call.args) > at else next((k.value for k in call.keywords if k.arg == "dim"), None)
         if not (isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub) and _constant(dim.operand) == 1):
             raise Declined(
                 f"the softmax is not over the last dim (`{source(node)}`)",

@@ -45,7 +45,9 @@ RMS_NORM = Rule(
     the cast, Gemma's `(1 + weight)` or `(1 + weight) if self.add_unit_offset else weight`, a reduced
     dim held by an attribute (`mean(x * x, dim=self.dim, ...)`: guarded to be the last), and
     `F.rms_norm(x, shape, weight, eps)` / `torch.rms_norm` (with a gamma of ones when there is no
-    weight). A CUDA-only fast path in front (`if fast_kernel is not None and x.is_cuda: return
+    weight), and k-diffusion's float32 factor `x * (w.to(dt) * torch.rsqrt(mean(x.to(dt) ** 2, -1,
+    keepdim=True) + eps)).to(x.dtype)` (`dt` float32 or promoted with it: the kernel runs in float32). A
+    CUDA-only fast path in front (`if fast_kernel is not None and x.is_cuda: return
     fast_kernel(...)`) stays for CUDA: the NPU branch goes before it. A branch in front of the untouched
     body runs the fused kernel when the input is on an NPU and the kernel's constraints hold (gamma shape
     and dtype, at least 2 dims); otherwise the original code runs. The file gets, once, a guarded
@@ -347,21 +349,120 @@ def _normalize_decline(fn: Function) -> Outcome | None:
                 return True
         return False
 
+    def normalized(operand: ast.expr, seen: frozenset[str] = frozenset()) -> bool:
+        """`F.normalize(...)` itself, or a name every assignment in the function gives one (x-transformers'
+        `normed = F.normalize(x, dim=-1)` then `normed * self.scale * (gamma + 1.)`)."""
+        if isinstance(operand, ast.Name):
+            if operand.id in seen:  # `a = b` and `b = a`: no proof either way
+                return False
+            values = _assigned(fn, operand.id)
+            return bool(values) and all(normalized(v, seen | {operand.id}) for v in values)
+        if isinstance(operand, ast.Call) and fn.qualname(operand.func) == "torch.nn.functional.normalize":
+            calls.append(operand)
+            return True
+        # cast back after a float32 normalize (diffusers' Wan / Kandinsky norms: `F.normalize(x.float()).to(x.dtype)`)
+        call = next(
+            (method_call(operand, m) for m in ("to", "float", "type_as", "type") if method_call(operand, m)), None
+        )
+        return call is not None and normalized(call.func.value, seen)
+
+    calls: list[ast.Call] = []
+
+    def factors(node: ast.expr) -> list[ast.expr]:
+        """The factors of a product chain: `F.normalize(x, dim=1) * self.g * self.scale` has three."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            return [*factors(node.left), *factors(node.right)]
+        return [node]
+
     for node in fn.nodes:
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            for operand, other in ((node.left, node.right), (node.right, node.left)):
-                if (
-                    isinstance(operand, ast.Call)
-                    and fn.qualname(operand.func) == "torch.nn.functional.normalize"
-                    and sqrt_scale(other)
-                ):
+            parts = factors(node)
+            for i, operand in enumerate(parts):
+                calls.clear()
+                if normalized(operand) and any(sqrt_scale(other) for other in parts[:i] + parts[i + 1 :]):
+                    dims = {source(argument(c, 2, "dim") or ast.Constant(1)) for c in calls}
+                    # F.normalize's default dim is 1: channels first (denoising-diffusion's `dim = 1`)
+                    across = (
+                        "" if dims == {"-1"} else f" (and it normalises dim {', '.join(sorted(dims))}, not the last)"
+                    )
                     return Outcome(
                         RMS_NORM,
                         "RMS-like normalisation not fused: `F.normalize` divides by max(norm, eps), where"
-                        " npu_rms_norm adds eps to the mean square: the two differ for small inputs",
-                        remedy="to fuse it, compute it as x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)",
+                        f" npu_rms_norm adds eps to the mean square: the two differ for small inputs{across}",
+                        remedy="to fuse it, compute it as x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)"
+                        + (" with the normalised dim moved last" if across else ""),
                     )
     return None
+
+
+def _assigned(fn: Function, name: str) -> list[ast.expr]:
+    """The values the function assigns to `name` (plain `name = value` statements, in any branch)."""
+    return [
+        node.value
+        for node in fn.nodes
+        if isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
+    ]
+
+
+def _unfolded_sites(fn: Function) -> bool:
+    """`t * rsqrt(v + eps)` (or `t / sqrt(v + eps)`) where `v` is assigned, in branches, a mean of a square
+    (timm's `rms_norm`, whose mean differs under TorchScript): not foldable, so no proof, but an RMSNorm
+    that deserves a finding. An RMSD (`sqrt(mean(d²) + eps)` scaling nothing) is none."""
+
+    def root_of_mean_square(call: ast.expr, names: set[str]) -> bool:
+        if not isinstance(call, ast.Call) or call.args:
+            inner = call.args[0] if isinstance(call, ast.Call) and len(call.args) == 1 else None
+        else:
+            inner = call.func.value if isinstance(call.func, ast.Attribute) else None
+        if not (isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add)):
+            return False
+        return any(is_mean_square(side, names) for side in (inner.left, inner.right))
+
+    def is_mean_square(node: ast.expr, names: set[str]) -> bool:
+        if isinstance(node, ast.Name):
+            if node.id in names:  # `v = v.mean(...)`: followed once
+                return False
+            return any(is_mean_square(value, names | {node.id}) for value in _assigned(fn, node.id))
+        mean = _mean(node, fn)
+        # the square is followed apart: `v = x.pow(2)` then `v = v.mean(...)` reuses the name
+        return mean is not None and is_square(mean[0], set())
+
+    def centred(node: ast.expr) -> bool:
+        """`x - mean`, directly or through a name: a LayerNorm's variance, not an RMSNorm's mean square."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub):
+            return True
+        return isinstance(node, ast.Name) and any(centred(v) for v in _assigned(fn, node.id) if v is not node)
+
+    def is_square(node: ast.expr, names: set[str]) -> bool:
+        base = _square_base(node, fn)
+        if base is not None:
+            return not centred(base)
+        if isinstance(node, ast.Name) and node.id not in names:
+            return any(is_square(value, names | {node.id}) for value in _assigned(fn, node.id))
+        return False
+
+    def is_root(node: ast.expr, names: tuple[str, ...]) -> bool:
+        return isinstance(node, ast.Call) and (
+            fn.qualname(node.func) in tuple(f"torch.{n}" for n in names)
+            or (
+                isinstance(node.func, ast.Attribute)
+                and node.func.attr in names
+                and fn.qualname(node.func) is None
+                and not node.args
+            )
+        )
+
+    for node in fn.nodes:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            roots = [side for side in (node.left, node.right) if is_root(side, ("rsqrt",))]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            roots = [node.right] if is_root(node.right, ("sqrt",)) else []
+        else:
+            continue
+        if any(root_of_mean_square(root, set()) for root in roots):
+            return True
+    return False
 
 
 def match(fn: Function) -> Outcome | None:
@@ -370,7 +471,7 @@ def match(fn: Function) -> Outcome | None:
     try:
         result = fold(fn)
     except NotStraightLine as why:
-        if sites(fn.tree, fn) or _functional_calls(fn.tree, fn):
+        if sites(fn.tree, fn) or _functional_calls(fn.tree, fn) or _unfolded_sites(fn):
             return Outcome(RMS_NORM, f"RMS normalisation not fused: {why}", remedy=STRAIGHT_LINE)
         return _normalize_decline(fn)
     found = sites(result, fn)
@@ -395,6 +496,9 @@ def match(fn: Function) -> Outcome | None:
 def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr) -> Outcome | None:
     core = next((n for n in walk_shared(result) if _core(n, site) is not None), None)
     if core is None or not same(_core(core, site), squared):
+        factor = _match_factor(fn, result, site, squared)
+        if factor is not None:
+            return factor
         return Outcome(
             RMS_NORM,
             "RMS normalisation not fused: it scales a different tensor than it squares",
@@ -499,6 +603,99 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
         context = {"x_arg": xs, "gamma": source(weight), "cast": ""}
     context.update(x=xs, eps=source(site.eps), guards=guards)
     return Outcome(RMS_NORM, "RMSNorm gets a fused `torch_npu.npu_rms_norm` branch", TEMPLATE, context)
+
+
+def _promoted_fp32(dtype: ast.expr, fn: Function, tensors: set[str]) -> bool:
+    """float32, or `torch.promote_types` of float32 with the dtypes of `tensors` (`reduce(promote_types,
+    (x.dtype, w.dtype, torch.float32))` too): float32 wherever those are fp16 / bf16 / fp32 (guarded)."""
+    if _is_fp32(dtype, fn):
+        return True
+    if not isinstance(dtype, ast.Call) or dtype.keywords:
+        return False
+    name = fn.qualname(dtype.func)
+    if name == "torch.promote_types" and len(dtype.args) == 2:
+        parts = list(dtype.args)
+    elif (
+        name in ("functools.reduce", "reduce")
+        and len(dtype.args) == 2
+        and fn.qualname(dtype.args[0]) == "torch.promote_types"
+        and isinstance(dtype.args[1], (ast.Tuple, ast.List))
+    ):
+        parts = list(dtype.args[1].elts)
+    else:
+        return False
+
+    def known(part: ast.expr) -> bool:
+        return (
+            isinstance(part, ast.Attribute)
+            and part.attr == "dtype"
+            and isinstance(part.value, ast.Name)
+            and part.value.id in tensors
+        ) or _promoted_fp32(part, fn, tensors)
+
+    return all(known(part) for part in parts) and any(_promoted_fp32(part, fn, tensors) for part in parts)
+
+
+def _match_factor(fn: Function, result: ast.expr, site: Site, squared: ast.expr) -> Outcome | None:
+    """Katherine Crowson's `x * (w.to(dtype) * rsqrt(mean(x.to(dtype) ** 2, -1, keepdim=True) + eps)).to(x.dtype)`
+    (k-diffusion, stable-audio-tools), `dtype` float32 or promoted with it: the factor `w * rsqrt(...)` is
+    computed in float32, cast to x's dtype, then scales x. In float32 that is RMSNorm exactly; in fp16 / bf16
+    it rounds the factor before the product, where the kernel rounds once: within the kernel's precision.
+    None when `result` has another shape (the caller declines)."""
+    if site.divide or not isinstance(result, ast.BinOp) or not isinstance(result.op, ast.Mult):
+        return None
+    for x, scaled in ((result.left, result.right), (result.right, result.left)):
+        if not (isinstance(x, ast.Name) and x.id in fn.params):
+            continue
+        factor = downcast_inner(scaled, x)
+        if not (isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Mult)):
+            continue
+        for cast_weight, root in ((factor.left, factor.right), (factor.right, factor.left)):
+            if root is not site.root:
+                continue
+            call = method_call(cast_weight, "to")
+            weight = cast_weight
+            if call is not None and len(call.args) == 1 and not call.keywords:
+                weight = call.func.value
+            weight_name = weight.id if isinstance(weight, ast.Name) else None
+            leaf = _weight_leaf(weight, fn)
+            if leaf is None or leaf[1] or _mentions(weight, x.id) or _mentions(site.eps, x.id):
+                return None
+            tensors = {x.id} | ({weight_name} if weight_name else set())
+            for cast in (call, method_call(squared, "to")):
+                if cast is not None and not (len(cast.args) == 1 and _promoted_fp32(cast.args[0], fn, tensors)):
+                    return None
+            up = upcast_base(squared, fn)
+            if up is None:
+                to = method_call(squared, "to")
+                up = to.func.value if to is not None else None
+            if not (isinstance(up, ast.Name) and up.id == x.id):
+                return None
+            xs, ws = x.id, source(weight)
+            guards = [
+                f"2 <= {xs}.dim() <= 8",
+                f"{source(leaf[0])}.shape == {xs}.shape[-1:]",
+                f"{xs}.dtype in {KERNEL_DTYPES}",
+                f"{ws}.dtype in {KERNEL_DTYPES}",
+            ]
+            if site.dim is not None:
+                guards.append(f"{source(site.dim)} in (-1, {xs}.dim() - 1)")
+            context = {
+                "x": xs,
+                "guards": guards,
+                "x_arg": f"{xs}.float()",
+                "gamma": f"{ws}.float()",
+                "cast": f".to({xs}.dtype)",
+                "eps": source(site.eps),
+            }
+            return Outcome(
+                RMS_NORM,
+                "RMSNorm (its weight times the root, cast to the input's dtype, then scaling it) gets a fused"
+                " `torch_npu.npu_rms_norm` branch in float32",
+                TEMPLATE,
+                context,
+            )
+    return None
 
 
 def _functional_calls(expr: ast.AST, fn: Function) -> list[ast.Call]:

@@ -153,10 +153,22 @@ def match(fn: Function) -> Outcome | None:
     try:
         result = fold(fn)
     except NotStraightLine as why:
+        # The activation bound to a name first counts too (`h = F.silu(h)` then `h = h * up`: llama-models'
+        # multimodal FeedForward, torchtitan's GroupedExperts): a SwiGLU that deserves a finding.
+        activated = {
+            target.id
+            for n in fn.nodes
+            if isinstance(n, ast.Assign) and _activation(n.value, fn)
+            for target in n.targets
+            if isinstance(target, ast.Name)
+        }
         has_silu = any(
             isinstance(n, ast.BinOp)
             and isinstance(n.op, ast.Mult)
-            and (_activation(n.left, fn) or _activation(n.right, fn))
+            and any(
+                _activation(side, fn) or (isinstance(side, ast.Name) and side.id in activated)
+                for side in (n.left, n.right)
+            )
             for n in fn.nodes
         )
         return Outcome(SWIGLU, f"SwiGLU not fused: {why}", remedy=STRAIGHT_LINE) if has_silu else None

@@ -70,6 +70,7 @@ ANY_MARKER = (
     "scaled_dot_product_attention",
     "flash_attn",
     "softmax",
+    "Softmax",  # an `nn.Softmax(dim=-1)` module called on attention scores (NPU704)
 )
 
 
