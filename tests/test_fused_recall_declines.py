@@ -108,7 +108,7 @@ CASES = {
             a = F.silu(a)
             return a * b
         """,
-        ["SwiGLU not fused: it binds names in a nested scope", "; to fuse it, "],
+        ["SwiGLU not fused: it unpacks a comprehension into names", "; to fuse it, "],
     ),
     # local-attention / denoising-diffusion: einops' einsum for the scores, under a branch
     "einops_einsum_attention": (

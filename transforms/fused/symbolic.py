@@ -447,6 +447,9 @@ def fold(
                     env[element.id] = item
                 continue
         first_line = ast.unparse(stmt).splitlines()[0]
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, (ast.ListComp, ast.GeneratorExp)):
+            # its items are not known one by one (llama-models' `a, b = [F.linear(x, w) for w in ...]`)
+            raise NotStraightLine(f"it unpacks a comprehension into names (`{first_line}`)")
         raise NotStraightLine(f"the body is not straight-line assignments (`{first_line}`)")
     raise NotStraightLine("it has no return value")
 
