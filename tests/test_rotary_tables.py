@@ -1,0 +1,129 @@
+"""Issue #23 follow-ups from the recall runs: tables of rank below 4, scaled (xpos) tables, starred shapes.
+
+1. A table of lower rank than x (diffusers QwenImage's complex way: `freqs_cis.unsqueeze(1)`, (S, 1, D/2);
+   a (S, D) table with x in BNSD) broadcasts in the original exactly as the table with leading 1s: the
+   branch runs the kernel on it (it fell back before: the kernel and `_npu_rotary_fits` took 4-D tables
+   only). Executed with `_is_npu` forced true and verify's CPU reference kernels as `torch_npu` (which
+   refuses a table that is not 4-D, as the kernel does): fp32 cosine >= 0.999, bf16 >= 0.99, the kernel
+   called once; with `_is_npu` false the migrated code gives the original's bits; and a broken rewrite
+   (the sin table negated, the other rotary_mode) fails the same check.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from test_rotary_meaning import TORCH_NPU, _angles, _cosine, _migrated, _namespace
+
+pytestmark = pytest.mark.integration  # needs torch: the `integration` extra
+
+B, S, H, D = 2, 5, 3, 16
+
+LOW_RANK = textwrap.dedent(
+    """
+    import torch
+
+
+    def rope_seq_table(x, freqs_cis):
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        freqs_cis = freqs_cis.unsqueeze(1)
+        return torch.view_as_real(xc * freqs_cis).flatten(3).type_as(x)
+
+
+    def rope_flat_table(x, cos, sin):
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    """
+)
+
+
+def _x(dtype, layout="BSND"):
+    x = (3 * torch.randn(B, S, H, D, generator=torch.Generator().manual_seed(2))).to(dtype)
+    return x if layout == "BSND" else x.transpose(1, 2)
+
+
+def _seq_complex(dtype):
+    """QwenImage's freqs_cis: (S, D/2) complex, unsqueezed by the function to (S, 1, D/2): BSND's 1S1D."""
+    theta = _angles()
+    return (_x(dtype), torch.polar(torch.ones_like(theta), theta))
+
+
+def _flat_real(dtype):
+    """(S, D) tables with x in BNSD (B, H, S, D): the original's broadcast is the kernel's 11SD."""
+    theta = _angles().repeat(1, 2)
+    return (_x(dtype, "BNSD"), theta.cos().to(dtype), theta.sin().to(dtype))
+
+
+#: function -> (its arguments by dtype, its mutants: wrong sign, wrong pairing)
+LOW_RANK_CASES = {
+    "rope_seq_table": (
+        _seq_complex,
+        {
+            "sign": ("_npu_sin = _npu_t0.imag", "_npu_sin = -_npu_t0.imag"),
+            "pairing": ('rotary_mode="interleave"', 'rotary_mode="half"'),
+        },
+    ),
+    "rope_flat_table": (
+        _flat_real,
+        {
+            "sign": ("_npu_rotary_mul(x, cos, sin,", "_npu_rotary_mul(x, cos, -sin,"),
+            "pairing": ('rotary_mode="half"', 'rotary_mode="interleave"'),
+        },
+    ),
+}
+
+
+def _run_low_rank(name, dtype, mutate=None):
+    args = LOW_RANK_CASES[name][0](dtype)
+    text, _ = _migrated(LOW_RANK)
+    expected = _namespace(LOW_RANK, forced=False)[name](*args)
+    before = TORCH_NPU.calls["npu_rotary_mul"]
+    got = _namespace(text, forced=True, mutate=mutate)[name](*args)
+    calls = TORCH_NPU.calls["npu_rotary_mul"] - before
+    kept = _namespace(text, forced=False)[name](*args)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    return _cosine(got, expected), calls, torch.equal(kept, expected)
+
+
+@pytest.mark.parametrize("dtype, floor", [(torch.float32, 0.999), (torch.bfloat16, 0.99)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", LOW_RANK_CASES)
+def test_a_table_of_lower_rank_runs_the_kernel_as_the_table_with_leading_ones(name, dtype, floor):
+    cosine, calls, kept = _run_low_rank(name, dtype)
+    assert calls == 1  # fell back (0 calls) while the kernel and its check took 4-D tables only
+    assert cosine >= floor, cosine
+    assert kept
+
+
+@pytest.mark.parametrize("broken", ["sign", "pairing"])
+@pytest.mark.parametrize("name", LOW_RANK_CASES)
+def test_a_broken_rewrite_of_a_lower_rank_table_fails_the_check(name, broken):
+    cosine, calls, _ = _run_low_rank(name, torch.float32, mutate=LOW_RANK_CASES[name][1][broken])
+    assert calls == 1
+    assert cosine < 0.999, (name, broken, cosine)
+
+
+def test_a_lower_rank_table_runs_the_kernel_only_where_its_shape_with_leading_ones_is_allowed():
+    """A (S, D) table is 11SD: taken for x (B, N, S, D). A (D,) table is 111D: the kernel's 11SD only
+    where S is 1, so with S = 5 the original runs, bit for bit."""
+    text, _ = _migrated(LOW_RANK)
+    theta = _angles().repeat(1, 2)  # (S, D)
+    x = (3 * torch.randn(B, 4, S, D, generator=torch.Generator().manual_seed(5))).float()
+    cos, sin = theta.cos(), theta.sin()
+    before = TORCH_NPU.calls["npu_rotary_mul"]
+    got = _namespace(text, forced=True)["rope_flat_table"](x, cos, sin)
+    assert TORCH_NPU.calls["npu_rotary_mul"] == before + 1
+    assert _cosine(got, _namespace(LOW_RANK, forced=False)["rope_flat_table"](x, cos, sin)) >= 0.999
+    flat = theta[0]
+    before = TORCH_NPU.calls["npu_rotary_mul"]
+    got = _namespace(text, forced=True)["rope_flat_table"](x, flat.cos(), flat.sin())
+    assert TORCH_NPU.calls["npu_rotary_mul"] == before
+    assert torch.equal(got, _namespace(LOW_RANK, forced=False)["rope_flat_table"](x, flat.cos(), flat.sin()))
+
+
+def test_low_rank_migration_is_idempotent():
+    text, findings = _migrated(LOW_RANK)
+    assert sum(f.fixed and "branch" in f.message for f in findings) == 2, [f.message for f in findings]
+    again, _ = _migrated(text)
+    assert again == text
