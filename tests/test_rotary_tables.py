@@ -7,6 +7,10 @@
    refuses a table that is not 4-D, as the kernel does): fp32 cosine >= 0.999, bf16 >= 0.99, the kernel
    called once; with `_is_npu` false the migrated code gives the original's bits; and a broken rewrite
    (the sin table negated, the other rotary_mode) fails the same check.
+3. k-diffusion's interleaved `rotate_half` views its stacked pairs back through `*shape, d, r = x.shape`:
+   the starred unpack of a shape is read (the starred name only where every use unpacks it again), and
+   the site, a window of the head from a parameter with scaled tables, is fused; executed the same way,
+   with a moved window and a dropped scale among the broken rewrites.
 """
 
 from __future__ import annotations
@@ -127,3 +131,86 @@ def test_low_rank_migration_is_idempotent():
     assert sum(f.fixed and "branch" in f.message for f in findings) == 2, [f.message for f in findings]
     again, _ = _migrated(text)
     assert again == text
+
+
+#: k-diffusion's axial rotary, written here: an interleaved `rotate_half` that views the stacked pairs back
+#: through a starred unpack of the shape (`*lead, d, r = t.shape`), a window of the head from a parameter,
+#: the tables scaled.
+STARRED = textwrap.dedent(
+    """
+    import torch
+
+
+    def rotate_pairs(t):
+        a, b = t[..., 0::2], t[..., 1::2]
+        t = torch.stack((-b, a), dim=-1)
+        *lead, d, r = t.shape
+        return t.view(*lead, d * r)
+
+
+    def rope_window(freqs, t, start=0, scale=1.0):
+        freqs = freqs.to(t)
+        end = start + freqs.shape[-1]
+        left, t, right = t[..., :start], t[..., start:end], t[..., end:]
+        t = (t * freqs.cos() * scale) + (rotate_pairs(t) * freqs.sin() * scale)
+        return torch.cat((left, t, right), dim=-1)
+    """
+)
+
+
+def _window_args(dtype, start=4):
+    """(freqs (S, R) of R = D - 8 angles repeated per pair, x (B, H, S, D) in BNSD, start, scale)."""
+    theta = _angles()[:, : (D - 8) // 2].repeat_interleave(2, dim=-1)
+    return theta.to(dtype), _x(dtype, "BNSD"), start, 0.75
+
+
+def _run_window(dtype, mutate=None, start=4):
+    text, _ = _migrated(STARRED)
+    args = _window_args(dtype, start)
+    expected = _namespace(STARRED, forced=False)["rope_window"](*args)
+    before = TORCH_NPU.calls["npu_rotary_mul"]
+    got = _namespace(text, forced=True, mutate=mutate)["rope_window"](*args)
+    calls = TORCH_NPU.calls["npu_rotary_mul"] - before
+    kept = _namespace(text, forced=False)["rope_window"](*args)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    return _cosine(got, expected), calls, torch.equal(kept, expected)
+
+
+@pytest.mark.parametrize("dtype, floor", [(torch.float32, 0.999), (torch.bfloat16, 0.99)], ids=["fp32", "bf16"])
+def test_a_starred_unpack_of_a_shape_is_read_and_the_scaled_window_fused(dtype, floor):
+    text, findings = _migrated(STARRED)
+    messages = [f.message for f in findings if f.rule_id == "NPU703"]
+    # declined before: "`rotate_pairs` is not recognised as rotate_half ..."
+    assert any(f.fixed and "interleaved rotary embedding gets a fused" in f.message for f in findings), messages
+    assert 'rotary_mode="interleave"' in text
+    for start in (0, 4):
+        cosine, calls, kept = _run_window(dtype, start=start)
+        assert calls == 1 and cosine >= floor and kept, (start, cosine, calls, kept)
+    again, _ = _migrated(text)
+    assert again == text
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        ("_npu_sin = _npu_t0.sin() * scale", "_npu_sin = -_npu_t0.sin() * scale"),  # the sign
+        ('rotary_mode="interleave"', 'rotary_mode="half"'),  # the pairing
+        ("_npu_cos = _npu_t0.cos() * scale", "_npu_cos = _npu_t0.cos()"),  # the scale dropped
+        ("_npu_x0 = t[..., start:start", "_npu_x0 = t[..., start - 2:start - 2"),  # the window moved
+    ],
+    ids=["sign", "pairing", "scale", "window"],
+)
+def test_a_broken_rewrite_of_the_starred_window_fails_the_check(broken):
+    cosine, calls, _ = _run_window(torch.float32, mutate=broken)
+    assert calls == 1
+    assert cosine < 0.999, (broken, cosine)
+
+
+def test_a_starred_shape_read_as_a_list_is_not_guessed():
+    """`*lead, d, r = t.shape` binds a list: `lead + [d * r]` is list arithmetic, which a slice of the
+    shape (a torch.Size) would not do alike, so the helper is not read, and the finding says so."""
+    source = STARRED.replace("return t.view(*lead, d * r)", "return t.view(lead + [d * r])")
+    text, findings = _migrated(source)
+    assert text == source
+    messages = [f.message for f in findings if f.rule_id == "NPU703"]
+    assert any("`rotate_pairs` is not recognised" in m for m in messages), messages

@@ -86,7 +86,9 @@ ROTARY = Rule(
     (`f[..., 0]`, `f[..., 1]`), a 2x2 rotation matrix per pair (`rot[..., 0] * xp[..., 0] + rot[..., 1] *
     xp[..., 1]`: the kernel tables stacked per parity, the matrix's trailing shape checked first), tables
     times a scale (`t * freqs.cos() * scale`, checked to be tensors), tables given x's sizes
-    (`cache.view(-1, x.size(1), 1, d)`), partial rotary (the rotated window, the rest passed through;
+    (`cache.view(-1, x.size(1), 1, d)`), a shape unpacked with a star (k-diffusion's interleaved
+    `*shape, d, r = x.shape; x.view(*shape, d * r)`, where the starred name is only read unpacked),
+    partial rotary (the rotated window, the rest passed through;
     ChatGLM's width read from the table, `x[..., :rope_cache.shape[-2] * 2]`, checked first to lie within
     x), a rotation of another dim than the last (Sana-WM's `x.permute(0, 1, 3, 2)` rotated, moved back
     after: the kernel on the moved view), a CUDA-only fast path in front (kept for CUDA, the branch goes first), a body that is one
