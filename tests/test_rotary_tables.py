@@ -7,6 +7,9 @@
    refuses a table that is not 4-D, as the kernel does): fp32 cosine >= 0.999, bf16 >= 0.99, the kernel
    called once; with `_is_npu` false the migrated code gives the original's bits; and a broken rewrite
    (the sin table negated, the other rotary_mode) fails the same check.
+2. audiocraft's xPos rotary multiplies by a complex table it computes, `rotation * decay * scale + (1 -
+   scale)`: declined by what the table is (scaled and shifted by arithmetic, not a rotation alone), not by
+   its names; its cast to `self.dtype`, which stopped the evaluator (silent), is read as kept only to say so.
 3. k-diffusion's interleaved `rotate_half` views its stacked pairs back through `*shape, d, r = x.shape`:
    the starred unpack of a shape is read (the starred name only where every use unpacks it again), and
    the site, a window of the head from a parameter with scaled tables, is fused; executed the same way,
@@ -214,3 +217,62 @@ def test_a_starred_shape_read_as_a_list_is_not_guessed():
     assert text == source
     messages = [f.message for f in findings if f.rule_id == "NPU703"]
     assert any("`rotate_pairs` is not recognised" in m for m in messages), messages
+
+
+#: audiocraft's rotary with xPos, written here: the complex table decayed per position and mixed with 1
+#: (`rotation * decay * scale + (1 - scale)`), x cast to a dtype the module holds, the decay chosen by `if`s.
+AFFINE = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+
+    class Rope(nn.Module):
+        def rotate(self, x, start: int = 0, invert: bool = False):
+            steps = x.shape[1]
+            rotation = self.table(start, start + steps).view(1, steps, 1, -1)
+            if self.decays is not None:
+                decay = self.decays(start, start + steps).view(1, steps, 1, -1)
+            else:
+                decay = 1.0
+            if invert:
+                decay = decay**-1
+            xc = torch.view_as_complex(x.to(self.dtype).reshape(*x.shape[:-1], -1, 2))
+            mixed = (rotation * decay) * self.scale + (1.0 - self.scale)
+            return torch.view_as_real(xc * mixed).view_as(x).type_as(x)
+    """
+)
+
+
+def test_a_complex_table_scaled_and_shifted_by_arithmetic_is_declined_with_what_it_is():
+    """Silent before (the cast to `self.dtype` stopped the run); now read with the cast kept, and declined
+    by what the table is: a table scaled and shifted, not a rotation alone, whatever it is named."""
+    for source in (AFFINE, AFFINE.replace("rotation", "a").replace("decay", "b").replace("mixed", "c")):
+        text, findings = _migrated(source)
+        assert text == source
+        messages = [f.message for f in findings if f.rule_id == "NPU703"]
+        assert len(messages) == 1 and not any(f.fixed for f in findings), messages
+        (message,) = messages
+        assert "is a table scaled and shifted (`+ (1.0 - self.scale)`) by arithmetic in the code" in message
+        assert "not a rotation alone" in message and "; to fuse it, multiply by the rotation table alone" in message
+    # the same table written with `.float()`: the same reason (it said before only that complexness cannot
+    # be checked, and to bind the table to a name, which the code does)
+    _, findings = _migrated(AFFINE.replace("x.to(self.dtype)", "x.float()"))
+    assert any("scaled and shifted" in f.message for f in findings), [f.message for f in findings]
+    # scaled only
+    _, findings = _migrated(AFFINE.replace(" + (1.0 - self.scale)", ""))
+    assert any("is a table scaled by arithmetic" in f.message for f in findings), [f.message for f in findings]
+
+
+def test_a_pure_rotation_cast_to_a_dtype_not_known_is_declined_with_the_cast():
+    """Without the decay and the mix, the rotation is the kernel's: what stops it is the cast to a dtype the
+    module holds, which the finding names (silent before)."""
+    source = AFFINE.replace("xc * mixed", "xc * rotation")
+    text, findings = _migrated(source)
+    assert text == source
+    messages = [f.message for f in findings if f.rule_id == "NPU703"]
+    assert any("x is cast to the dtype `self.dtype`, which is not known here" in m for m in messages), messages
+    assert any("; to fuse it, cast with a dtype the code names" in m for m in messages), messages
+    # with the dtype named, it is fused (the cast was the reason)
+    text, findings = _migrated(source.replace("x.to(self.dtype)", "x.float()"))
+    assert any(f.fixed and "branch" in f.message for f in findings), [f.message for f in findings]

@@ -110,7 +110,10 @@ ROTARY = Rule(
     of parameters the body never rebinds, calling nothing; a way that raises gets none).
 
     Declined, with a finding saying what differs: an element read from a position neither mode pairs it
-    with, a term scaled by a constant, a kernel table that would be a sum of tables, elements not
+    with, a term scaled by a constant, a kernel table that would be a sum of tables, a complex table the
+    code computes by arithmetic on tables (audiocraft's xPos `rotation * decay * scale + (1 - scale)`:
+    scaled and shifted, not a rotation alone, and not checkable as complex before the branch reads it),
+    x cast to a dtype read from elsewhere (`x.to(self.dtype)`: read as kept only to say so), elements not
     rotated, a computation that differs at another head dim (a fixed-width slice), interleaved rotary
     where the torch_npu version has no rotary_mode, a rotation under other control flow, rotations with
     different tables in one function, 3-D activations [B, S, D] rotated over the whole last dim as one head
