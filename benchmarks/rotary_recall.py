@@ -56,6 +56,9 @@ PACKAGES = {
     "toolformer-pytorch": "0.0.30",
     "liger-kernel": "0.8.5",
     "diffusers": "0.42.1",
+    # the rotary sites fused_recall.py's packages hold (issue #23's recall runs)
+    "k-diffusion": "0.1.1.post1",
+    "audiocraft": "1.3.0",
 }
 
 

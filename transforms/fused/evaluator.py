@@ -564,6 +564,11 @@ class Evaluation:
         #: `guessed`. Only to say what a function computes where that holds, never to fuse it.
         self.guess: int | None = None
         self.guessed: list[ast.expr] = []
+        #: A cast to a dtype the code reads from elsewhere (audiocraft's `x.to(self.dtype)`) is to no dtype
+        #: the run knows: with `keep_cast` set, it is read as keeping the dtype, and noted in `kept_casts`.
+        #: Only to say what a function computes, never to fuse it.
+        self.keep_cast = False
+        self.kept_casts: list[ast.expr] = []
         #: Whether the run read the window's width as x's last size: true where `0 <= width <= base's
         #: last size`, which the branch then checks.
         self.width_read = False
@@ -874,8 +879,15 @@ def _to(ev: Evaluation, t: Tensor, args: list, keywords: dict) -> Tensor:
         raise Unknown("`.to` arguments")
     dtypes = [v for v in values if isinstance(v, DType)] + [DType(v.upcast) for v in values if isinstance(v, Tensor)]
     if any(isinstance(v, Table) for v in values) or len(dtypes) > 1:
-        raise Unknown("a cast to a dtype that is not known")
+        if ev.keep_cast and not dtypes:
+            ev.kept_casts.extend(v.node for v in values if isinstance(v, Table))
+            return t
+        raise Unknown(CAST_NOT_KNOWN)
     return ev.cast(t, dtypes[0].upcast) if dtypes else t
+
+
+#: Why a run stops at a cast to a dtype read from elsewhere (`Evaluation.keep_cast`).
+CAST_NOT_KNOWN = "a cast to a dtype that is not known"
 
 
 def _type_as(ev: Evaluation, t: Tensor, args: list, keywords: dict) -> Tensor:

@@ -86,7 +86,9 @@ ROTARY = Rule(
     (`f[..., 0]`, `f[..., 1]`), a 2x2 rotation matrix per pair (`rot[..., 0] * xp[..., 0] + rot[..., 1] *
     xp[..., 1]`: the kernel tables stacked per parity, the matrix's trailing shape checked first), tables
     times a scale (`t * freqs.cos() * scale`, checked to be tensors), tables given x's sizes
-    (`cache.view(-1, x.size(1), 1, d)`), partial rotary (the rotated window, the rest passed through;
+    (`cache.view(-1, x.size(1), 1, d)`), a shape unpacked with a star (k-diffusion's interleaved
+    `*shape, d, r = x.shape; x.view(*shape, d * r)`, where the starred name is only read unpacked),
+    partial rotary (the rotated window, the rest passed through;
     ChatGLM's width read from the table, `x[..., :rope_cache.shape[-2] * 2]`, checked first to lie within
     x), a rotation of another dim than the last (Sana-WM's `x.permute(0, 1, 3, 2)` rotated, moved back
     after: the kernel on the moved view), a CUDA-only fast path in front (kept for CUDA, the branch goes first), a body that is one
@@ -94,9 +96,10 @@ ROTARY = Rule(
     the kernel runs with autocast disabled as the original's ops do). The kernel tables are built
     once per call, by tensor operations, in the branch. Interleaved rotary maps to
     rotary_mode='interleave' for torch_npu versions that have it. A branch in front of the untouched
-    body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits` holds: 4-D, one dtype for
+    body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits` holds: 4-D x, one dtype for
     x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts (BNSD: 11SD/B1SD/BNSD,
-    BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896. What the original computes
+    BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896; tables of lower rank (QwenImage's
+    `(S, 1, D/2)` complex table) broadcast as with leading 1s, and the kernel gets them so. What the original computes
     once (the unsqueezed tables, an upcast `q.float()`, a cache view both tables slice) is bound once, in
     the branch. When the tables are prepared under `if`s or asserts and only the rest of the body is
     straight-line code, the branch goes in front of that rest, reading the values the names hold there
@@ -107,7 +110,10 @@ ROTARY = Rule(
     of parameters the body never rebinds, calling nothing; a way that raises gets none).
 
     Declined, with a finding saying what differs: an element read from a position neither mode pairs it
-    with, a term scaled by a constant, a kernel table that would be a sum of tables, elements not
+    with, a term scaled by a constant, a kernel table that would be a sum of tables, a complex table the
+    code computes by arithmetic on tables (audiocraft's xPos `rotation * decay * scale + (1 - scale)`:
+    scaled and shifted, not a rotation alone, and not checkable as complex before the branch reads it),
+    x cast to a dtype read from elsewhere (`x.to(self.dtype)`: read as kept only to say so), elements not
     rotated, a computation that differs at another head dim (a fixed-width slice), interleaved rotary
     where the torch_npu version has no rotary_mode, a rotation under other control flow, rotations with
     different tables in one function, 3-D activations [B, S, D] rotated over the whole last dim as one head

@@ -13,7 +13,8 @@ pair table (`t.real`, `t[..., 0]`), per parity of the element (`stack((a, b), -1
 x is run at two head dims (8 and 12): a spelling that holds only for one size (a literal `x[..., :4]`)
 or a table repeated one way at one size and another at the other is not claimed. Anything else is
 declined with what differs: an element read from a position neither mode pairs it with, a term
-scaled by a constant, a sum of tables, a term that does not read x.
+scaled by a constant, a sum of tables, a term that does not read x, a complex table the code computes by
+arithmetic (scaled or shifted: not a rotation alone).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import ast
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from npu_migrate.transforms.fused.evaluator import Evaluation, Structure, Tensor, Unknown, x_tensor
+from npu_migrate.transforms.fused.evaluator import CAST_NOT_KNOWN, Evaluation, Structure, Tensor, Unknown, x_tensor
 
 #: x's shapes: 4-D with distinct leading sizes (a transpose or a concatenation on a wrong axis shows),
 #: two head dims.
@@ -306,9 +307,84 @@ def meaning(node: ast.expr, x: ast.expr, qualname, structure: Structure | None =
                 _three_d(node, x, qualname, structure)
             if not results and failures and failures[0] in _SIZE_NOT_KNOWN:
                 _guessed_sizes(node, x, qualname, structure)
+            if not results and failures and failures[0] == CAST_NOT_KNOWN:
+                _kept_cast(node, x, qualname, structure)
             return None
         results.append(found)
-    return _agree(results)
+    found = _agree(results)
+    if found is not None:
+        _arithmetic_complex_table(found)
+    return found
+
+
+#: Methods that give a view of their receiver, in its dtype: a complex table read through them is the
+#: table the code computes.
+_VIEWS = frozenset({"view", "reshape", "unsqueeze", "squeeze", "expand", "contiguous", "detach", "flatten", "to"})
+
+
+def _arithmetic_complex_table(found: Meaning) -> None:
+    """Declined when a kernel table reads the parts of a complex table the code computes by arithmetic on
+    tables (audiocraft's `rotation * decay * scale + (1 - scale)`): the product with it is x rotated and
+    scaled, or mixed with x itself, as the evaluator reads it (the table's meaning, whatever its names);
+    its parts are not known to be a cos and a sin, and whether it is complex at all (`.imag` of a real
+    table raises) cannot be checked before the branch reads it."""
+    for table in (found.cos, found.sin):
+        for node in ast.walk(table):
+            if not (isinstance(node, ast.Attribute) and node.attr in ("real", "imag")):
+                continue
+            base = node.value
+            while isinstance(base, ast.Subscript) or (
+                isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute) and base.func.attr in _VIEWS
+            ):
+                base = base.value if isinstance(base, ast.Subscript) else base.func.value
+            if not isinstance(base, ast.BinOp):
+                continue
+            shifted = isinstance(base.op, (ast.Add, ast.Sub))
+            scaled = not shifted or (isinstance(base.left, ast.BinOp) and isinstance(base.left.op, (ast.Mult, ast.Div)))
+            kind = " and ".join(k for k, on in (("scaled", scaled), ("shifted", shifted)) if on)
+            right = ast.unparse(base.right)
+            right = f"({right})" if isinstance(base.right, ast.BinOp) else right
+            term = f" (`{'+' if isinstance(base.op, ast.Add) else '-'} {right}`)" if shifted else ""
+            raise Declined(
+                f"the complex table `{ast.unparse(base)}` is a table {kind}{term} by arithmetic in the code, not a "
+                "rotation alone: its real and imaginary parts are not known to be a cos and a sin (npu_rotary_mul "
+                "expects its tables in [-1, 1]), and whether it is complex cannot be checked before the branch reads "
+                "its imaginary part",
+                "to fuse it, multiply by the rotation table alone (one passed in, or a view of one) in a function of "
+                "its own, and apply the scale and the shift outside it (`x * (r * s + c)` is `(x * r) * s + x * c`), "
+                "if that is what it computes",
+                differs=False,
+            )
+
+
+def _kept_cast(node: ast.expr, x: ast.expr, qualname, structure: Structure | None) -> None:
+    """Declined when `node` rotates x as the kernel does once a cast to a dtype the code reads from
+    elsewhere (audiocraft's `x.to(self.dtype)`) is read as keeping the dtype: what differs first, where
+    the run then finds it (a table computed by arithmetic), else the cast the run does not know."""
+    results = []
+    for shape in SHAPES:
+        evaluation = Evaluation(x, x_tensor(shape), qualname, structure=structure)
+        evaluation.keep_cast = True
+        try:
+            found = _solve(evaluation, _result(evaluation, node, shape), shape[-1])
+        except Declined:
+            raise
+        except Exception:  # noqa: BLE001 (not read even so: nothing to say)
+            return
+        if found is None or not evaluation.kept_casts:
+            return
+        results.append(found)
+    found = _agree(results)
+    if found is None:
+        return
+    _arithmetic_complex_table(found)
+    names = ", ".join(f"`{ast.unparse(c)}`" for c in evaluation.kept_casts)
+    raise Declined(
+        f"x is cast to the dtype {names}, which is not known here (npu_rotary_mul takes fp16, bf16 and fp32, "
+        "and the branch must compute in the dtype the original does)",
+        "to fuse it, cast with a dtype the code names (`x.float()`, `x.to(torch.float32)`), if that is the dtype",
+        differs=False,
+    )
 
 
 #: Why a 4-D run of 3-D activations stops (LTX's `x.unflatten(2, (-1, 2))` on a size-1 dim 2), and of a view

@@ -276,6 +276,39 @@ def _shape_of(value: ast.expr) -> bool:
     return call is not None and not call.args and not call.keywords and isinstance(call.func.value, ast.Name)
 
 
+def _starred_shape_unpack(target: ast.expr, value: ast.expr, fn: Function) -> list[ast.expr] | None:
+    """The index of each name of `*lead, d, r = x.shape` (k-diffusion's interleaved `rotate_half`) in the
+    shape: from the front before the star, from the end after it, the slice between for the star; None
+    unless `value` is a shape (`_shape_of`), the names are plain with one starred, and the starred name is
+    only ever read unpacked again (`x.view(*lead, d * r)`): a slice of a shape is a tuple where Python
+    binds a list, alike only when unpacked."""
+    if not (isinstance(target, ast.Tuple) and _shape_of(value)):
+        return None
+    stars = [at for at, e in enumerate(target.elts) if isinstance(e, ast.Starred)]
+    if len(stars) != 1 or not all(
+        isinstance(e.value if isinstance(e, ast.Starred) else e, ast.Name) for e in target.elts
+    ):
+        return None
+    (star,) = stars
+    name = target.elts[star].value.id
+    unpacked = {id(n.value) for n in ast.walk(fn.tree) if isinstance(n, ast.Starred)}
+    if any(
+        isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) and id(n) not in unpacked
+        for n in ast.walk(fn.tree)
+    ):
+        return None
+    after = len(target.elts) - star - 1
+    indexes: list[ast.expr] = [ast.Constant(at) for at in range(star)]
+    indexes.append(
+        ast.Slice(
+            lower=ast.Constant(star) if star else None,
+            upper=ast.UnaryOp(ast.USub(), ast.Constant(after)) if after else None,
+        )
+    )
+    indexes += [ast.UnaryOp(ast.USub(), ast.Constant(after - at)) for at in range(after)]
+    return indexes
+
+
 def _chunk_call(value: ast.expr, qualname) -> bool:
     """`x.chunk(2, ...)` or `torch.chunk(x, 2, ...)`: two halves, as tuple-unpacking needs."""
     if not isinstance(value, ast.Call):
@@ -419,6 +452,15 @@ def fold(
                 # `a, b = x[:d], x[d:]`: every value is computed before any name is bound, as here.
                 for element, part in zip(target.elts, value.elts):
                     env[element.id] = part
+                continue
+            starred = _starred_shape_unpack(target, stmt.value, fn)
+            if starred is not None:
+                # `*shape, d, r = x.shape`: the names before the star by index from the front, those after
+                # from the end, the star the slice between (a list in Python, a torch.Size here: read only
+                # where every use is `*shape`, which unpacks either alike).
+                for element, index in zip(target.elts, starred):
+                    name = element.value.id if isinstance(element, ast.Starred) else element.id
+                    env[name] = ast.Subscript(value=value, slice=index, ctx=ast.Load())
                 continue
             names = isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts)
             if names and (
