@@ -156,3 +156,32 @@ def test_a_rotated_tensor_computed_by_an_unmodelled_call_in_its_own_statement_is
     got = _namespace(text)["relu_statement"](x, cos, sin)
     assert TORCH_NPU.calls["npu_rotary_mul"] - before == 1
     torch.testing.assert_close(got, _namespace(SOURCE)["relu_statement"](x, cos, sin))
+
+
+def test_a_complex_table_built_in_a_cached_branch_is_no_rotary_embedding():
+    # audiocraft's `get_decay`: `torch.polar` under `if self.decay is None ...` builds a table and rotates
+    # nothing; it was reported as a "rotary embedding under `if ...` left alone" (a finding that is not true).
+    source = textwrap.dedent(
+        """
+        import torch
+
+
+        class Decay:
+            def get_decay(self, start, end):
+                if self.decay is None or end > self.decay.shape[0]:
+                    scale = self.rates ** torch.arange(end).unsqueeze(-1)
+                    self.decay = torch.polar(scale, torch.zeros_like(scale))
+                return self.decay[start:end]
+
+
+        def rotate(x, freqs, use_real=True):
+            if use_real:
+                return x * freqs
+            return torch.view_as_real(torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * freqs).flatten(-2)
+        """
+    )
+    _, findings = migrate_text(source, path="decay.py", select=["NPU703"])
+    messages = [f.message for f in findings]
+    assert not [m for m in messages if "self.decay is None" in m], messages
+    # a flag choosing the side that views x as complex numbers still gets its branch
+    assert [f for f in findings if f.line == 13 and f.fixed], messages

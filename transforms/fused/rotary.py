@@ -346,8 +346,9 @@ def _rotary_modes(fn: Function) -> tuple[bool, bool]:
 
 def _complex_only_in_a_branch(fn: Function) -> ast.If | None:
     """The top-level `if` whose one side holds the complex rotation, when the other side does not:
-    diffusers' `if use_real: <real rotation> else: <view_as_complex>`."""
-    complex_names = ("torch.view_as_complex", "torch.polar")
+    diffusers' `if use_real: <real rotation> else: <view_as_complex>`. Only a side that views a tensor as
+    complex numbers rotates one: `torch.polar` alone builds a table (audiocraft's cached `get_decay`)."""
+    complex_names = ("torch.view_as_complex", "torch.view_as_real")
     for stmt in body_statements(fn.tree):
         calls = [n for n in ast.walk(stmt) if isinstance(n, ast.Call) and fn.qualname(n.func) in complex_names]
         if not calls:
