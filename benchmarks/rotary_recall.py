@@ -59,6 +59,11 @@ PACKAGES = {
     # the rotary sites fused_recall.py's packages hold (issue #23's recall runs)
     "k-diffusion": "0.1.1.post1",
     "audiocraft": "1.3.0",
+    "fair-esm": "2.0.0",
+    "stable-audio-tools": "0.0.20",
+    "mmpretrain": "1.2.0",
+    "flash-linear-attention": "0.6.0",
+    "alphafold3-pytorch": "0.8.3",
 }
 
 
