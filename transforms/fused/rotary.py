@@ -34,7 +34,7 @@ from npu_migrate.transforms.fused.imported import (
     unbound_name,
     why_not_followed,
 )
-from npu_migrate.transforms.fused.rotary_screen import may_hold_site, may_rotate
+from npu_migrate.transforms.fused.rotary_screen import Runs, may_hold_site, may_rotate
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
     STRAIGHT_LINE,
@@ -227,6 +227,7 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
     flags: dict[int, int] = {}
     budget = [_BUDGET]
     declined = [] if declined is None else declined
+    runs = Runs(fn.qualname, structure)
 
     def share(table: ast.expr) -> ast.expr:
         return built.setdefault(structure.of(table), table)
@@ -240,6 +241,8 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
                 if budget[0] <= 0:
                     return
                 budget[0] -= 1
+                if runs.cannot_run(node, x):
+                    continue  # the run fails, `meaning` is None: not run (`rotary_screen.Runs`, #26)
                 try:
                     meant = meaning(node, x, fn.qualname, structure)
                 except Declined as why:
@@ -264,7 +267,10 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
 def _rotates(expr: ast.expr, fn: Function) -> tuple[str, ast.expr] | None:
     """(mode, x) when `expr` is a rotation of x itself: rotate_half or its interleaved form."""
     structure = Structure()
+    runs = Runs(fn.qualname, structure)
     for x in _candidates(expr, fn, structure):
+        if runs.cannot_run(expr, x):
+            continue  # the run fails, `pure_rotation` is None (`rotary_screen.Runs`, #26)
         mode = pure_rotation(expr, x, fn.qualname, structure)
         if mode is not None:
             return mode, x
