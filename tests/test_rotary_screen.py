@@ -38,6 +38,7 @@ def test_switching_the_screen_off_changes_nothing(path):
         mock.patch.object(rotary, "may_rotate", lambda fn: True),
         mock.patch.object(rotary, "may_hold_site", lambda fn: True),
         mock.patch.object(rotary_screen.Runs, "cannot_run", lambda self, node, x: False),
+        mock.patch.object(rotary, "may_be_rotation", lambda expr, fn: True),
     ):
         assert _run(source, path.name) == screened
 
@@ -140,6 +141,7 @@ def test_switching_the_screen_off_changes_nothing_across_sibling_modules(tmp_pat
         mock.patch.object(rotary, "may_rotate", lambda fn: True),
         mock.patch.object(rotary, "may_hold_site", lambda fn: True),
         mock.patch.object(rotary_screen.Runs, "cannot_run", lambda self, node, x: False),
+        mock.patch.object(rotary, "may_be_rotation", lambda expr, fn: True),
     ):
         assert _run(source, str(model)) == screened
     if name == "nested":  # not vacuous: both tensors fused at the call of the imported helper

@@ -34,7 +34,7 @@ from npu_migrate.transforms.fused.imported import (
     unbound_name,
     why_not_followed,
 )
-from npu_migrate.transforms.fused.rotary_screen import Runs, may_hold_site, may_rotate
+from npu_migrate.transforms.fused.rotary_screen import Runs, may_be_rotation, may_hold_site, may_rotate
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
     STRAIGHT_LINE,
@@ -266,6 +266,8 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
 
 def _rotates(expr: ast.expr, fn: Function) -> tuple[str, ast.expr] | None:
     """(mode, x) when `expr` is a rotation of x itself: rotate_half or its interleaved form."""
+    if not may_be_rotation(expr, fn):
+        return None
     structure = Structure()
     runs = Runs(fn.qualname, structure)
     for x in _candidates(expr, fn, structure):

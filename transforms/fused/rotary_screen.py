@@ -89,6 +89,14 @@ def may_hold_site(fn: Function) -> bool:
     return bool(flags & _PRODUCT and flags & _JOIN)
 
 
+def may_be_rotation(expr: ast.expr, fn: Function) -> bool:
+    """False when `rotation.pure_rotation` of `expr` (helpers already inlined into it) is None for every x:
+    a rotation joins the halves or pairs and negates one of each pair (the last case of the module's
+    docstring, asked of one call of a function that is not straight-line: `rotary._rotates`, #26)."""
+    flags = _scan(fn, nodes_of(expr), {})[0]
+    return flags & (_JOIN | _NEGATION) == _JOIN | _NEGATION
+
+
 def _reach(fn: Function) -> int:
     """The bits of `fn` and of every def it may inline."""
     flags, callees, attributes = _scan(fn, fn.nodes, fn.functions)
