@@ -182,17 +182,38 @@ class Site:
         self.shapes: tuple[tuple[ast.expr, tuple[str, ...]], ...] = ()
 
 
-def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.expr]:
+def _candidates(
+    node: ast.expr, fn: Function, structure: Structure, known: dict[int, int | None] | None = None
+) -> list[ast.expr]:
     """The subexpressions of `node` that may be the rotated tensor: a name (a parameter, once the body is
     folded), or slices, casts and views of one, read at least twice (x is read plainly and again by its
     rotation), outermost first. Names of modules and imports (`torch`) are no tensor."""
     counts: dict[int, list[ast.expr]] = {}
-    for sub in walk_shared(node):
+    known = {} if known is None else known
+    # `walk_shared`'s order (depth first, a shared subtree once per occurrence), without its nested
+    # generators; what a node is (its structure, when it may be x) is kept for the next, nested node
+    # `sites` asks about (#26: this walk was a third of `sites`).
+    todo = [node]
+    while todo:
+        sub = todo.pop()
+        children = []
+        for name in sub._fields:
+            value = getattr(sub, name, None)
+            if isinstance(value, ast.AST):
+                children.append(value)
+            elif type(value) is list:
+                children.extend(item for item in value if isinstance(item, ast.AST))
+        todo.extend(reversed(children))
         if sub is node:
             continue
-        base = chain_base(sub)
-        if isinstance(base, ast.Name) and fn.qualname(base) is None:
-            counts.setdefault(structure.of(sub), []).append(sub)
+        key = known.get(id(sub), ...)
+        if key is ...:
+            base = chain_base(sub)
+            key = known[id(sub)] = (
+                structure.of(sub) if isinstance(base, ast.Name) and fn.qualname(base) is None else None
+            )
+        if key is not None:
+            counts.setdefault(key, []).append(sub)
     return [found[0] for found in counts.values() if len(found) > 1][:8]
 
 
@@ -228,6 +249,7 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
     budget = [_BUDGET]
     declined = [] if declined is None else declined
     runs = Runs(fn.qualname, structure)
+    known: dict[int, int | None] = {}  # `_candidates`' memo, for the nested nodes of this expression
 
     def share(table: ast.expr) -> ast.expr:
         return built.setdefault(structure.of(table), table)
@@ -237,7 +259,7 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
             return
         seen.add(id(node))
         if isinstance(node, (ast.BinOp, ast.Call)) and _flags(node, flags) == 3:
-            for x in _candidates(node, fn, structure):
+            for x in _candidates(node, fn, structure, known):
                 if budget[0] <= 0:
                     return
                 budget[0] -= 1
