@@ -211,3 +211,10 @@ def test_a_rotary_embedding_is_still_found_through_the_run_screen():
     )
     assert not found
     assert meaning(node, x, qualname, structure).mode == "half"
+
+
+def test_a_call_is_tested_as_a_rotation_only_when_it_joins_and_negates():
+    fn = _function("def rot(x):\n    return torch.cat((-x[..., 4:], x[..., :4]), -1)\n")
+    assert rotary_screen.may_be_rotation(fn.tree.body[-1].value, fn)
+    for plain in ("torch.cat((x, y), -1)", "-x", "x.view(2, -1)", "self.proj(x) * 2"):
+        assert not rotary_screen.may_be_rotation(ast.parse(plain, mode="eval").body, fn), plain
