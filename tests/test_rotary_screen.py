@@ -37,6 +37,8 @@ def test_switching_the_screen_off_changes_nothing(path):
     with (
         mock.patch.object(rotary, "may_rotate", lambda fn: True),
         mock.patch.object(rotary, "may_hold_site", lambda fn: True),
+        mock.patch.object(rotary_screen.Runs, "cannot_run", lambda self, node, x: False),
+        mock.patch.object(rotary, "may_be_rotation", lambda expr, fn: True),
     ):
         assert _run(source, path.name) == screened
 
@@ -155,6 +157,8 @@ def test_switching_the_screen_off_changes_nothing_across_sibling_modules(tmp_pat
     with (
         mock.patch.object(rotary, "may_rotate", lambda fn: True),
         mock.patch.object(rotary, "may_hold_site", lambda fn: True),
+        mock.patch.object(rotary_screen.Runs, "cannot_run", lambda self, node, x: False),
+        mock.patch.object(rotary, "may_be_rotation", lambda expr, fn: True),
     ):
         assert _run(source, str(model)) == screened
     if name == "nested":  # not vacuous: both tensors fused at the call of the imported helper
@@ -178,3 +182,60 @@ def test_a_file_s_statements_leave_the_caches_when_the_next_file_is_checked():
     held = sys.getrefcount(earlier)
     migrate_text("import torch\n\n\ndef rms(x, w):\n    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * w\n")
     assert sys.getrefcount(earlier) < held
+
+
+def _runs(expression: str, x: str):
+    from npu_migrate.transforms.fused.evaluator import Structure
+
+    node = ast.parse(expression, mode="eval").body
+    target = next(n for n in ast.walk(node) if ast.unparse(n) == x)
+    resolve = {"torch": "torch"}
+
+    def qualname(n):
+        if isinstance(n, ast.Attribute):
+            base = qualname(n.value)
+            return f"{base}.{n.attr}" if base else None
+        return resolve.get(n.id) if isinstance(n, ast.Name) else None
+
+    structure = Structure()
+    return rotary_screen.Runs(qualname, structure).cannot_run(node, target), node, target, qualname, structure
+
+
+@pytest.mark.parametrize(
+    ("expression", "fails"),
+    [
+        ("self.proj(q) * cos + q * sin", True),  # a call the evaluator does not model, on the way to q
+        ("q * cos + helper(q) * sin", True),
+        ("q * cos + q.frobnicate() * sin", True),  # a tensor method it does not know
+        ("(q if flag else k) * cos", True),  # a node it has no method for, reading q
+        ("q * cos + torch.cat((-q[..., 4:], q[..., :4]), dim=-1) * sin", False),  # run: a fixed-width rotation
+        ("q * self.table(k) + q * sin", False),  # the unknown call does not read q: a table
+        ("q * cos.view(q.shape[0], -1) + q * sin", False),  # a table shaped from q's sizes
+    ],
+)
+def test_runs_that_must_fail_are_known_and_agree_with_the_evaluator(expression, fails):
+    from npu_migrate.transforms.fused.rotation import meaning, pure_rotation
+
+    found, node, x, qualname, structure = _runs(expression, "q")
+    assert found is fails
+    if fails:  # the claim `sites` relies on: neither evaluator entry answers anything for it
+        assert meaning(node, x, qualname, structure) is None
+        assert pure_rotation(node, x, qualname, structure) is None
+
+
+def test_a_rotary_embedding_is_still_found_through_the_run_screen():
+    from npu_migrate.transforms.fused.rotation import meaning
+
+    half = "q.shape[-1] // 2"
+    found, node, x, qualname, structure = _runs(
+        f"q * cos + torch.cat((-q[..., {half}:], q[..., :{half}]), dim=-1) * sin", "q"
+    )
+    assert not found
+    assert meaning(node, x, qualname, structure).mode == "half"
+
+
+def test_a_call_is_tested_as_a_rotation_only_when_it_joins_and_negates():
+    fn = _function("def rot(x):\n    return torch.cat((-x[..., 4:], x[..., :4]), -1)\n")
+    assert rotary_screen.may_be_rotation(fn.tree.body[-1].value, fn)
+    for plain in ("torch.cat((x, y), -1)", "-x", "x.view(2, -1)", "self.proj(x) * 2"):
+        assert not rotary_screen.may_be_rotation(ast.parse(plain, mode="eval").body, fn), plain

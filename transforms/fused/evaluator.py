@@ -552,7 +552,8 @@ class Evaluation:
         #: rotation of another dim than the base's last, Sana-WM's): the base is x with them moved back.
         self.base_order: tuple[int, ...] | None = None
         if self.base_key is None:
-            order = _moved(x, X.ndim)
+            # `rotary_screen.Runs` builds one without a tensor to ask what could run: x as the main runs' 4-D
+            order = _moved(x, 4 if X is None else X.ndim)
             if order is not None:
                 self.base_key, self.base_order = self.key(x.func.value), order
         self.shapes = shapes or {}

@@ -153,7 +153,20 @@ def _read_bindings(
 def declared_global(tree: ast.AST) -> set[str]:
     """The names a `global` statement in a function (or class) of the module declares: the function may
     assign one, and a call of it then reaches that (whether it does is not read: a declaration counts)."""
-    return {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
+    # `global` is a statement: only the blocks of statements are walked, not the expressions, a tenth of
+    # the nodes (it was asked of every file that follows an import, a whole-file `ast.walk`: #26).
+    found: set[str] = set()
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        if type(node) is ast.Global:
+            found.update(node.names)
+            continue
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+            value = getattr(node, block, None)
+            if type(value) is list:
+                todo.extend(value)
+    return found
 
 
 def _spelled(stmt: ast.ImportFrom) -> str:

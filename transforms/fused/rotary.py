@@ -37,7 +37,7 @@ from npu_migrate.transforms.fused.imported import (
     why_not_followed,
     why_unfollowed_call,
 )
-from npu_migrate.transforms.fused.rotary_screen import may_hold_site, may_rotate
+from npu_migrate.transforms.fused.rotary_screen import Runs, may_be_rotation, may_hold_site, may_rotate
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
     STRAIGHT_LINE,
@@ -212,34 +212,56 @@ class Site:
         self.window: tuple[ast.expr, ast.expr] | None = None
 
 
-def _candidates(node: ast.expr, fn: Function, structure: Structure) -> list[ast.expr]:
+def _candidates(
+    node: ast.expr, fn: Function, structure: Structure, known: dict[int, int | None] | None = None
+) -> list[ast.expr]:
     """The subexpressions of `node` that may be the rotated tensor: a name (a parameter, once the body is
     folded), or slices, casts and views of one, read at least twice (x is read plainly and again by its
     rotation), outermost first. Names of modules and imports (`torch`) are no tensor."""
     counts: dict[int, list[ast.expr]] = {}
+    known = {} if known is None else known
     moved: list[ast.expr] = []
-    for sub in walk_shared(node):
+    # `walk_shared`'s order (depth first, a shared subtree once per occurrence), without its nested
+    # generators; what a node is (its structure, when it may be x) is kept for the next, nested node
+    # `sites` asks about (#26: this walk was a third of `sites`).
+    todo = [node]
+    while todo:
+        sub = todo.pop()
+        children = []
+        for name in sub._fields:
+            value = getattr(sub, name, None)
+            if isinstance(value, ast.AST):
+                children.append(value)
+            elif type(value) is list:
+                children.extend(item for item in value if isinstance(item, ast.AST))
+        todo.extend(reversed(children))
         if sub is node:
             continue
-        base = chain_base(sub)
-        if isinstance(base, ast.Name) and fn.qualname(base) is None:
-            counts.setdefault(structure.of(sub), []).append(sub)
-            if _moves_dims(sub, base):
+        key = known.get(id(sub), ...)
+        if key is ...:
+            base = chain_base(sub)
+            key = known[id(sub)] = (
+                structure.of(sub) if isinstance(base, ast.Name) and fn.qualname(base) is None else None
+            )
+        if key is not None:
+            counts.setdefault(key, []).append(sub)
+            if _moves_dims(sub):
                 moved.append(sub)
     found = [found[0] for found in counts.values() if len(found) > 1]
     # A rotation of another dim than the last (Sana-WM's `x.permute(0, 1, 3, 2)` then pairs of the last):
     # x moved into place is read once, the rotated tensor the kernel gets, its result moved back outside.
-    found += [m for m in moved if not any(structure.of(m) == structure.of(f) for f in found)]
+    keys = {known[id(f)] for f in found}
+    found += [m for m in moved if known[id(m)] not in keys]
     return found[:8]
 
 
-def _moves_dims(sub: ast.expr, base: ast.Name) -> bool:
+def _moves_dims(sub: ast.expr) -> bool:
     """`x.permute(...)` / `x.transpose(...)` of a name: a view of x with another dim last."""
     return (
         isinstance(sub, ast.Call)
         and isinstance(sub.func, ast.Attribute)
         and sub.func.attr in ("permute", "transpose")
-        and sub.func.value is base
+        and isinstance(sub.func.value, ast.Name)
     )
 
 
@@ -274,6 +296,8 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
     flags: dict[int, int] = {}
     budget = [_BUDGET]
     declined = [] if declined is None else declined
+    runs = Runs(fn.qualname, structure)
+    known: dict[int, int | None] = {}  # `_candidates`' memo, for the nested nodes of this expression
 
     def share(table: ast.expr) -> ast.expr:
         return built.setdefault(structure.of(table), table)
@@ -283,10 +307,12 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
             return
         seen.add(id(node))
         if isinstance(node, (ast.BinOp, ast.Call)) and _flags(node, flags) == 3:
-            for x in _candidates(node, fn, structure):
+            for x in _candidates(node, fn, structure, known):
                 if budget[0] <= 0:
                     return
                 budget[0] -= 1
+                if runs.cannot_run(node, x):
+                    continue  # the run fails, `meaning` is None: not run (`rotary_screen.Runs`, #26)
                 try:
                     meant = meaning(node, x, fn.qualname, structure)
                 except Declined as why:
@@ -311,8 +337,13 @@ def sites(expr: ast.AST, fn: Function, declined: list[Declined] | None = None) -
 
 def _rotates(expr: ast.expr, fn: Function) -> tuple[str, ast.expr] | None:
     """(mode, x) when `expr` is a rotation of x itself: rotate_half or its interleaved form."""
+    if not may_be_rotation(expr, fn):
+        return None
     structure = Structure()
+    runs = Runs(fn.qualname, structure)
     for x in _candidates(expr, fn, structure):
+        if runs.cannot_run(expr, x):
+            continue  # the run fails, `pure_rotation` is None (`rotary_screen.Runs`, #26)
         mode = pure_rotation(expr, x, fn.qualname, structure)
         if mode is not None:
             return mode, x

@@ -18,6 +18,9 @@ so it drops no site and no finding:
   rotation pairs elements by a join of the halves or pairs (a sum, a difference or a join call) and
   negates one of each pair (a unary minus of something other than a number, a difference, a product,
   `neg` or `sub`).
+
+In a function that passes, `Runs` skips the evaluator's runs of subexpressions it is certain to fail on
+(a call it does not model on the way to x), as `rotation.meaning` would answer None for them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Mapping
 
+from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS, Evaluation
 from npu_migrate.transforms.fused.symbolic import Function, nodes_of
 
 #: Calls that join two terms: `rotary._JOINS` (tests/test_rotary_screen.py checks they agree).
@@ -33,6 +37,9 @@ JOINS = frozenset({"cat", "concat", "concatenate", "stack", "view_as_real", "rea
 _SUMS = frozenset({"add", "sub"})
 _NEGATIONS = frozenset({"neg", "negative", "sub", "mul"})
 _COMPLEX = frozenset({"view_as_complex", "polar"})
+
+#: What `Evaluation._Call` can run: `cannot_run` reads the evaluator's own tables.
+_EVALUATOR_FUNCTIONS, _EVALUATOR_METHODS = KNOWN_FUNCTIONS, KNOWN_METHODS
 
 _PRODUCT, _JOIN, _NEGATION, _ROTATE_CALL, _COMPLEX_CALL = 1, 2, 4, 8, 16
 
@@ -80,6 +87,14 @@ def may_hold_site(fn: Function) -> bool:
     nothing that sums or joins (the straight tails of a function, `rotary._straight_tail_outcome`)."""
     flags = _reach(fn)
     return bool(flags & _PRODUCT and flags & _JOIN)
+
+
+def may_be_rotation(expr: ast.expr, fn: Function) -> bool:
+    """False when `rotation.pure_rotation` of `expr` (helpers already inlined into it) is None for every x:
+    a rotation joins the halves or pairs and negates one of each pair (the last case of the module's
+    docstring, asked of one call of a function that is not straight-line: `rotary._rotates`, #26)."""
+    flags = _scan(fn, nodes_of(expr), {})[0]
+    return flags & (_JOIN | _NEGATION) == _JOIN | _NEGATION
 
 
 def _reach(fn: Function) -> int:
@@ -154,3 +169,79 @@ def _scan(
             if "rotate" in spelled.lower():
                 flags |= _ROTATE_CALL
     return flags, callees, attributes
+
+
+class Runs:
+    """Whether the evaluator's run of a subexpression, with x as the rotated tensor, is certain to fail, so
+    that `rotation.meaning` and `rotation.pure_rotation` are None without running it (#26: most of what
+    `rotary.sites` asks of a big function's folded expression fails on a call the evaluator does not
+    model, `self.proj(x)`, on the way to x). Read from the evaluator's own dispatch (`Evaluation.run`,
+    its `_<node type>` methods, its tables of functions and methods), and only where that fails whatever
+    the values are: a node that reads x and is no table (`_sized_table`) which it has no method for, a
+    call whose arguments it runs and then does not know, or a node an operand of which it runs fails so.
+    One per expression (and `Structure`): what is known of each x's reads is kept for its subexpressions."""
+
+    def __init__(self, qualname, structure) -> None:
+        self.qualname, self.structure = qualname, structure
+        self._by_x: dict[int, tuple[Evaluation, dict[int, bool]]] = {}
+
+    def cannot_run(self, node: ast.expr, x: ast.expr) -> bool:
+        key = self.structure.of(x)
+        found = self._by_x.get(key)
+        if found is None:
+            found = self._by_x[key] = (Evaluation(x, None, self.qualname, structure=self.structure), {})
+        return _fails(*found, node)
+
+
+def _fails(evaluation: Evaluation, memo: dict[int, bool], node: ast.AST) -> bool:
+    found = memo.get(id(node))
+    if found is None:
+        found = memo[id(node)] = _fails_here(evaluation, memo, node)
+    return found
+
+
+def _fails_here(evaluation: Evaluation, memo: dict[int, bool], node: ast.AST) -> bool:
+    if not evaluation.reads_x(node) or evaluation.key(node) in (evaluation.x_key, evaluation.base_key):
+        # a constant or a table, x itself, or the tensor x is a window or a moved view of (its sizes are
+        # x's, `Evaluation.base_key`): `run` answers without failing for certain
+        return False
+    if evaluation._sized_table(node):
+        return False
+    kind = type(node)
+    if getattr(Evaluation, f"_{kind.__name__}", None) is None:
+        return True  # `run`: "... is not understood"
+    if kind is ast.Call:
+        # `_Call` runs every argument first, then the method of a tensor receiver (which it must know), or
+        # a function it must know; a table's `.view` / `.reshape` may be a table (not decided here).
+        for arg in node.args:
+            if _fails(evaluation, memo, arg.value if type(arg) is ast.Starred else arg):
+                return True
+        for keyword in node.keywords:
+            if keyword.arg is None or _fails(evaluation, memo, keyword.value):
+                return True
+        func = node.func
+        if type(func) is ast.Attribute and evaluation.reads_x(func.value):
+            return func.attr not in _EVALUATOR_METHODS or _fails(evaluation, memo, func.value)
+        if type(func) is ast.Attribute and func.attr in ("view", "reshape"):
+            return False
+        return evaluation.qualname(func) not in _EVALUATOR_FUNCTIONS
+    if kind is ast.BinOp:
+        return _fails(evaluation, memo, node.left) or _fails(evaluation, memo, node.right)
+    if kind is ast.UnaryOp:
+        return _fails(evaluation, memo, node.operand)
+    if kind is ast.Subscript:
+        return _fails(evaluation, memo, node.value) or _index_fails(evaluation, memo, node.slice)
+    if kind is ast.Attribute:
+        return _fails(evaluation, memo, node.value)
+    if kind in (ast.Tuple, ast.List):
+        return any(_fails(evaluation, memo, e.value if type(e) is ast.Starred else e) for e in node.elts)
+    return False
+
+
+def _index_fails(evaluation: Evaluation, memo: dict[int, bool], node: ast.AST) -> bool:
+    """`Evaluation.index`: a slice's bounds and a tuple's entries are run."""
+    if type(node) is ast.Slice:
+        return any(p is not None and _fails(evaluation, memo, p) for p in (node.lower, node.upper, node.step))
+    if type(node) is ast.Tuple:
+        return any(_index_fails(evaluation, memo, e) for e in node.elts)
+    return _fails(evaluation, memo, node)
