@@ -145,10 +145,16 @@ def match(fn: Function) -> Outcome | None:
         )
     if fusion is None:
         return None  # fused by an earlier run
+    # Where the scores get a learned bias the branch is skipped, not taken to fall back every call: say so.
+    skipped = "".join(
+        f"; the branch is skipped where `{test}`: there the scores get a learned bias (from `{bias}`), never a mask"
+        " of 0 / -inf, which the kernel cannot take"
+        for test, bias in fusion.attention.skipped
+    )
     return Outcome(
         ATTENTION,
         "hand-written attention gets a fused `torch_npu.npu_fusion_attention` branch (`_npu_eager_attention`);"
-        " masks other than 0 / -inf, fp32, and shapes the kernel does not take run the original code",
+        " masks other than 0 / -inf, fp32, and shapes the kernel does not take run the original code" + skipped,
         EAGER_TEMPLATE,
         fusion.context(),
         (FUSION_HELPER, EAGER_HELPER),
