@@ -75,7 +75,10 @@ class Names:
     #: `F, H, W = size[i]` beside `import torch.nn.functional as F`): the import's qualified name and the
     #: spans where the local binding hides it. `resolve` resolves them outside those spans; `bindings` and
     #: `shadowed` stay file-wide, as the libcst table (no positions) keeps them.
+    #: Computed on the first `resolve` of such a name (a walk of the whole tree: most files never need it).
     scoped: dict[str, tuple[str, tuple[Span, ...]]] = field(default_factory=dict)
+    #: (the tree, its shadowed names one module-level import binds, with that import) until `scoped` is computed.
+    _pending: tuple[ast.Module, dict[str, str]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, tree: ast.Module, package: str | None = None) -> Names:
@@ -127,12 +130,13 @@ class Names:
         table.bindings, table.shadowed = split_trusted(imported, rebound, lambda qualname: qualname)
         table.alternatives = {local: frozenset(imported[local]) for local in table.shadowed}
         # Only a name one import binds, at module level, can be the import wherever no local binding hides it.
-        candidates = {local for local in table.shadowed if len(set(imported[local])) == 1}
+        candidates = {local: imported[local][0] for local in table.shadowed if len(set(imported[local])) == 1}
         if candidates:
-            module_level, spans = local_rebinding(tree, candidates)
-            table.scoped = {
-                local: (imported[local][0], tuple(spans.get(local, ()))) for local in candidates - module_level
-            }
+            # Most are rebound at module level (`except ImportError: name = None`): seen without a walk.
+            for name in _module_statement_bindings(tree.body) & set(candidates):
+                del candidates[name]
+        if candidates:
+            table._pending = (tree, candidates)
         return table
 
     def resolve(self, node: ast.AST) -> str | None:
@@ -151,6 +155,17 @@ class Names:
     def _scoped(self, root: str, node: ast.AST) -> str | None:
         """The import a locally shadowed `root` names at `node`: None inside a scope that rebinds it, or
         where `node` has no position (built by a rule: where it was written is not known)."""
+        if self._pending is not None:
+            if root not in self._pending[1]:
+                return None
+            tree, candidates = self._pending
+            self._pending = None
+            module_level, spans = local_rebinding(tree, set(candidates))
+            self.scoped = {
+                local: (qualname, tuple(spans.get(local, ())))
+                for local, qualname in candidates.items()
+                if local not in module_level
+            }
         found = self.scoped.get(root)
         if found is None:
             return None
@@ -163,6 +178,33 @@ class Names:
         if any((span[0], span[1]) <= at < (span[2], span[3]) for span in found[1]):
             return None
         return found[0]
+
+
+def _module_statement_bindings(body: list[ast.stmt]) -> set[str]:
+    """Names the module scope's statements bind (not in a def or class body; imports aside, and `:=`)."""
+    bound: set[str] = set()
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(stmt.name)
+            continue
+        if isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                _bind(target, bound)
+        elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor)):
+            _bind(stmt.target, bound)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                if item.optional_vars is not None:
+                    _bind(item.optional_vars, bound)
+        for attr in ("body", "orelse", "finalbody"):
+            block = getattr(stmt, attr, None)
+            if isinstance(block, list):
+                bound |= _module_statement_bindings(block)
+        for handler in getattr(stmt, "handlers", ()):
+            if handler.name:
+                bound.add(handler.name)
+            bound |= _module_statement_bindings(handler.body)
+    return bound
 
 
 #: (line, column, end line, end column) of a node.
