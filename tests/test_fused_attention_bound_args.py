@@ -309,3 +309,17 @@ def test_the_bound_table_bias_agrees_and_a_transposed_one_is_caught(dtype):
     )
     got, calls = _run(build(out, True, broken), tokens, True, keep)
     assert calls == 1 and _cosine(got, expected) < FLOOR[dtype]
+
+
+def test_a_repeat_only_under_a_condition_of_its_own_is_declined_with_the_remedy():
+    # `keep[:, None, None, :].float()` in both arms of an `if` inside the mask: binding it ahead would compute
+    # it where the original does not choose to, and repeating it is what the branch must not write
+    text = PADDED.replace(
+        "            bias = keep[:, None, None, :].to(q.dtype)\n",
+        "            bias = keep[:, None, None, :].float() if self.heads > 1 else 1.0 - keep[:, None, None, :].float()\n",
+    )
+    out, findings = _migrate(text)
+    assert out == text
+    assert len(findings) == 1 and not findings[0].fixed
+    assert "repeats a computation evaluated only under a condition of its own" in findings[0].message
+    assert findings[0].message.endswith("; to fuse it, bind the bias to a name before the attention")
