@@ -42,8 +42,12 @@ ATTENTION = Rule(
     None in place of the probabilities only where they are not needed: a false `output_attentions` /
     `need_weights` parameter (guarded; callers are not proof: a subclass or another module may keep
     them). Only the scores and probabilities become None: any other value returned beside them declines.
-    Declined, with the reason: an additive term computed in the
-    function (ALiBi, relative position) or two of them, masked scores set to a value other than -inf or
+    A mask computed in the function that would repeat a computation or not fit the line as an argument is
+    bound to names in the branch first, each step once, under the test the original computes it under.
+    A bias read from an `nn.Parameter` (a trained relative-position table) is never 0 / -inf: the branch
+    is skipped where it is added, and the finding says so. Declined, with the reason: such a bias added on
+    every call, an additive term computed by a call the branch cannot repeat (ALiBi, relative position)
+    or two terms, masked scores set to a value other than -inf or
     the lowest, a scale applied after the mask, probabilities used or possibly needed, einsum or 3-D
     layouts, softcapping, code interleaved with the attention.
 
@@ -145,10 +149,16 @@ def match(fn: Function) -> Outcome | None:
         )
     if fusion is None:
         return None  # fused by an earlier run
+    # Where the scores get a learned bias the branch is skipped, not taken to fall back every call: say so.
+    skipped = "".join(
+        f"; the branch is skipped where `{test}`: there the scores get a learned bias (from `{bias}`), never a mask"
+        " of 0 / -inf, which the kernel cannot take"
+        for test, bias in fusion.attention.skipped
+    )
     return Outcome(
         ATTENTION,
         "hand-written attention gets a fused `torch_npu.npu_fusion_attention` branch (`_npu_eager_attention`);"
-        " masks other than 0 / -inf, fp32, and shapes the kernel does not take run the original code",
+        " masks other than 0 / -inf, fp32, and shapes the kernel does not take run the original code" + skipped,
         EAGER_TEMPLATE,
         fusion.context(),
         (FUSION_HELPER, EAGER_HELPER),

@@ -267,6 +267,8 @@ class Attention:
     masked_out: ast.expr | None = None  # a bool, True where `masked_fill` drops the score
     dropout_p: ast.expr | None = None
     guards: list[str] = field(default_factory=list)
+    #: Where the branch is skipped as the scores get a learned bias there: (test, the parameter), for the finding.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
     def scale_source(self) -> str:
         """The kernel's scale: the product of the factors (1 / divisor for a division), 1.0 without one."""
@@ -467,7 +469,14 @@ def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
                 )
             # A mask applied under a test: the branch passes it under the same test (`if mask is not None`
             # needs none: the mask is None where the test is false).
-            if attention.additive_mask is not before[0]:
+            learned = attention.additive_mask is not before[0] and _learned(attention.additive_mask, fn)
+            if learned:
+                # Never 0 / -inf once trained: `_npu_eager_attention` would compute it only to read it back and
+                # fall back, every call. The branch runs where the test is false instead, without it.
+                attention.skipped.append((source(test), learned))
+                attention.additive_mask = before[0]
+                attention.guards.append(_negated(test))
+            elif attention.additive_mask is not before[0]:
                 attention.additive_mask = _under(test, attention.additive_mask)
             else:
                 attention.masked_out = _under(test, attention.masked_out)
@@ -513,6 +522,22 @@ def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
         )
 
 
+_PARAMETERS = ("torch.nn.Parameter", "torch.nn.parameter.Parameter")
+
+
+def _learned(term: ast.expr, fn: Function) -> str | None:
+    """The parameter an additive term reads, if `__init__` creates it (`self.relative_position_bias_table =
+    nn.Parameter(...)`, mmpretrain's and swin's relative position bias): trained, so never a mask of 0 / -inf."""
+    for node in walk_shared(term):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == fn.self_name:
+            origin = fn.attribute_source(node.attr)
+            if origin is not None and any(
+                isinstance(n, ast.Call) and fn.qualname(n.func) in _PARAMETERS for n in ast.walk(origin)
+            ):
+                return source(node)
+    return None
+
+
 def _under(test: ast.expr, mask: ast.expr) -> ast.expr:
     """`mask if test else None`, or `mask` itself where the test is `mask is not None`."""
     if (
@@ -538,6 +563,14 @@ def _mask_step(node: ast.expr, inner: ast.expr | None, fn: Function, attention: 
                         f"the scores get an additive term computed here (`{source(mask)}`): a bias such as"
                         " ALiBi or a relative position is no mask the kernel can take",
                         remedy="to fuse it, compute the bias outside the function and pass it in as a mask",
+                    )
+                learned = _learned(mask, fn) if inner is None else None
+                if learned:
+                    raise Declined(
+                        f"the scores get a learned bias (from `{learned}`, an `nn.Parameter`) on every call:"
+                        " trained values are not 0 / -inf, so the kernel, which takes only such a mask, would never"
+                        " run",
+                        remedy="nothing in the code can: the kernel adds no bias but a mask of 0 and -inf",
                     )
                 if attention.additive_mask is not None:
                     raise Declined(
@@ -648,6 +681,116 @@ def _output(stmt: ast.stmt, env: dict[str, ast.expr], fn: Function) -> tuple[ast
     return None
 
 
+#: A mask argument longer than this would pass PEP 8's 79 columns on its own line of the call in a method's
+#: branch (16 columns in, a comma after): the branch binds it to a name first.
+ARGUMENT_WIDTH = 62
+#: What the branch names a mask argument it binds first.
+BOUND_ARGUMENTS = {"additive_mask": "fused_mask", "masked_out": "fused_masked_out"}
+#: Sub-expressions the branch may bind to a name: ones that compute something (a name, an attribute or a
+#: constant reads as well as its binding would).
+_BINDABLE = (ast.Call, ast.Subscript, ast.BinOp, ast.Compare)
+#: Where a sub-expression is evaluated only under a condition of its own: never bound ahead of it.
+_CONDITIONAL = (ast.IfExp, ast.BoolOp, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _bindable(node: ast.AST):
+    """The sub-expressions of `node` evaluated whenever it is: not those under an `if` / `and` / `or` of its own."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, _BINDABLE):
+            yield n
+        if n is node or not isinstance(n, _CONDITIONAL):
+            stack.extend(ast.iter_child_nodes(n))
+
+
+def _replace_same(node: ast.AST, target: str, name: str) -> ast.AST:
+    """`node` with every sub-expression whose dump is `target` replaced by the name `name`."""
+
+    class Replace(ast.NodeTransformer):
+        def visit(self, n):
+            if isinstance(n, ast.expr) and ast.dump(n) == target:
+                return ast.Name(name, ast.Load())
+            return super().visit(n)
+
+    return Replace().visit(node)
+
+
+def _bind_argument(argument: ast.expr, name: str, env: dict[str, ast.expr], taken: set[str]) -> list[str] | None:
+    """Statements that bind `argument` to `name` in the branch, each sub-expression it repeats computed once,
+    in the order it computes them, under the condition it is computed under (`bias if test else None`
+    becomes `if test: ... else: name = None`); None where it is short and repeats nothing. Raises `Declined`
+    where a repeated sub-expression is evaluated only under a condition inside the argument."""
+    text = source(argument)
+    test = None
+    value = argument
+    if (
+        isinstance(argument, ast.IfExp)
+        and _constant(argument.orelse) is None
+        and isinstance(argument.orelse, ast.Constant)
+    ):
+        test, value = argument.test, argument.body
+    value = ast.parse(source(value), mode="eval").body  # its own nodes: the substitution shares them
+
+    def counts(nodes: list[ast.AST], walk) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for node in nodes:
+            for sub in walk(node):
+                if isinstance(sub, _BINDABLE):
+                    found[ast.dump(sub)] = found.get(ast.dump(sub), 0) + 1
+        return found
+
+    if len(text) <= ARGUMENT_WIDTH and max(counts([value], ast.walk).values(), default=0) < 2:
+        return None
+    bindings: list[tuple[str, ast.expr]] = []
+    while True:
+        values = [b for _, b in bindings] + [value]
+        repeated = {dump for dump, count in counts(values, _bindable).items() if count > 1}
+        if not repeated:
+            break
+        # The largest first: what it repeats inside is bound next, ahead of it.
+        target = max(repeated, key=len)
+        node = next(sub for v in values for sub in _bindable(v) if ast.dump(sub) == target)
+        local = _name_for(node, env, taken)
+        bindings = [(n, _replace_same(b, target, local)) for n, b in bindings]
+        value = _replace_same(value, target, local)
+        first = next((i for i, (_, b) in enumerate(bindings) if local in _loaded(b)), len(bindings))
+        bindings.insert(first, (local, node))
+    if any(count > 1 for count in counts([b for _, b in bindings] + [value], ast.walk).values()):
+        raise Declined(
+            f"the mask the branch would pass, `{text}`, repeats a computation evaluated only under a condition"
+            " of its own",
+            remedy="to fuse it, bind the bias to a name before the attention",
+        )
+    lines = [f"{local} = {source(b)}" for local, b in bindings] + [f"{name} = {source(value)}"]
+    if test is None:
+        return lines
+    return [f"if {source(test)}:", *(f"    {line}" for line in lines), "else:", f"    {name} = None"]
+
+
+def _loaded(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _name_for(node: ast.expr, env: dict[str, ast.expr], taken: set[str]) -> str:
+    """A name for a bound sub-expression: `fused_<the local that held it>` (`S` in hivit's `S =
+    int(math.sqrt(...))`) or `fused_term`, none the function uses or the branch binds already."""
+    base = next(
+        (
+            f"fused_{local}"
+            for local, held in env.items()
+            if same(held, node) or (isinstance(held, ast.IfExp) and same(held.body, node))
+        ),
+        "fused_term",
+    )
+    local, count = base, 1
+    while local in taken:
+        count += 1
+        local = f"{base}_{count}"
+    taken.add(local)
+    return local
+
+
 @dataclass
 class Fusion:
     """A branch to put in front of `before`."""
@@ -655,6 +798,10 @@ class Fusion:
     before: ast.stmt
     attention: Attention
     tail: str  # the output statement and what follows it, as the branch runs them
+    #: Statements the branch runs before the call, binding a long or repetitive mask argument to a name.
+    bindings: list[str] = field(default_factory=list)
+    #: The names those bind, by argument (`BOUND_ARGUMENTS`).
+    bound: dict[str, str] = field(default_factory=dict)
 
     def context(self) -> dict[str, object]:
         a = self.attention
@@ -663,8 +810,11 @@ class Fusion:
             "query": source(a.query),
             "key": source(a.key),
             "value": source(a.value),
-            "additive_mask": source(a.additive_mask) if a.additive_mask is not None else "None",
-            "masked_out": source(a.masked_out) if a.masked_out is not None else "None",
+            "additive_mask": self.bound.get("additive_mask")
+            or (source(a.additive_mask) if a.additive_mask is not None else "None"),
+            "masked_out": self.bound.get("masked_out")
+            or (source(a.masked_out) if a.masked_out is not None else "None"),
+            "bindings": self.bindings,
             "dropout_p": source(a.dropout_p) if a.dropout_p is not None else "0.0",
             "scale": a.scale_source(),
             "guards": a.guards,
@@ -757,7 +907,23 @@ def fuse(fn: Function) -> Fusion | None:
         # TorchScript compiles the branch unless this test rules it out at compile time, and a None where
         # the original returns a tensor does not compile.
         attention.guards.insert(0, "not torch.jit.is_scripting()")
-    return Fusion(body[start], attention, "\n".join(ast.unparse(stmt) for stmt in tail))
+    fusion = Fusion(body[start], attention, "\n".join(ast.unparse(stmt) for stmt in tail))
+    taken = {n.id for n in fn.nodes if isinstance(n, ast.Name)} | set(fn.params)
+    for role, name in BOUND_ARGUMENTS.items():
+        argument = getattr(attention, role)
+        if argument is None:
+            continue
+        lines = _bind_argument(argument, name, env, taken | {name})
+        if lines is not None and name in taken:
+            raise Declined(
+                f"the function already uses the name `{name}`, which the branch would bind",
+                remedy=f"to fuse it, rename your `{name}`",
+            )
+        if lines is not None:
+            fusion.bindings += lines
+            fusion.bound[role] = name
+            taken |= {line.split(" = ")[0].strip() for line in lines if " = " in line}
+    return fusion
 
 
 def _is_our_branch(stmt: ast.stmt) -> bool:
