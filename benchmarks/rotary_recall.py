@@ -62,8 +62,6 @@ PACKAGES = {
     "fair-esm": "2.0.0",
     "stable-audio-tools": "0.0.20",
     "mmpretrain": "1.2.0",
-    "flash-linear-attention": "0.6.0",
-    "alphafold3-pytorch": "0.8.3",
 }
 
 
