@@ -136,6 +136,7 @@ def _rotary_inputs(seed=2):
             "fp32 tables with bf16 activations promote the original",
             lambda q, k, c, s: ((q.bfloat16(), k.bfloat16(), c, s), {}),
         ),
+        ("3-D tensors", lambda q, k, c, s: ((q[0], k[0], c[0], s[0]), {"unsqueeze_dim": 0})),
         ("the tables would broadcast q up (batch 1 q, batch 2 tables)", lambda q, k, c, s: ((q[:1], k[:1], c, s), {})),
         ("odd head dim", lambda q, k, c, s: ((q[..., :15], k[..., :15], c[..., :15], s[..., :15]), {})),
         # unsqueeze_dim=0 on (N, S, D) tables gives 1NSD, which is not in the kernel's table.
@@ -152,19 +153,6 @@ def test_hf_rotary_branch_falls_back_where_the_kernel_differs(why, make):
     assert calls == 0, why
     expected = original["apply_rotary_pos_emb"](*args, **kwargs)
     assert all(torch.equal(a, b) for a, b in zip(out, expected))
-
-
-def test_hf_rotary_branch_runs_the_kernel_on_3d_tensors_viewed_4d():
-    # [heads, S, D] with [1, S, D] tables broadcast as [1, heads, S, D] with [1, 1, S, D]: the kernel's BNSD
-    # (this fell back while `_npu_rotary_fits` wanted a 4-D x)
-    original, migrated = _pair("hf_apply_rotary_pos_emb", "NPU703")
-    q, k, c, s = _rotary_inputs()
-    args = (q[0], k[0], c[0], s[0])
-    out, calls = _calls("npu_rotary_mul", migrated["apply_rotary_pos_emb"], *args, unsqueeze_dim=0)
-    assert calls == 2
-    expected = original["apply_rotary_pos_emb"](*args, unsqueeze_dim=0)
-    assert all(a.shape == b.shape for a, b in zip(out, expected))
-    _close(out, expected)
 
 
 def test_partial_rotary_rotates_the_leading_slice_only():

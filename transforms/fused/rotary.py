@@ -96,11 +96,10 @@ ROTARY = Rule(
     the kernel runs with autocast disabled as the original's ops do). The kernel tables are built
     once per call, by tensor operations, in the branch. Interleaved rotary maps to
     rotary_mode='interleave' for torch_npu versions that have it. A branch in front of the untouched
-    body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits` holds: x of rank 4 or less, one dtype
-    for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts (BNSD: 11SD/B1SD/BNSD,
-    BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896; an x or tables of lower rank (fairseq / ESM's
-    [B * heads, S, D] x, QwenImage's `(S, 1, D/2)` complex table) broadcast as with leading 1s, and the
-    kernel gets them so (tables of higher rank than x would grow the result: the original runs). What the original computes
+    body runs the kernel when the tensors are on an NPU and `_npu_rotary_fits` holds: 4-D x (the rotation is proven on
+    one; code naming dims computes something else at a lower rank), one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts (BNSD: 11SD/B1SD/BNSD,
+    BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896; tables of lower rank (QwenImage's `(S, 1, D/2)`
+    complex table) broadcast as with leading 1s, and the kernel gets them so. What the original computes
     once (the unsqueezed tables, an upcast `q.float()`, a cache view both tables slice) is bound once, in
     the branch. When the tables are prepared under `if`s or asserts and only the rest of the body is
     straight-line code, the branch goes in front of that rest, reading the values the names hold there
