@@ -561,7 +561,8 @@ NEAR_MISSES = {
     "3-D activations": (
         "def rope(x, cos, sin):\n    a, b = x.unflatten(2, (-1, 2)).unbind(-1)\n"
         "    return x * cos + torch.stack((-b, a), -1).flatten(2) * sin\n",
-        "x is 3-D [B, S, D], rotated over its whole last dim as one head; to fuse it, rotate x viewed per head as 4-D",
+        "it names the dims it splits and joins from the front (`.unflatten(2, (-1, 2))`, `.flatten(2)`), so the dim "
+        "it rotates is the last one only of a 3-D tensor",
     ),
     # torchtune's vision rotary, written here: the sequence split into tiles of a size only the config
     # knows, the table per position within a tile; read where that size is 1, and declined

@@ -58,6 +58,7 @@ from npu_migrate.transforms.fused.symbolic import (
     same,
     source,
     straight_tail,
+    substitute_children,
     walk_shared,
 )
 
@@ -617,13 +618,23 @@ def _outcome(fn: Function, result: ast.expr) -> Outcome | None:
     found = sites(result, fn, declined)
     if not found:
         if declined:
+            # dims named from the front (`unflatten(2, ...)`) read as 3-D x: the rewrite counted from the end
+            # is proven, so that is the remedy (before the 3-D decline's, which is about per-head tables)
+            front = _front_dims_outcome(result, fn)
+            if front is not None:
+                return front
             return Outcome(
                 ROTARY,
                 f"rotary embedding not fused: {declined[0]}"
                 + (", so it is not what npu_rotary_mul computes" if declined[0].differs else ""),
                 remedy=declined[0].remedy,
             )
-        return _unmatched_rotation(result, fn) or _rotate_helper_outcome(fn) or _unfollowed_outcome(result, fn)
+        return (
+            _unmatched_rotation(result, fn)
+            or _rotate_helper_outcome(fn)
+            or _unfollowed_outcome(result, fn)
+            or _front_dims_outcome(result, fn)
+        )
     modes = {s.mode for s in found}
     if len(modes) > 1:
         return Outcome(
@@ -775,6 +786,121 @@ def _unfollowed_outcome(result: ast.expr, fn: Function) -> Outcome | None:
                         "the one that calls it"
                     ),
                 )
+    return None
+
+
+#: The dim-taking operations `_front_dims_outcome` reads: method or function -> (dim's position, keyword).
+_DIM_OPS = {
+    "unflatten": (0, "dim"),
+    "unbind": (0, "dim"),
+    "flatten": (0, "start_dim"),
+    "chunk": (1, "dim"),
+    "split": (1, "dim"),
+}
+_DIM_FUNCTIONS = {"torch.stack": (1, "dim"), "torch.cat": (1, "dim"), "torch.concat": (1, "dim")}
+_SAME_NDIM = frozenset({"float", "half", "bfloat16", "double", "to", "type_as", "contiguous", "clone", "detach", "neg"})
+
+
+def _front_dims_outcome(result: ast.expr, fn: Function, ndim: int = 3) -> Outcome | None:
+    """The finding for a rotation that names the dims it splits and joins from the front (diffusers' LTX:
+    `x.unflatten(2, (-1, 2))` ... `.flatten(2)` on x of [B, S, C], heads folded into C): on the 4-D x the
+    kernel takes, those dims are not the last one, so nothing was recognised. Proven by the evaluator: the
+    same code with each such dim counted from the end, as for an `ndim`-D x, is a rotary embedding."""
+    params = set(fn.params)
+    dims: dict[int, object] = {}  # id(node) -> its ndim, or ("seq", ndim) for a sequence of tensors
+    changed: list[ast.Call] = []
+
+    def of(node: ast.AST):
+        if id(node) not in dims:
+            dims[id(node)] = _ndim(node, of, params, ndim, fn.qualname)
+        return dims[id(node)]
+
+    def visit(node: ast.AST) -> ast.AST:
+        new = substitute_children(node, visit)
+        if not isinstance(node, ast.Call):
+            return new
+        spec, receiver = None, None
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _DIM_OPS and fn.qualname(node.func) is None:
+            spec, receiver = _DIM_OPS[node.func.attr], of(node.func.value)
+        elif fn.qualname(node.func) in _DIM_FUNCTIONS and node.args:
+            spec, items = _DIM_FUNCTIONS[fn.qualname(node.func)], of(node.args[0])
+            receiver = items[1] + (fn.qualname(node.func) == "torch.stack") if isinstance(items, tuple) else None
+        if spec is None or not isinstance(receiver, int):
+            return new
+        at, keyword = spec
+        given = (
+            node.args[at] if len(node.args) > at else next((k.value for k in node.keywords if k.arg == keyword), None)
+        )
+        if not (isinstance(given, ast.Constant) and type(given.value) is int and given.value >= 0):
+            return new
+        new = copy.copy(new)
+        counted = ast.Constant(given.value - receiver)
+        if len(node.args) > at:
+            new.args = [*new.args[:at], counted, *new.args[at + 1 :]]
+        else:
+            new.keywords = [ast.keyword(k.arg, counted) if k.arg == keyword else k for k in new.keywords]
+        changed.append(node)
+        return new
+
+    rewritten = visit(result)
+    if not changed or not sites(rewritten, fn):
+        return None
+    spelled = ", ".join(f"`{call}`" for call in list(dict.fromkeys(_front_call(n) for n in changed))[:3])
+    return Outcome(
+        ROTARY,
+        f"rotary embedding not fused: it names the dims it splits and joins from the front ({spelled}), so "
+        f"the dim it rotates is the last one only of a {ndim}-D tensor, and npu_rotary_mul takes a 4-D x",
+        remedy="to fuse it, count those dims from the end (as `unflatten(-1, (-1, 2))`, `flatten(-2)`) and rotate "
+        "a 4-D x (heads split out of the last dim): the branch applies where x is 4-D",
+    )
+
+
+def _front_call(call: ast.Call) -> str:
+    """`.unflatten(2, (-1, 2))`, or `torch.stack(..., dim=2)` (a function's sequence argument left out)."""
+    method = isinstance(call.func, ast.Attribute) and call.func.attr in _DIM_OPS
+    parts = [source(a) for a in call.args[0 if method else 1 :]] + [f"{k.arg}={source(k.value)}" for k in call.keywords]
+    return f".{call.func.attr}({', '.join(parts)})" if method else f"{source(call.func)}(..., {', '.join(parts)})"
+
+
+def _ndim(node: ast.AST, of, params: set[str], ndim: int, qualname):
+    """How many dims `node` has where each parameter the rotation reads has `ndim` (None: not known)."""
+    if isinstance(node, ast.Name):
+        return ndim if node.id in params else None
+    if isinstance(node, ast.UnaryOp):
+        return of(node.operand)
+    if isinstance(node, ast.BinOp):
+        sides = [of(node.left), of(node.right)]
+        known = [s for s in sides if isinstance(s, int)]
+        return max(known) if known else None
+    if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
+        first = of(node.elts[0])
+        return ("seq", first) if isinstance(first, int) else None
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        value = of(node.value)
+        return value[1] if isinstance(value, tuple) else None
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    joined = qualname(node.func)
+    if joined in _DIM_FUNCTIONS:
+        items = of(node.args[0]) if node.args else None
+        return items[1] + (joined == "torch.stack") if isinstance(items, tuple) else None
+    method, receiver = node.func.attr, of(node.func.value)
+    if not isinstance(receiver, int):
+        return None
+    if method in _SAME_NDIM:
+        return receiver
+    if method == "unflatten" and len(node.args) == 2 and isinstance(node.args[1], (ast.Tuple, ast.List)):
+        return receiver + len(node.args[1].elts) - 1
+    if method == "unbind":
+        return ("seq", receiver - 1)
+    if method in ("chunk", "split"):
+        return ("seq", receiver)
+    if method == "flatten" and len(node.args) <= 2 and all(isinstance(a, ast.Constant) for a in node.args):
+        start, end = [*(a.value for a in node.args), 0, -1][:2] if node.args else (0, -1)
+        if len(node.args) == 1:
+            end = -1
+        start, end = start % receiver, end % receiver
+        return receiver - (end - start)
     return None
 
 
