@@ -274,6 +274,24 @@ def test_a_global_statement_that_may_rebind_the_module_leaves_it_unfollowed(tmp_
 
 
 @pytest.mark.parametrize(
+    "patch",
+    [
+        "rope.rotate_half = swap\n",
+        "def install():\n    rope.rotate_half = swap\n",
+        "setattr(rope, 'rotate_half', swap)\n",
+        "setattr(rope, NAME, swap)\n",
+    ],
+    ids=["module level", "in a function", "setattr", "setattr computed"],
+)
+def test_a_module_attribute_the_file_assigns_is_not_followed(tmp_path, patch):
+    # the review's monkeypatch: `rope.rotate_half` replaced in the importing file (here by a swap without the
+    # negation) was fused as the module's own rotation, and the kernel then computed another function
+    swap = "\n\ndef swap(x):\n    x1, x2 = x.chunk(2, dim=-1)\n    return torch.cat((x2, x1), dim=-1)\n\n\n"
+    message = _declined(tmp_path, {"rope.py": ROPE, "model.py": ATTRIBUTE + swap + patch})
+    assert "`rope.rotate_half` is imported from `.rope`, but this file assigns `rope`'s attributes" in message
+
+
+@pytest.mark.parametrize(
     "init, why",
     [
         ("rope = None\n", "binds `rope` itself"),

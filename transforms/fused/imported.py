@@ -332,6 +332,33 @@ class Scope:
         followed, or declined, as a walk of the whole file."""
         return declared_global(self.tree)
 
+    @functools.cached_property
+    def patched(self) -> dict[str, set[str | None]]:
+        """Module attributes the file assigns or deletes (`rope.rotate_half = swap`, `setattr(rope, ...)`):
+        name -> the attributes (None: any, a `setattr` with a computed name). Asked only of a file that
+        calls a function of an imported module."""
+        found: dict[str, set[str | None]] = {}
+        for node in ast.walk(self.tree):
+            targets: list[ast.expr] = []
+            if isinstance(node, (ast.Assign, ast.Delete)):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("setattr", "delattr")
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+            ):
+                attr = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
+                found.setdefault(node.args[0].id, set()).add(attr if isinstance(attr, str) else None)
+            for target in targets:
+                for part in ast.walk(target):
+                    if isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name):
+                        found.setdefault(part.value.id, set()).add(part.attr)
+        return found
+
     def rebinding(self, name: str) -> str | None:
         """Why the file's module-level `name` may not be what a call of it reaches (None: nothing says so)."""
         where = "this file" if self.depth == 0 else f"`{self._file.name}`"
@@ -418,6 +445,13 @@ class Scope:
             module = stmt
             parent, _, child = (stmt.module or "").rpartition(".")
         spelled = _spelled(module)
+        patched = self.patched.get(head, set())
+        if attr in patched or None in patched:
+            where = "this file" if self.depth == 0 else f"`{self._file.name}`"
+            self.why[name] = (
+                f"imported from `{spelled}`, but {where} assigns `{head}`'s attributes, which may rebind it"
+            )
+            return None
         if head in self.starred or head in self.declared:
             self.why[name] = f"imported from `{spelled}`, but {self.rebinding(head).replace(' it', f' `{head}`', 1)}"
             return None
