@@ -215,3 +215,19 @@ def test_a_softmax_rebound_to_sigmoid_differs_from_the_fused_softmax(dtype):
             torch.manual_seed(0)
             results.append(namespace["Sig"](64, 4).to(dtype).eval()(_tokens(dtype)))
     assert _cosine(results[1], results[0]) < FLOOR[dtype]
+
+
+@pytest.mark.parametrize("case", ["method", "subclass"])
+def test_an_nn_dropout_attribute_bound_again_is_declined(case):
+    # the branch reads `self.drop.p`: an `nn.Identity` bound to it would make the branch raise in training
+    text = _migrate()[0]
+    if case == "method":
+        text = text.replace(_FORWARD, "\n    def no_drop(self):\n        self.drop = nn.Identity()\n" + _FORWARD, 1)
+    else:
+        text += "\n\nclass Plain(HeadsMixer):\n    def __init__(self, width, heads):\n"
+        text += "        super().__init__(width, heads)\n        self.drop = nn.Identity()\n"
+    out, findings = migrate_text(text, path="mixer.py", select=["NPU704"])
+    findings = [f for f in findings if f.rule_id == "NPU704" and not f.message.startswith("fused-op helpers")]
+    assert out == text
+    assert len(findings) == 1 and not findings[0].fixed, [f.message for f in findings]
+    assert "may not be the `nn.Dropout`" in findings[0].message, findings[0].message

@@ -450,6 +450,14 @@ def _dropout(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr] | None:
     ):
         created = fn.attribute_source(func.attr)
         if isinstance(created, ast.Call) and fn.qualname(created.func) in _DROPOUT_MODULES:
+            # The branch reads `self.<attr>.p`: another module bound to it (`nn.Identity()` in a method, a
+            # branch of `__init__` or a subclass) would make it raise, or drop what the original does not.
+            _, why = fn.sole_binding(func.attr)
+            if why:
+                raise Declined(
+                    f"{why}, so `{source(func)}` may not be the `nn.Dropout`",
+                    remedy="to fuse it, call torch.nn.functional.dropout(..., self.training) in forward",
+                )
             p = ast.Attribute(func, "p", ast.Load())
             return node.args[0], ast.IfExp(ast.Attribute(func, "training", ast.Load()), p, ast.Constant(0.0))
     return None
