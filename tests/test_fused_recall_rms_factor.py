@@ -49,6 +49,14 @@ SPELLINGS = {
             factor = gain.to(wide) * torch.rsqrt(h.to(wide).pow(2).mean(-1, keepdim=True) + tiny)
             return factor.to(h.dtype) * h
         """,
+    # `.float()` is `.to(torch.float32)`: it was declined as "scales a different tensor than it squares"
+    "float": """
+        import torch
+
+
+        def norm_by_factor(h, gain, tiny):
+            return h * (gain.float() * torch.rsqrt(torch.mean(h.float() ** 2, -1, keepdim=True) + tiny)).to(h.dtype)
+        """,
 }
 
 
@@ -127,8 +135,9 @@ def test_what_the_kernel_does_not_take_runs_the_original(name):
     ids=["eps", "gamma"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_a_broken_branch_is_caught(mutant, dtype):
-    text, out, _ = _migrate("promote_types")
+@pytest.mark.parametrize("name", ["promote_types", "float"])
+def test_a_broken_branch_is_caught(mutant, dtype, name):
+    text, out, _ = _migrate(name)
     args = _inputs(dtype)
     expected = _load(text, forced=False)(*args)
     got, _ = _run(_load(out, forced=True, mutate=mutant), *args)

@@ -157,3 +157,77 @@ def test_the_migrated_module_still_scripts_and_traces(tmp_path, monkeypatch):
         expected = original(tokens)
         assert torch.equal(torch.jit.script(migrated)(tokens), expected)
         assert torch.equal(torch.fx.symbolic_trace(migrated)(tokens), expected)
+
+
+_INIT_LINE = "        self.normalise = nn.Softmax(dim=-1)\n"
+_FORWARD = "\n    def forward(self, tokens):"
+# Each rebinds `self.normalise` where the `__init__` assignment does not show it: the module the forward
+# calls may be an `nn.Sigmoid`, and a fused branch would compute a softmax there instead (reviewer, #23).
+REBINDINGS = {
+    "another_method": (_FORWARD, "\n    def use_sigmoid(self):\n        self.normalise = nn.Sigmoid()\n" + _FORWARD),
+    "annotated_in_if": (
+        _INIT_LINE,
+        _INIT_LINE + "        if p > 0.5:\n            self.normalise: nn.Module = nn.Sigmoid()\n",
+    ),
+    "subclass_init": (
+        None,
+        "\n\nclass Sig(HeadsMixer):\n    def __init__(self, width, heads, p=0.0):\n"
+        "        super().__init__(width, heads, p)\n        self.normalise = nn.Sigmoid()\n",
+    ),
+    "only_under_if": (_INIT_LINE, "        if heads:\n" + "    " + _INIT_LINE),
+    "setattr": (
+        _FORWARD,
+        "\n    def use_sigmoid(self):\n        setattr(self, 'normalise', nn.Sigmoid())\n" + _FORWARD,
+    ),
+    "add_module": (_INIT_LINE, _INIT_LINE + "        self.add_module('normalise', nn.Sigmoid())\n"),
+    "del": (_FORWARD, "\n    def drop_it(self):\n        del self.normalise\n" + _FORWARD),
+}
+
+
+@pytest.mark.parametrize("case", list(REBINDINGS))
+def test_an_nn_softmax_attribute_bound_again_is_declined(case):
+    old, new = REBINDINGS[case]
+    text = _migrate()[0]
+    text = text + new if old is None else text.replace(old, new, 1)
+    assert text != _migrate()[0]
+    out, findings = migrate_text(text, path="mixer.py", select=["NPU704"])
+    findings = [f for f in findings if f.rule_id == "NPU704" and not f.message.startswith("fused-op helpers")]
+    assert out == text
+    assert len(findings) == 1 and not findings[0].fixed, [f.message for f in findings]
+    message = findings[0].message
+    assert "may not be the `nn.Softmax`" in message and "torch.softmax(..., dim=-1)" in message, message
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_softmax_rebound_to_sigmoid_differs_from_the_fused_softmax(dtype):
+    # Why the declines above matter: the reviewer's subclass, run through the branch the plain class gets
+    # (the fix's old output), is caught by the same floor the fused tests use.
+    _, out, _ = _migrate()
+    sub = REBINDINGS["subclass_init"][1]
+    with torch.no_grad():
+        results = []
+        for code, forced in ((_migrate()[0] + sub, False), (out + sub, True)):
+            namespace = {"__name__": "mixer"}
+            exec(compile(code, "mixer.py", "exec"), namespace)
+            if forced:
+                namespace["_is_npu"] = lambda x: True
+                namespace["torch_npu"] = TORCH_NPU
+            torch.manual_seed(0)
+            results.append(namespace["Sig"](64, 4).to(dtype).eval()(_tokens(dtype)))
+    assert _cosine(results[1], results[0]) < FLOOR[dtype]
+
+
+@pytest.mark.parametrize("case", ["method", "subclass"])
+def test_an_nn_dropout_attribute_bound_again_is_declined(case):
+    # the branch reads `self.drop.p`: an `nn.Identity` bound to it would make the branch raise in training
+    text = _migrate()[0]
+    if case == "method":
+        text = text.replace(_FORWARD, "\n    def no_drop(self):\n        self.drop = nn.Identity()\n" + _FORWARD, 1)
+    else:
+        text += "\n\nclass Plain(HeadsMixer):\n    def __init__(self, width, heads):\n"
+        text += "        super().__init__(width, heads)\n        self.drop = nn.Identity()\n"
+    out, findings = migrate_text(text, path="mixer.py", select=["NPU704"])
+    findings = [f for f in findings if f.rule_id == "NPU704" and not f.message.startswith("fused-op helpers")]
+    assert out == text
+    assert len(findings) == 1 and not findings[0].fixed, [f.message for f in findings]
+    assert "may not be the `nn.Dropout`" in findings[0].message, findings[0].message

@@ -530,6 +530,7 @@ class FusedOpsChecker(TreeChecker):
         fn = Function(node, method, self._qualname, siblings, self.functions, self.api, self.names)
         fn.imported = self.imported
         fn.class_name = owner.name if owner is not None else None
+        fn.owner, fn.module = owner, self.tree
         for idiom in idioms:
             outcome = idiom.match(fn)
             if outcome is not None:

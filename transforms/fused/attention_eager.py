@@ -394,6 +394,16 @@ def _probabilities(node: ast.expr, fn: Function, attention: Attention) -> ast.ex
         # `F.softmax(s, dim)`, `s.softmax(dim)`, or `self.attend(s)` with the dim in `nn.Softmax(dim)`: an
         # `nn.Softmax()` without one picks a dim by the input's rank (1 for 4-D scores), never the last here
         call = _softmax_module(node, fn) or node
+        if call is not node:
+            # `self.attend` is read as the `nn.Softmax` only where nothing else can be bound to it: a
+            # method, a branch of `__init__` or a subclass that rebinds it (`nn.Sigmoid()`) would make
+            # the branch compute a softmax where the original does not.
+            _, why = fn.sole_binding(node.func.attr)
+            if why:
+                raise Declined(
+                    f"{why}, so `{source(node.func)}` may not be the `nn.Softmax`",
+                    remedy="to fuse it, call torch.softmax(..., dim=-1) in forward",
+                )
         at = 1 if fn.qualname(call.func) in _SOFTMAX else 0
         dim = call.args[at] if len(call.args) > at else next((k.value for k in call.keywords if k.arg == "dim"), None)
         if not (isinstance(dim, ast.UnaryOp) and isinstance(dim.op, ast.USub) and _constant(dim.operand) == 1):
@@ -440,6 +450,14 @@ def _dropout(node: ast.expr, fn: Function) -> tuple[ast.expr, ast.expr] | None:
     ):
         created = fn.attribute_source(func.attr)
         if isinstance(created, ast.Call) and fn.qualname(created.func) in _DROPOUT_MODULES:
+            # The branch reads `self.<attr>.p`: another module bound to it (`nn.Identity()` in a method, a
+            # branch of `__init__` or a subclass) would make it raise, or drop what the original does not.
+            _, why = fn.sole_binding(func.attr)
+            if why:
+                raise Declined(
+                    f"{why}, so `{source(func)}` may not be the `nn.Dropout`",
+                    remedy="to fuse it, call torch.nn.functional.dropout(..., self.training) in forward",
+                )
             p = ast.Attribute(func, "p", ast.Load())
             return node.args[0], ast.IfExp(ast.Attribute(func, "training", ast.Load()), p, ast.Constant(0.0))
     return None

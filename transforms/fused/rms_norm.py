@@ -638,7 +638,7 @@ def _promoted_fp32(dtype: ast.expr, fn: Function, tensors: set[str]) -> bool:
 
 def _match_factor(fn: Function, result: ast.expr, site: Site, squared: ast.expr) -> Outcome | None:
     """Katherine Crowson's `x * (w.to(dtype) * rsqrt(mean(x.to(dtype) ** 2, -1, keepdim=True) + eps)).to(x.dtype)`
-    (k-diffusion, stable-audio-tools), `dtype` float32 or promoted with it: the factor `w * rsqrt(...)` is
+    (k-diffusion, stable-audio-tools), `dtype` float32 or promoted with it (`.float()` reads as float32): the factor `w * rsqrt(...)` is
     computed in float32, cast to x's dtype, then scales x. In float32 that is RMSNorm exactly; in fp16 / bf16
     it rounds the factor before the product, where the kernel rounds once: within the kernel's precision.
     None when `result` has another shape (the caller declines)."""
@@ -657,6 +657,9 @@ def _match_factor(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
             weight = cast_weight
             if call is not None and len(call.args) == 1 and not call.keywords:
                 weight = call.func.value
+            elif (upcast := method_call(cast_weight, "float")) is not None and not upcast.args and not upcast.keywords:
+                # `w.float()` is `w.to(torch.float32)`: nothing left to check of the weight's cast
+                weight = upcast.func.value
             weight_name = weight.id if isinstance(weight, ast.Name) else None
             leaf = _weight_leaf(weight, fn)
             if leaf is None or leaf[1] or _mentions(weight, x.id) or _mentions(site.eps, x.id):

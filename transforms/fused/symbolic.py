@@ -97,6 +97,11 @@ class Function:
     #: sibling, which `inline_functions` inlines as a module function.
     class_name: str | None = None
 
+    #: The class the function is defined in, and the file's tree, when known: `sole_binding` reads every
+    #: binding of an attribute in the class and in the file's subclasses of it.
+    owner: ast.ClassDef | None = None
+    module: ast.Module | None = None
+
     @functools.cached_property
     def nodes(self) -> list[ast.AST]:
         """Every node of the function, walked once: each matcher looks through them."""
@@ -145,6 +150,96 @@ class Function:
         ]
         return found[0] if len(found) == 1 else None
 
+    def sole_binding(self, attr: str) -> tuple[ast.expr | None, str]:
+        """The value `self.<attr>` holds wherever a method of the class runs, with "", when the file proves
+        it: the class binds it once, unconditionally, at the top level of `__init__`, and no class of the
+        file that subclasses it binds it again (a subclass in another file is not seen, as for a sibling
+        method it might override). Otherwise None and why not (for a declined finding): a
+        method, a branch of `__init__` or a subclass that rebinds it (`self.attend = nn.Sigmoid()`) makes
+        the module called something else."""
+        init = self.siblings.get("__init__")
+        if init is None or self.owner is None:
+            return None, f"`self.{attr}` is not bound in this class's `__init__`"
+        bindings = _bindings(self.owner, attr)
+        if len(bindings) != 1:
+            where = ", ".join(f"line {n.lineno}" for n in bindings)
+            return None, f"`self.{attr}` is bound {len(bindings)} times in the class ({where})"
+        args = [*init.args.posonlyargs, *init.args.args]
+        body = body_statements(init)
+        stmt = next((s for s in body if any(n is bindings[0] for n in ast.walk(s))), None)
+        targets = [stmt.target] if isinstance(stmt, ast.AnnAssign) else getattr(stmt, "targets", [])
+        if (
+            not args
+            or not isinstance(stmt, (ast.Assign, ast.AnnAssign))
+            or stmt.value is None
+            or len(targets) != 1
+            or not _is_self_attribute(targets[0], args[0].arg, attr)
+            # after an early `return` it may not be bound at all
+            or any(isinstance(n, ast.Return) for s in body[: body.index(stmt)] for n in ast.walk(s))
+        ):
+            line = bindings[0].lineno
+            return None, f"`self.{attr}` is bound under control flow or outside `__init__`'s body (line {line})"
+        for sub in _subclasses(self.module, self.owner):
+            again = _bindings(sub, attr)
+            if again:
+                return None, f"the subclass `{sub.name}` binds `self.{attr}` again (line {again[0].lineno})"
+        return stmt.value, ""
+
+
+#: Calls that bind an attribute by name: `setattr(self, "attend", m)`, `self.add_module("attend", m)`.
+_BINDING_CALLS = frozenset(("setattr", "delattr", "__setattr__", "__delattr__", "add_module", "register_module"))
+
+
+def _is_self_attribute(node: ast.expr, self_name: str, attr: str) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == attr
+        and isinstance(node.value, ast.Name)
+        and node.value.id == self_name
+    )
+
+
+def _bindings(cls: ast.ClassDef, attr: str) -> list[ast.AST]:
+    """Every node of `cls` that may bind or delete an attribute `attr`, on any object: an assignment, an
+    annotated or augmented one, a `for` / `with` target, `del`, and a call that binds by name with that name
+    or a name it computes."""
+    found: list[ast.AST] = []
+    for node in nodes_of(cls):
+        if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.ctx, (ast.Store, ast.Del)):
+            found.append(node)
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+            if name in _BINDING_CALLS:
+                names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                if not names or attr in names:
+                    found.append(node)
+    return sorted(found, key=lambda n: (n.lineno, n.col_offset))
+
+
+def _subclasses(module: ast.Module | None, cls: ast.ClassDef) -> list[ast.ClassDef]:
+    """The classes of the file that derive from `cls`, directly or through one another (by the base's last
+    name: `class B(mixer.A)` counts too)."""
+    if module is None:
+        return []
+    classes = [n for n in nodes_of(module) if isinstance(n, ast.ClassDef) and n is not cls]
+    names, found = {cls.name}, []
+    grew = True
+    while grew:
+        grew = False
+        for other in classes:
+            if other in found:
+                continue
+            bases = {
+                b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else None
+                for b in other.bases
+            }
+            if bases & names:
+                found.append(other)
+                names.add(other.name)
+                grew = True
+    return found
+
 
 def body_statements(tree: ast.FunctionDef) -> list[ast.stmt]:
     """The statements after the docstring."""
@@ -191,7 +286,16 @@ def straight_tail(fn: Function, start: int, keep: bool = False) -> Function:
     tree = copy.copy(fn.tree)
     tree.args, tree.body = args, [*kept, *body[start:]]
     return Function(
-        tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names, class_name=fn.class_name
+        tree,
+        fn.is_method,
+        fn.qualname,
+        fn.siblings,
+        fn.functions,
+        fn.api,
+        names=fn.names,
+        class_name=fn.class_name,
+        owner=fn.owner,
+        module=fn.module,
     )
 
 
@@ -877,7 +981,16 @@ def parameter_paths(fn: Function) -> list[Path] | None:
         tree = copy.copy(fn.tree)
         tree.body = statements
         function = Function(
-            tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names, class_name=fn.class_name
+            tree,
+            fn.is_method,
+            fn.qualname,
+            fn.siblings,
+            fn.functions,
+            fn.api,
+            names=fn.names,
+            class_name=fn.class_name,
+            owner=fn.owner,
+            module=fn.module,
         )
         function.imported = fn.imported
         paths.append(Path(_simplified(conditions), function))
