@@ -108,7 +108,8 @@ def _window_of(node: ast.AST, width: ast.expr) -> bool:
 def _stated_sizes(roots: list[ast.expr], sized: Callable[[ast.AST], bool]) -> list[ast.expr]:
     """`roots` with each size read of a view whose arguments state it (`t.reshape(s, -1, n, w // 2, 2).size(3)`
     is `w // 2`) replaced by that argument: the branch need not view a copy of x to read it. Where the view
-    would fail, the original fails at it (the branch's tables are built by a view of the same sizes)."""
+    would succeed it has that size; where it would fail (an empty x, whose -1 cannot be inferred), the
+    original raises and the branch may not: a failure removed from the branch, none added."""
     replacements: dict[int, ast.AST] = {}
     for root in roots:
         for node in walk_shared(root):
@@ -151,13 +152,15 @@ def _stated(view: ast.expr, at: ast.AST | None, sized: Callable[[ast.AST], bool]
 
 def in_order(bindings: list[tuple[str, ast.expr]], first: list[str]) -> list[tuple[str, ast.expr]]:
     """`bindings` with those named in `first` (the width and windows `bind_windows` bound) moved before the `_npu_t*` bindings that `_rewrite`'s later rounds put in
-    front, which may read them; one that reads such a binding stays where it is."""
-    moved = []
+    front, which may read them; from the first that reads another binding on, they stay where they are."""
+    moved: list[tuple[str, ast.expr]] = []
     for name, value in bindings:
         if name not in first:
             continue
-        if any(isinstance(n, ast.Name) and n.id.startswith("_npu_t") for n in walk_shared(value)):
-            break
+        moved_names = {m for m, _ in moved}
+        reads = {n.id for n in walk_shared(value) if isinstance(n, ast.Name) and n.id.startswith("_npu_")}
+        if not reads <= moved_names:
+            break  # it reads a binding before it (`_npu_x0[..., :_npu_w]` of an upcast): kept after that
         moved.append((name, value))
     names = {name for name, _ in moved}
     return moved + [b for b in bindings if b[0] not in names]
