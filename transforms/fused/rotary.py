@@ -38,6 +38,7 @@ from npu_migrate.transforms.fused.imported import (
     why_unfollowed_call,
 )
 from npu_migrate.transforms.fused.rotary_screen import Runs, may_be_rotation, may_hold_site, may_rotate
+from npu_migrate.transforms.fused.rotary_window import bind_windows, in_order
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
     STRAIGHT_LINE,
@@ -1033,6 +1034,11 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         fused[id(site.node)] = _kernel_call(x, r1, r2, mode)
     rewritten = replace_nodes(result, {**replacements, **fused})
     originals = dict(bindings)
+    # A width read from elsewhere and its window are bound once, and a size a view states is read from it
+    # (`rotary_window`): the branch writes neither five times, nor reshapes x to read a size.
+    before = {name for name, _ in bindings}
+    bindings, (rewritten, *xs) = bind_windows(found, bindings, [rewritten, *xs], _size_expression)
+    first = [name for name, _ in bindings if name not in before]
     count = 0
     for _ in range(4):
         shared = _repeated_calls([*(value for _, value in bindings), rewritten])
@@ -1063,6 +1069,8 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             )
             bindings = [(name, replace_nodes(value, uses)) for name, value in bindings if name not in aliases]
             rewritten = replace_nodes(rewritten, uses)
+    # The width and window stay first, as the original reads them first: what this loop bound reads them.
+    bindings = in_order(bindings, first)
     evaluated = [value for _, value in bindings]
     # The bindings run before `_npu_rotary_fits` decides, and the original runs again when it says no: a
     # call that is not a tensor operation (`self.bn(x)`, dropout, a hook) would run twice, changing
