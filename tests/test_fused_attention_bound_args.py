@@ -15,11 +15,13 @@ a branch whose bound mask is inverted is caught.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import textwrap
 
 import pytest
 import torch
+from conftest import FIXTURES
 
 from npu_migrate.engine.pipeline import migrate_text
 from npu_migrate.verify import reference
@@ -29,73 +31,27 @@ pytestmark = pytest.mark.integration  # torch: the `integration` extra
 TORCH_NPU = reference.torch_npu_module()
 FLOOR = {torch.float32: 0.999, torch.bfloat16: 0.99, torch.float16: 0.99}
 
+#: The fixture's modules, one at a time (`fixtures/rules/NPU704/eager_bound_mask.in.py`, our own code), each
+#: with the fixture's imports.
+EAGER_BOUND_MASK = (FIXTURES / "rules" / "NPU704" / "eager_bound_mask.in.py").read_text(encoding="utf-8")
+
+
+def _fixture_class(name: str) -> str:
+    tree = ast.parse(EAGER_BOUND_MASK)
+    imports = [
+        ast.get_source_segment(EAGER_BOUND_MASK, n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    return "\n".join(imports) + "\n\n\n" + ast.get_source_segment(EAGER_BOUND_MASK, node) + "\n"
+
+
 #: A padding mask turned into an additive one in the function (BERT's extended attention mask): substituted,
 #: `keep[:, None, None, :].to(q.dtype)` appears twice in the argument.
-PADDED = textwrap.dedent(
-    """
-    import torch
-    from torch import nn
-
-
-    class PaddedHeads(nn.Module):
-        def __init__(self, width, heads):
-            super().__init__()
-            self.heads = heads
-            self.qkv = nn.Linear(width, 3 * width, bias=False)
-            self.out = nn.Linear(width, width)
-
-        def forward(self, tokens, keep=None):
-            b, n, c = tokens.shape[0], tokens.shape[1], tokens.shape[2]
-            qkv = self.qkv(tokens).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv[0], qkv[1], qkv[2]
-            scores = torch.matmul(q, k.transpose(-1, -2)) / (c // self.heads) ** 0.5
-            if keep is not None:
-                bias = keep[:, None, None, :].to(q.dtype)
-                bias = (1.0 - bias) * torch.finfo(bias.dtype).min
-                scores = scores + bias
-            weights = scores.softmax(dim=-1)
-            mixed = torch.matmul(weights, v)
-            return self.out(mixed.transpose(1, 2).reshape(b, n, c))
-    """
-).lstrip()
+PADDED = _fixture_class("PaddedHeads")
 
 #: hivit's shape: a relative-position bias gathered from a learned table where `rel` is given, a padding
 #: mask by `masked_fill`.
-LEARNED = textwrap.dedent(
-    """
-    import math
-
-    import torch
-    from torch import nn
-
-
-    class TableHeads(nn.Module):
-        def __init__(self, width, heads, side):
-            super().__init__()
-            self.heads = heads
-            self.table = nn.Parameter(torch.randn((2 * side - 1) ** 2, heads))
-            self.register_buffer("index", torch.randint(0, (2 * side - 1) ** 2, (side**2, side**2)))
-            self.qkv = nn.Linear(width, 3 * width, bias=False)
-            self.out = nn.Linear(width, width)
-
-        def forward(self, tokens, rel=None, keep=None):
-            b, n, c = tokens.shape
-            qkv = self.qkv(tokens).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-            q, k, v = qkv[0], qkv[1], qkv[2]
-            q = q * (c // self.heads) ** -0.5
-            attn = q @ k.transpose(-2, -1)
-            if rel is not None:
-                rel = self.index.view(-1)
-                S = int(math.sqrt(rel.size(-1)))
-                bias = self.table[rel].view(-1, S, S, self.heads)
-                attn = attn + bias.permute(0, 3, 1, 2).contiguous()
-            if keep is not None:
-                attn = attn.masked_fill(~keep.bool()[:, None, None, :], float("-inf"))
-            attn = attn.softmax(dim=-1)
-            mixed = (attn @ v).transpose(1, 2).reshape(b, n, c)
-            return self.out(mixed)
-    """
-).lstrip()
+LEARNED = _fixture_class("TableHeads")
 
 
 def _migrate(text):
