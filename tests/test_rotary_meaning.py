@@ -19,6 +19,7 @@ import re
 import textwrap
 
 import pytest
+import test_rotary_window
 import torch
 import torch.nn.functional as F
 from conftest import FIXTURES
@@ -332,28 +333,9 @@ CASES["rope_autocast_off"] = (
 )
 
 
-#: ChatGLM's partial rotary (Kolors' text encoder), written here: the rotated width is read from the table's
-#: shape, x's sizes from x, the pairs written out, and the rest of the head passed through by a cat.
-WINDOW = textwrap.dedent(
-    """
-    import torch
-
-
-    def pair_cache(theta):
-        return torch.stack((theta.cos(), theta.sin()), dim=-1)
-
-
-    def rope_window_from_table(x, cache):
-        n = cache.shape[-2] * 2
-        rot, rest = x[..., :n], x[..., n:]
-        s = x.size(0)
-        pairs = rot.reshape(s, -1, x.size(2), n // 2, 2)
-        table = cache[:s].view(s, -1, 1, pairs.size(3), 2)
-        even = pairs[..., 0] * table[..., 0] - pairs[..., 1] * table[..., 1]
-        odd = pairs[..., 0] * table[..., 1] + pairs[..., 1] * table[..., 0]
-        return torch.cat([torch.stack((even, odd), dim=-1).flatten(3), rest], -1)
-    """
-)
+#: ChatGLM's partial rotary (Kolors' text encoder), written in test_rotary_window (which checks its branch's
+#: text without torch): the rotated width read from the table's shape.
+WINDOW = test_rotary_window.WINDOW
 
 
 def _window_cache(dtype, pairs=D // 4):

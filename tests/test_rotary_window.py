@@ -17,7 +17,10 @@ from npu_migrate.engine.pipeline import migrate_text
 
 WIDTH_FROM_TABLE = FIXTURES / "rules" / "NPU703" / "width_from_table.in.py"
 
-#: test_rotary_meaning's spelling of the same rotary (other names, the table halves read separately).
+#: ChatGLM's partial rotary (Kolors' text encoder), written here, another spelling than the fixture's (other
+#: names, the table halves read separately): the rotated width is read from the table's shape, x's sizes from
+#: x, the pairs written out, and the rest of the head passed through by a cat. test_rotary_meaning runs its
+#: numbers.
 WINDOW = textwrap.dedent(
     """
     import torch
