@@ -535,9 +535,7 @@ def _with_outcome(fn: Function) -> Outcome | None:
         return None
     tree = copy.copy(fn.tree)
     tree.body = body[0].body
-    inner = Function(
-        tree, fn.is_method, fn.qualname, fn.siblings, fn.functions, fn.api, names=fn.names, class_name=fn.class_name
-    )
+    inner = fn.around(tree)
     try:
         if not sites(inline_functions(inner, fold(inner, unpack=True)), inner):
             return None

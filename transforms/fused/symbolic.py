@@ -17,7 +17,7 @@ import ast
 import copy
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -101,6 +101,12 @@ class Function:
     #: binding of an attribute in the class and in the file's subclasses of it.
     owner: ast.ClassDef | None = None
     module: ast.Module | None = None
+
+    def around(self, tree: ast.FunctionDef) -> Function:
+        """The function's surroundings (resolver, siblings, file, class, imports) around another tree: a
+        straight tail of the body, one way through its `if`s, a `with` block's body. What was read of the
+        old body (its CUDA fast paths, an autocast-off block, its nodes) is not carried over."""
+        return replace(self, tree=tree, fast_path_tensors=[], autocast_off=None)
 
     @functools.cached_property
     def nodes(self) -> list[ast.AST]:
@@ -285,18 +291,7 @@ def straight_tail(fn: Function, start: int, keep: bool = False) -> Function:
     args.args = [*args.args, *(ast.arg(name) for name in dict.fromkeys(bound) if name not in known)]
     tree = copy.copy(fn.tree)
     tree.args, tree.body = args, [*kept, *body[start:]]
-    return Function(
-        tree,
-        fn.is_method,
-        fn.qualname,
-        fn.siblings,
-        fn.functions,
-        fn.api,
-        names=fn.names,
-        class_name=fn.class_name,
-        owner=fn.owner,
-        module=fn.module,
-    )
+    return fn.around(tree)
 
 
 def _still_valid(statements: list[ast.stmt]) -> list[ast.stmt]:
@@ -980,20 +975,7 @@ def parameter_paths(fn: Function) -> list[Path] | None:
     for conditions, statements in found:
         tree = copy.copy(fn.tree)
         tree.body = statements
-        function = Function(
-            tree,
-            fn.is_method,
-            fn.qualname,
-            fn.siblings,
-            fn.functions,
-            fn.api,
-            names=fn.names,
-            class_name=fn.class_name,
-            owner=fn.owner,
-            module=fn.module,
-        )
-        function.imported = fn.imported
-        paths.append(Path(_simplified(conditions), function))
+        paths.append(Path(_simplified(conditions), fn.around(tree)))
     return paths
 
 
