@@ -100,6 +100,8 @@ CASES = [
     ("NPU701", "functional_default_eps", lambda ns: ns["NoEps"](8), lambda: (torch.randn(2, 8),)),
     ("NPU702", "silu_module", lambda ns: ns["GatedMLP"](8, 16), lambda: (torch.randn(2, 8),)),
     ("NPU702", "torch_chunk", lambda ns: ns["swiglu"], lambda: (torch.randn(2, 16),)),
+    # A branch in place of the gating statement of a function with control flow.
+    ("NPU702", "control_flow_in_place", lambda ns: ns["ReducedMLP"](8, 16, True), lambda: (torch.randn(2, 8),)),
     ("NPU703", "double_negation", lambda ns: ns["apply_rotary_pos_emb"], lambda: _pick(_rotary(), 0, 2, 3, head=1)),
     ("NPU703", "hf_apply_rotary_pos_emb", lambda ns: ns["apply_rotary_pos_emb"], _rotary),
     ("NPU703", "partial_rotary", lambda ns: ns["apply_rotary_pos_emb"], _rotary),

@@ -80,6 +80,12 @@ def _compare(case, rule, build, call, dtype, mutate=None):
     return _cosine(got, expected), calls, torch.equal(kept, expected)
 
 
+def _with(module, **attributes):
+    for name, value in attributes.items():
+        setattr(module, name, value)
+    return module
+
+
 def _module(name, *args, **kwargs):
     return lambda namespace: namespace[name](*args, **kwargs)
 
@@ -148,6 +154,36 @@ CASES = {
             "_npu_swiglu_halves(self.w12(x), -1)",
             "_npu_swiglu_halves(torch.cat(self.w12(x).chunk(2, -1)[::-1], -1), -1)",
         ),
+    ),
+    # A function with control flow: the gating statement gets a branch in its place (#23).
+    "in_place_after_the_mlp_a_flag": (
+        "NPU702",
+        "control_flow_in_place",
+        _module("ReducedMLP", 16, 24, halve_out=True),
+        _forward,
+        ("_npu_silu_mul(self.w1(x), self.w3(x))", "_npu_silu_mul(self.w3(x), self.w1(x))"),
+    ),
+    "in_place_in_an_expert_loop": (
+        "NPU702",
+        "control_flow_in_place",
+        _module("LoopedExperts", 16, 24, 3),
+        lambda experts, x: experts(x.reshape(-1, 16), [4, 0, 6]),
+        ("_npu_swiglu_halves(projected, -1)", "_npu_swiglu_halves(projected.flip(-1), -1)"),
+    ),
+    # The split right in front, its halves read only by the product: one branch over both statements.
+    "in_place_split_and_gate": (
+        "NPU702",
+        "control_flow_in_place",
+        _module("RoutedExperts", 16, 24, 3),
+        lambda experts, x: experts(x.reshape(-1, 16), torch.tensor([2, 0, 2, 1, 0, 2, 2, 0, 1, 2])),
+        ("F.linear(x[rows], self.gate_up[expert]), -1)", "F.linear(x[rows], self.gate_up[expert]).flip(-1), -1)"),
+    ),
+    "in_place_gate_read_again": (
+        "NPU702",
+        "control_flow_in_place",
+        lambda ns: _with(ns["GateKept"](), skip=False, proj=torch.nn.Linear(16, 48), out=torch.nn.Linear(24, 24)),
+        _forward,
+        ("_npu_silu_mul(gate, up)", "_npu_silu_mul(up, gate)"),
     ),
 }
 
@@ -250,8 +286,8 @@ CASES["qwen_partial_rotary"] = (
 )
 
 
-#: Cases whose function runs the kernel more than once (q and k).
-KERNEL_CALLS = {"split_halves_q_and_k": 2}
+#: Cases whose function runs the kernel more than once: q and k; once per expert that has tokens.
+KERNEL_CALLS = {"split_halves_q_and_k": 2, "in_place_in_an_expert_loop": 2, "in_place_split_and_gate": 3}
 
 
 @pytest.mark.parametrize("dtype, floor", [(torch.float32, 0.999), (torch.bfloat16, 0.99)], ids=["fp32", "bf16"])

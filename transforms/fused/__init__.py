@@ -43,6 +43,7 @@ import ast
 import functools
 import importlib
 import pkgutil
+import re
 from collections.abc import Iterable, Mapping
 
 import libcst as cst
@@ -76,7 +77,14 @@ from npu_migrate.transforms.fused.helpers import (
 )
 from npu_migrate.transforms.fused.idiom import Idiom
 from npu_migrate.transforms.fused.imported import Scope, declared_global
-from npu_migrate.transforms.fused.symbolic import Function, Outcome, brief, forget_statements, has_fused_branch
+from npu_migrate.transforms.fused.symbolic import (
+    IN_PLACE_BLOCKS,
+    Function,
+    Outcome,
+    brief,
+    forget_statements,
+    has_fused_branch,
+)
 
 
 def _idioms() -> tuple[Idiom, ...]:
@@ -400,14 +408,21 @@ def _insert_branch(updated: cst.FunctionDef, branch: cst.BaseStatement, index: i
         )
         body.insert(1 if docstring else 0, branch)
     else:
-        # The blank lines above the statement go above the branch; its comments stay with it.
-        leading = list(body[index].leading_lines)
-        blanks = 0
-        while blanks < len(leading) and leading[blanks].comment is None:
-            blanks += 1
-        body[index] = body[index].with_changes(leading_lines=leading[blanks:])
-        body.insert(index, branch.with_changes(leading_lines=leading[:blanks]))
+        body = _in_front(body, index, branch)
     return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
+def _in_front(block: list[cst.BaseStatement], index: int, branch: cst.BaseStatement) -> list[cst.BaseStatement]:
+    """`block` with `branch` in front of its statement `index`: the blank lines above the statement go
+    above the branch; its comments stay with it."""
+    block = list(block)
+    leading = list(block[index].leading_lines)
+    blanks = 0
+    while blanks < len(leading) and leading[blanks].comment is None:
+        blanks += 1
+    block[index] = block[index].with_changes(leading_lines=leading[blanks:])
+    block.insert(index, branch.with_changes(leading_lines=leading[:blanks]))
+    return block
 
 
 def _insert_within(updated: cst.FunctionDef, branch: cst.BaseStatement, outer: int, index: int) -> cst.FunctionDef:
@@ -415,6 +430,75 @@ def _insert_within(updated: cst.FunctionDef, branch: cst.BaseStatement, outer: i
     body = list(updated.body.body)
     body[outer] = _insert_branch(body[outer], branch, index)
     return updated.with_changes(body=updated.body.with_changes(body=body))
+
+
+def _steps_to(statements: list[ast.stmt], target: ast.stmt) -> list[tuple[int, str | None]]:
+    """The way from a block to `target` (which is alone on its line) in libcst's terms: (the statement's
+    index among the block's lines, the field of it holding the next block) ..., then (its index, None)."""
+    for stmt in statements:
+        index = len({s.lineno for s in statements if s.lineno < stmt.lineno})
+        if stmt is target:
+            return [(index, None)]
+        for name in IN_PLACE_BLOCKS.get(type(stmt), ()):
+            try:
+                return [(index, name), *_steps_to(getattr(stmt, name), target)]
+            except LookupError:
+                continue
+    raise LookupError(target)
+
+
+#: A trailing comment that tells a linter or type checker about its line (noqa, type: ignore): the fused copy
+#: of the line needs it as much as the original does.
+_DIRECTIVE = re.compile(r"#\s*(noqa|type:\s*ignore|pylint:|pyright:|mypy:|nosec)")
+
+
+def _with_directive(branch: cst.If, original: cst.BaseStatement) -> cst.If:
+    """`branch` whose fused statement carries `original`'s directive comment, if it has one."""
+    comment = getattr(getattr(original, "trailing_whitespace", None), "comment", None)
+    if comment is None or not _DIRECTIVE.match(comment.value):
+        return branch
+    (fused, *rest) = branch.body.body
+    whitespace = fused.trailing_whitespace.with_changes(whitespace=cst.SimpleWhitespace("  "), comment=comment)
+    return branch.with_changes(
+        body=branch.body.with_changes(body=[fused.with_changes(trailing_whitespace=whitespace), *rest])
+    )
+
+
+def _replace_in_place(updated: cst.FunctionDef, replacements) -> cst.FunctionDef:
+    """The function with each run of statements `replacements` lead to (the way to its first, how many)
+    replaced by its branch, the statements themselves (their comments kept) put where the branch's `else:`
+    holds `pass`, or, for a branch with no `else:` (a `return`), with the branch in front of them."""
+
+    def replaced(block, steps, count, branch) -> list[cst.BaseStatement]:
+        (index, name), rest = steps[0], steps[1:]
+        block = list(block)
+        stmt = block[index]
+        if name is None and branch.orelse is None:
+            return _in_front(block, index, branch)
+        if name is None:
+            run = block[index : index + count]
+            branch = _with_directive(branch, run[-1])
+            orelse = branch.orelse
+            fallback = orelse.body.with_changes(body=[run[0].with_changes(leading_lines=()), *run[1:]])
+            block[index : index + count] = [
+                branch.with_changes(leading_lines=stmt.leading_lines, orelse=orelse.with_changes(body=fallback))
+            ]
+        elif name == "body":
+            inner = replaced(stmt.body.body, rest, count, branch)
+            block[index] = stmt.with_changes(body=stmt.body.with_changes(body=inner))
+        elif isinstance(getattr(stmt, name), cst.If):  # an `elif`: the one statement of ast's `orelse`
+            block[index] = stmt.with_changes(orelse=replaced([stmt.orelse], rest, count, branch)[0])
+        else:  # `else:` / `finally:`
+            part = getattr(stmt, name)
+            inner = part.body.with_changes(body=replaced(part.body.body, rest, count, branch))
+            block[index] = stmt.with_changes(**{name: part.with_changes(body=inner)})
+        return block
+
+    # The last first: a branch changes how many statements its block holds after it.
+    for steps, count, branch in sorted(replacements, key=lambda r: [index for index, _ in r[0]], reverse=True):
+        body = replaced(updated.body.body, steps, count, branch)
+        updated = updated.with_changes(body=updated.body.with_changes(body=body))
+    return updated
 
 
 class FusedOpsChecker(TreeChecker):
@@ -653,6 +737,12 @@ class FusedOpsChecker(TreeChecker):
                 outcome.message += f" not injected: {where}"
                 outcome.template = None
                 outcome.remedy = "to fuse it, put each statement of the body on its own line"
+        if outcome.template is not None and any(
+            not self._alone_on_its_line(stmt) for run, _ in outcome.in_place for stmt in run
+        ):
+            outcome.message += " not injected: a statement shares its line"
+            outcome.template = None
+            outcome.remedy = "to fuse it, put each statement of the body on its own line"
         if outcome.template is None:
             if outcome.remedy:
                 outcome.message += f"; {outcome.remedy}"
@@ -665,7 +755,20 @@ class FusedOpsChecker(TreeChecker):
         # declared helpers that no other declared helper calls (`_npu_sdpa`, not the `_npu_fusion_sdpa`
         # it calls); a branch, those its code names.
         called = _entry_helpers(outcome.helpers)
-        if fix is None:
+        if fix is None and outcome.in_place:
+            from npu_migrate.engine.templating import render
+
+            replacements, codes = [], []
+            for run, context in outcome.in_place:
+                codes.append(self._laid_out(node, render(outcome.template, **context), at=run[0]))
+                replacements.append((_steps_to(node.body, run[0]), len(run), cst.parse_statement(codes[-1])))
+            code = "\n".join(codes)
+            kernels = _kernel_helpers(code, outcome.template)
+            helpers += kernels
+            named = names_in(code)
+            called = [PRELUDE, *(t for t in outcome.helpers if HELPER_NAMES[t] in named), *kernels]
+            fix = lambda updated: _replace_in_place(updated, replacements)  # noqa: E731
+        elif fix is None:
             from npu_migrate.engine.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
 
             # A branch may go first inside a top-level block (NPU703: an autocast-disabled `with`).
@@ -685,15 +788,25 @@ class FusedOpsChecker(TreeChecker):
         self.reports.append(TreeReport(outcome.rule, node, outcome.message, fix=fix))
         self.applied.append((helpers, called, self.reports[-1]))
 
-    def _laid_out(self, node: ast.FunctionDef, code: str, nested: bool = False) -> str:
+    def _laid_out(self, node: ast.FunctionDef, code: str, nested: bool = False, at: ast.stmt | None = None) -> str:
         """A branch's `code` (one statement a line, at column 0) within the file's width once indented as
-        the function's body, which it is inserted in (`nested`: one level deeper, in a block of it), and in
-        the file's indentation unit."""
+        the function's body, which it is inserted in (`nested`: one level deeper, in a block of it; `at`: in
+        place of that statement, indented as it is), and in the file's indentation unit."""
         body = self.source.lines[node.body[0].lineno - 1]
         margin = body[: len(body) - len(body.lstrip(" \t"))]
         header = self.source.lines[node.lineno - 1]
         unit = margin[len(header) - len(header.lstrip(" \t")) :] or "    "
+        if at is not None:
+            line = self.source.lines[at.lineno - 1]
+            margin = line[: len(line) - len(line.lstrip(" \t"))]
         return fit(code, line_width(self.source.text) - len(margin) - (len(unit) if nested else 0), unit)
+
+    def _alone_on_its_line(self, stmt: ast.stmt) -> bool:
+        """Whether `stmt` starts its line and ends it: libcst holds it as a line of its own."""
+        if not self.source.starts_line(stmt):
+            return False
+        following = self.source.lines[stmt.end_lineno - 1][stmt.end_col_offset :].lstrip()
+        return not following or following.startswith("#")
 
     def _optional_imports(self, tree: ast.Module) -> None:
         """Imports of a package an NPU host lacks: made conditional where they only feed the calls an idiom

@@ -9,6 +9,7 @@ halves of one tensor. The rest of the function's expression (`down_proj(...)`) i
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
 from npu_migrate.transforms.fused.idiom import Idiom
@@ -18,10 +19,12 @@ from npu_migrate.transforms.fused.symbolic import (
     NotStraightLine,
     Outcome,
     argument,
+    body_statements,
     evaluates_twice,
     fold,
     is_pure,
     source,
+    statement_blocks,
     substitute_children,
     walk_shared,
 )
@@ -39,9 +42,15 @@ SWIGLU = Rule(
     shapes: `torch.cat` would silently accept a broadcast operand); `gate, up = x.chunk(2, -1)` passes
     `x` itself. The branch runs only on an NPU; otherwise the original code runs.
 
+    A function with control flow (a flag after the MLP, a loop over experts, a logging call) gets a
+    branch in place of each statement that gates, `if _is_npu(x): <the statement, fused> else: <the
+    statement>` (a `return` needs no `else:`), so everything around it runs as written; a linter's
+    comment on the statement (noqa, type: ignore) is carried to its fused copy.
+
     Declined, with a finding: `up, gate = x.chunk(2, -1)` with SiLU on the second half (the kernel
     activates the first half; swapping would copy the whole tensor), code that would evaluate a
-    projection twice, bodies with control flow. GELU gates are not SwiGLU and are left alone.
+    projection twice, a statement that gates twice or shares its line. GELU gates are not SwiGLU and
+    are left alone.
     """,
     why="""
     `torch_npu.npu_swiglu` computes the activation and the product in one kernel instead of two
@@ -101,6 +110,8 @@ SWIGLU = Rule(
 )
 
 TEMPLATE = "fused/swiglu.py.j2"
+#: The branch in place of one statement of a function with control flow (`_in_place_outcome`).
+IN_PLACE_TEMPLATE = "fused/swiglu_in_place.py.j2"
 #: `_is_silu(act)`: whether a configurable activation is SiLU, checked at run time.
 IS_SILU = "fused/is_silu.py.j2"
 #: `_npu_silu_mul(gate, up)`: the kernel on two operands concatenated, where their shapes allow.
@@ -153,6 +164,11 @@ def match(fn: Function) -> Outcome | None:
     try:
         result = fold(fn)
     except NotStraightLine as why:
+        in_place = _in_place_outcome(fn)
+        if in_place is not None:
+            return in_place
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "_is_npu" for n in fn.nodes):
+            return None  # its statements have their branches already (a second run)
         # The activation bound to a name first counts too (`h = F.silu(h)` then `h = h * up`: llama-models'
         # multimodal FeedForward, torchtitan's GroupedExperts): a SwiGLU that deserves a finding.
         activated = {
@@ -242,6 +258,182 @@ def match(fn: Function) -> Outcome | None:
         )
     context = {"x": x, "guards": guards, "result": source(rewritten)}
     return Outcome(SWIGLU, "SwiGLU gets a fused `torch_npu.npu_swiglu` branch", TEMPLATE, context, helpers)
+
+
+#: Where a name in an expression is bound by the expression itself: no statement in front can test it.
+_OWN_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _gates(expr: ast.expr, fn: Function) -> list[tuple[ast.BinOp, ast.expr, ast.expr, str | None]]:
+    """(product, gate, up, runtime check) for each `act(gate) * up` of `expr` outside lambdas and
+    comprehensions."""
+    found, stack = [], [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, _OWN_SCOPES):
+            continue
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+            for act, other in ((node.left, node.right), (node.right, node.left)):
+                activation = _activation(act, fn)
+                if activation is not None and not (isinstance(other, ast.Attribute) and is_pure(other)):
+                    found.append((node, activation[0], other, activation[1]))
+                    break
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _binds(stmt: ast.stmt, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in ast.walk(stmt))
+
+
+@dataclass
+class _Chunked:
+    """`g, u = t.chunk(2, dim)`, the statement of the block that binds a gate and its up."""
+
+    at: int  # its index in the block
+    tensor: ast.expr
+    dim: ast.expr
+    gate_first: bool
+
+
+def _chunked(gate: ast.expr, up: ast.expr, block: list[ast.stmt], at: int, fn: Function) -> _Chunked | None:
+    """How `gate, up` were bound, where together by the closest statement of this block that binds either:
+    `g, u = t.chunk(2, dim)` (or `torch.chunk`); else None."""
+    if not (isinstance(gate, ast.Name) and isinstance(up, ast.Name)) or gate.id == up.id:
+        return None
+    back = next((b for b in range(at - 1, -1, -1) if _binds(block[b], gate.id) or _binds(block[b], up.id)), None)
+    stmt = block[back] if back is not None else None
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Tuple)):
+        return None
+    names = [e.id if isinstance(e, ast.Name) else None for e in stmt.targets[0].elts]
+    call = stmt.value
+    if not (isinstance(call, ast.Call) and sorted(names, key=str) == sorted((gate.id, up.id))):
+        return None
+    function = fn.qualname(call.func) == "torch.chunk"
+    method = isinstance(call.func, ast.Attribute) and call.func.attr == "chunk"
+    chunks = argument(call, 1 if function else 0, "chunks")
+    if not ((function or method) and isinstance(chunks, ast.Constant) and chunks.value == 2):
+        return None
+    tensor, dim = _chunked_tensor(call, fn)
+    return _Chunked(back, tensor, dim, names[0] == gate.id)
+
+
+def _read_once(fn: Function, names: tuple[str, ...], stmt: ast.stmt) -> bool:
+    """Whether each of `names` is read in the function only by `stmt`, once, and nothing else binds it
+    but the statement in front (whose binding a branch over both may then skip)."""
+    inside = {id(n) for n in ast.walk(stmt)}
+    for name in names:
+        reads = [n for n in fn.nodes if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+        stores = [n for n in fn.nodes if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)]
+        if len(reads) != 1 or id(reads[0]) not in inside or len(stores) != 1:
+            return False
+    return not any(isinstance(n, (ast.Nonlocal, ast.Global)) for n in fn.nodes)
+
+
+def _tested_tensor(gate: ast.expr, up: ast.expr) -> ast.Name | None:
+    """A name that holds a tensor in front of the statement: an operand itself, or the input of the call
+    that computes one (`self.w1(x)`, `F.linear(x[rows], w)`)."""
+    for operand in (gate, up):
+        if isinstance(operand, ast.Name):
+            return operand
+    for operand in (gate, up):
+        if isinstance(operand, ast.Call) and operand.args:
+            tensor = operand.args[0]
+            while isinstance(tensor, ast.Subscript):  # `x[rows]`: rows of the tensor `x`, on its device
+                tensor = tensor.value
+            if isinstance(tensor, ast.Name):
+                return tensor
+    return None
+
+
+def _in_place_outcome(fn: Function) -> Outcome | None:
+    """A function with control flow (`if self.do_reduce:` after the MLP, an expert loop, a logging call)
+    whose SwiGLU is one statement: each statement holding one gate gets a branch of its own in its
+    place, `if _is_npu(x): <the statement, fused> else: <the statement>`, so everything around it runs as
+    written. None where no statement holds a gate, or one cannot be fused (the caller's finding stands)."""
+    sites: list[tuple[ast.stmt, dict[str, object]]] = []
+    helpers: tuple[str, ...] = ()
+    for block in statement_blocks(body_statements(fn.tree)):
+        lines = [s.lineno for s in block]
+        for at, stmt in enumerate(block):
+            if (
+                not isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr))
+                or stmt.value is None
+            ):
+                continue
+            gates = _gates(stmt.value, fn)
+            if not gates:
+                continue
+            if len(gates) > 1:
+                return Outcome(
+                    SWIGLU,
+                    f"SwiGLU not fused: the statement at line {stmt.lineno} gates more than once",
+                    remedy="to fuse it, give each gate a statement of its own",
+                )
+            if lines.count(stmt.lineno) > 1:
+                return Outcome(
+                    SWIGLU,
+                    f"SwiGLU not fused: the statement at line {stmt.lineno} shares its line",
+                    remedy="to fuse it, put each statement of the body on its own line",
+                )
+            product, gate, up, check = gates[0]
+            tested = _tested_tensor(gate, up)
+            chunked = _chunked(gate, up, block, at, fn)
+            if chunked is not None and not chunked.gate_first:
+                return Outcome(
+                    SWIGLU,
+                    "SwiGLU not fused: SiLU is applied to the second chunk, npu_swiglu activates the first",
+                    remedy="to fuse it, swap the halves of the projection's weight and apply SiLU to the first chunk",
+                )
+            run = [stmt]
+            if chunked is not None and isinstance(chunked.tensor, ast.Name):
+                if any(_binds(s, chunked.tensor.id) for s in block[chunked.at : at]):
+                    chunked = None  # the name holds another tensor by now
+            elif chunked is not None and chunked.at == at - 1 and _read_once(fn, (gate.id, up.id), stmt):
+                # `gate, up = proj(x).chunk(2, -1)` right in front, its halves read only here (transformers'
+                # MoE experts): one branch over both statements passes the projection itself, no copy.
+                run = [block[at - 1], stmt]
+                tested = _tested_tensor(chunked.tensor, chunked.tensor)
+            else:
+                chunked = None
+            if tested is None:
+                return Outcome(
+                    SWIGLU,
+                    "SwiGLU not fused: no tensor to test for the NPU in front of the statement",
+                    remedy="to fuse it, bind the gate to a name first",
+                )
+            if chunked is not None:
+                fused = ast.Call(ast.Name("_npu_swiglu_halves", ast.Load()), [chunked.tensor, chunked.dim], [])
+                helpers += (SWIGLU_HALVES,)
+            else:
+                fused = ast.Call(ast.Name("_npu_silu_mul", ast.Load()), [gate, up], [])
+                helpers += (SILU_MUL,)
+            if check:
+                helpers += (IS_SILU,)
+
+            def replace(node: ast.AST, product=product, fused=fused) -> ast.AST:
+                return fused if node is product else substitute_children(node, replace)
+
+            statement = substitute_children(stmt, lambda node: replace(node))
+            context = {
+                "x": tested.id,
+                "guards": [check] if check else [],
+                "statement": source(statement),
+                # A `return` needs no `else:` (the original follows the branch), any other statement one.
+                "returns": isinstance(stmt, ast.Return),
+            }
+            sites.append((run, context))
+    if not sites:
+        return None
+    lines = ", ".join(str(run[-1].lineno) for run, _ in sites)
+    return Outcome(
+        SWIGLU,
+        f"SwiGLU gets a fused `torch_npu.npu_swiglu` branch in place of its statement (line {lines}; the"
+        " function's control flow runs as written)",
+        IN_PLACE_TEMPLATE,
+        helpers=tuple(dict.fromkeys(helpers)),
+        in_place=sites,
+    )
 
 
 IDIOM = Idiom(

@@ -44,6 +44,35 @@ class Outcome:
     #: decline tells the user what to do: "to fuse it, <a change in their code>", or "nothing in the code
     #: can: <why>" where no edit of theirs would (LayerNorm is not RMSNorm; the torch_npu lacks the kernel).
     remedy: str = ""
+    #: Branches in place of statements of the body rather than one in front of it (a function with control
+    #: flow whose idiom is a statement or two): each run of consecutive statements of one block with its
+    #: `template` context. The template writes `pass` where the original statements stay, as the fallback.
+    in_place: list[tuple[list[ast.stmt], dict[str, object]]] = field(default_factory=list)
+
+
+#: The compound statements whose blocks `Outcome.in_place` reaches, and those blocks (a `try`'s handlers
+#: are not among them).
+IN_PLACE_BLOCKS: dict[type, tuple[str, ...]] = {
+    ast.If: ("body", "orelse"),
+    ast.For: ("body", "orelse"),
+    ast.AsyncFor: ("body", "orelse"),
+    ast.While: ("body", "orelse"),
+    ast.With: ("body",),
+    ast.AsyncWith: ("body",),
+    ast.Try: ("body", "orelse", "finalbody"),
+}
+
+
+def statement_blocks(statements: list[ast.stmt]):
+    """Each block of statements that `Outcome.in_place` reaches: this one and those nested in its compound
+    statements (not in nested defs or classes, functions of their own, nor under a branch this codemod
+    wrote: a second run)."""
+    yield statements
+    for stmt in statements:
+        if isinstance(stmt, ast.If) and "_is_npu(" in ast.unparse(stmt.test):
+            continue
+        for name in IN_PLACE_BLOCKS.get(type(stmt), ()):
+            yield from statement_blocks(getattr(stmt, name))
 
 
 def nodes_of(tree: ast.AST) -> list[ast.AST]:
