@@ -178,6 +178,13 @@ CASES = {
         lambda experts, x: experts(x.reshape(-1, 16), torch.tensor([2, 0, 2, 1, 0, 2, 2, 0, 1, 2])),
         ("F.linear(x[rows], self.gate_up[expert]), -1)", "F.linear(x[rows], self.gate_up[expert]).flip(-1), -1)"),
     ),
+    "in_place_activated_first": (
+        "NPU702",
+        "control_flow_in_place",
+        _module("ActivatedFirst", 16, 24),
+        lambda module, x: module(x, True),
+        ("_npu_silu_mul(self.w1(x), self.w3(x))", "_npu_silu_mul(self.w3(x), self.w1(x))"),
+    ),
     "in_place_gate_read_again": (
         "NPU702",
         "control_flow_in_place",

@@ -9,6 +9,7 @@ halves of one tensor. The rest of the function's expression (`down_proj(...)`) i
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 from npu_migrate.engine.rule import EVERY_TARGET, Example, FixSafety, Rule
@@ -139,9 +140,24 @@ def _activation(call: ast.expr, fn: Function) -> tuple[ast.expr, str | None] | N
             and isinstance(origin, ast.Call)
             and fn.qualname(origin.func) in ("torch.nn.SiLU", "torch.nn.modules.activation.SiLU")
         )
-        if configured or fixed or (origin is None and "act" in func.attr.lower()):
+        # A name bound to one (`self.act = activation`, a constructor's argument) is what it is at run
+        # time: `_is_silu` asks then.
+        named = (origin is None or isinstance(origin, ast.Name)) and "act" in func.attr.lower()
+        if configured or fixed or named:
             return call.args[0], f"_is_silu({source(func)})"
     return None
+
+
+def _second_chunk(check: str | None) -> Outcome:
+    """The decline of a gate on the second half of a split: where the activation is configurable, only
+    when it is SiLU is this a SwiGLU at all."""
+    activation = re.fullmatch(r"_is_silu\((.*)\)", check or "")
+    where = f" (where `{activation.group(1)}` is SiLU)" if activation else ""
+    return Outcome(
+        SWIGLU,
+        f"SwiGLU not fused{where}: SiLU is applied to the second chunk, npu_swiglu activates the first",
+        remedy="to fuse it, swap the halves of the projection's weight and apply SiLU to the first chunk",
+    )
 
 
 def _chunk_half(node: ast.expr) -> tuple[ast.Call, int] | None:
@@ -225,11 +241,7 @@ def match(fn: Function) -> Outcome | None:
     gate_half, up_half = _chunk_half(gate), _chunk_half(up)
     if gate_half and up_half and gate_half[0] is up_half[0]:
         if (gate_half[1], up_half[1]) != (0, 1):
-            return Outcome(
-                SWIGLU,
-                "SwiGLU not fused: SiLU is applied to the second chunk, npu_swiglu activates the first",
-                remedy="to fuse it, swap the halves of the projection's weight and apply SiLU to the first chunk",
-            )
+            return _second_chunk(check)
         tensor, dim = _chunked_tensor(gate_half[0], fn)
         # The chunked tensor is computed in the branch: the helper checks it against the kernel's limits.
         fused = ast.Call(ast.Name("_npu_swiglu_halves", ast.Load()), [tensor, dim], [])
@@ -318,14 +330,54 @@ def _chunked(gate: ast.expr, up: ast.expr, block: list[ast.stmt], at: int, fn: F
     return _Chunked(back, tensor, dim, names[0] == gate.id)
 
 
-def _read_once(fn: Function, names: tuple[str, ...], stmt: ast.stmt) -> bool:
-    """Whether each of `names` is read in the function only by `stmt`, once, and nothing else binds it
-    but the statement in front (whose binding a branch over both may then skip)."""
+def _activated_gate(stmt: ast.stmt, before: ast.stmt, fn: Function):
+    """(product, gate, up, runtime check) where the statement in front activates (`h = F.silu(g)`) and this
+    one gates with it (`h = h * up`: torchtitan's grouped experts), the activated value read nowhere else:
+    one branch over both computes the product from `g` and `up`. Why not, where it is read elsewhere;
+    else None."""
+    if not (isinstance(before, ast.Assign) and len(before.targets) == 1 and isinstance(before.targets[0], ast.Name)):
+        return None
+    activation = _activation(before.value, fn)
+    name = before.targets[0].id
+    if activation is None:
+        return None
+    product = next(
+        (
+            (node, up)
+            for node in ast.walk(stmt.value)
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
+            for act, up in ((node.left, node.right), (node.right, node.left))
+            if isinstance(act, ast.Name) and act.id == name
+        ),
+        None,
+    )
+    if product is None:
+        return None
+    if _binds(stmt, name):
+        # `h = h * up`: after it `h` holds the product on both ways, so only this statement reads the
+        # activated value, and must do so once.
+        reads = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+        if len(reads) != 1 or not isinstance(stmt, ast.Assign):
+            return f"`{name}`, the activated value, is read besides the gate at line {stmt.lineno}"
+    elif not _read_once(fn, (name,), stmt, before):
+        # the fused way never binds it: nothing else may read it
+        return f"`{name}`, the activated value, is read besides the gate at line {stmt.lineno}"
+    return product[0], activation[0], product[1], activation[1]
+
+
+def _read_once(fn: Function, names: tuple[str, ...], stmt: ast.stmt, before: ast.stmt | None = None) -> bool:
+    """Whether each of `names` is read in the function only by `stmt`, once, besides what `before` reads
+    (the statement in front, which a branch over both skips on its fused way, reading what it would)."""
     inside = {id(n) for n in ast.walk(stmt)}
+    skipped = {id(n) for n in ast.walk(before)} if before is not None else set()
     for name in names:
-        reads = [n for n in fn.nodes if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
-        stores = [n for n in fn.nodes if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)]
-        if len(reads) != 1 or id(reads[0]) not in inside or len(stores) != 1:
+        reads = [
+            n
+            for n in fn.nodes
+            # `del name` too: on the fused way the name is never bound
+            if isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Store) and id(n) not in skipped
+        ]
+        if len(reads) != 1 or id(reads[0]) not in inside:
             return False
     return not any(isinstance(n, (ast.Nonlocal, ast.Global)) for n in fn.nodes)
 
@@ -362,6 +414,15 @@ def _in_place_outcome(fn: Function) -> Outcome | None:
             ):
                 continue
             gates = _gates(stmt.value, fn)
+            activated = None if gates or at == 0 else _activated_gate(stmt, block[at - 1], fn)
+            if isinstance(activated, str):
+                return Outcome(
+                    SWIGLU,
+                    f"SwiGLU not fused: {activated}",
+                    remedy="to fuse it, read the activation only in the gate",
+                )
+            if activated is not None:
+                gates = [activated]
             if not gates:
                 continue
             if len(gates) > 1:
@@ -380,12 +441,8 @@ def _in_place_outcome(fn: Function) -> Outcome | None:
             tested = _tested_tensor(gate, up)
             chunked = _chunked(gate, up, block, at, fn)
             if chunked is not None and not chunked.gate_first:
-                return Outcome(
-                    SWIGLU,
-                    "SwiGLU not fused: SiLU is applied to the second chunk, npu_swiglu activates the first",
-                    remedy="to fuse it, swap the halves of the projection's weight and apply SiLU to the first chunk",
-                )
-            run = [stmt]
+                return _second_chunk(check)
+            run = [block[at - 1], stmt] if activated is not None else [stmt]
             if chunked is not None and isinstance(chunked.tensor, ast.Name):
                 if any(_binds(s, chunked.tensor.id) for s in block[chunked.at : at]):
                     chunked = None  # the name holds another tensor by now
@@ -396,6 +453,11 @@ def _in_place_outcome(fn: Function) -> Outcome | None:
                 tested = _tested_tensor(chunked.tensor, chunked.tensor)
             else:
                 chunked = None
+            if tested is None:  # a parameter the statements read: the function's input (`x`), as a front branch's
+                read = {
+                    n.id for s in run for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                }
+                tested = next((ast.Name(p, ast.Load()) for p in fn.params if p in read), None)
             if tested is None:
                 return Outcome(
                     SWIGLU,
@@ -438,8 +500,8 @@ def _in_place_outcome(fn: Function) -> Outcome | None:
 
 IDIOM = Idiom(
     rule=SWIGLU,
-    markers=("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN"),
-    identifiers=("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN", "act"),
+    markers=("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN", "self.act(", "self.activation("),
+    identifiers=("silu", "SiLU", "act_fn", "activation_fn", "ACT2FN", "act", "activation"),
     kernels=("npu_swiglu",),
     match=match,
     template=TEMPLATE,
