@@ -50,14 +50,20 @@ RMS_NORM = Rule(
     weight), and k-diffusion's float32 factor `x * (w.to(dt) * torch.rsqrt(mean(x.to(dt) ** 2, -1,
     keepdim=True) + eps)).to(x.dtype)` (`dt` float32 or promoted with it: the kernel runs in float32). A
     CUDA-only fast path in front (`if fast_kernel is not None and x.is_cuda: return
-    fast_kernel(...)`) stays for CUDA: the NPU branch goes before it. A branch in front of the untouched
+    fast_kernel(...)`) stays for CUDA: the NPU branch goes before it. A body whose `if`s test parameters
+    or the module's own configuration (`if not self.force_fp32:`, `if self.weight is not None:`, T5's `if
+    self.weight.dtype in [torch.float16, torch.bfloat16]:`) gets a branch per way through them that is
+    RMSNorm, each guarded by its way's tests: an attribute of `self` only where the class binds it in
+    `__init__` alone, to plain data (no property, method or class attribute of that name), and of a tensor
+    attribute only its dtype, shape or ndim. A branch in front of the untouched
     body runs the fused kernel when the input is on an NPU and the kernel's constraints hold (gamma shape
     and dtype, at least 2 dims); otherwise the original code runs. The file gets, once, a guarded
     `import torch_npu` and `_is_npu`. Code that already calls `npu_rms_norm` gets no second branch.
 
     Declined, with a finding saying why: a reduction over another dim or without keepdim, mean
     subtraction (LayerNorm), no weight, `F.normalize(x) * sqrt(d)` (eps clamps the norm instead of adding
-    to the mean square), bodies with control flow. `F.rms_norm` without eps (or eps None) passes its
+    to the mean square), other control flow (a test that calls something, or reads an attribute
+    bound outside `__init__` or computed by a property). `F.rms_norm` without eps (or eps None) passes its
     default explicitly: float32's machine epsilon, which torch uses for fp16 and bf16 inputs too (it
     computes them in float32), not `torch.finfo(x.dtype).eps`.
     """,
@@ -478,7 +484,9 @@ def match(fn: Function) -> Outcome | None:
             if ways is not None:
                 return ways
             refused = refused_read(fn)
-            message = f"RMS normalisation not fused: {why}" + (f"; the `if` is kept: {refused}" if refused else "")
+            message = f"RMS normalisation not fused: {why}" + (
+                f"; a branch in front cannot repeat its `if`'s test: {refused}" if refused else ""
+            )
             return Outcome(RMS_NORM, message, remedy=STRAIGHT_LINE)
         return _normalize_decline(fn)
     return _folded_outcome(fn, result)

@@ -28,6 +28,7 @@ from npu_migrate.transforms.fused.symbolic import (
     _bindings,
     _subclasses,
     body_statements,
+    cuda_only_tensor,
     is_pure,
     nodes_of,
     source,
@@ -177,10 +178,16 @@ def _bases(module: ast.Module | None, cls: ast.ClassDef) -> list[ast.ClassDef]:
 
 
 def refused_read(fn: Function) -> str | None:
-    """Why the first top-level `if` that tests an attribute of the module cannot be split at: the reason
-    `attribute_problem` gives for its first refused read (for the finding), or None."""
+    """Why the body's first statement that is not an assignment, when it is an `if` (past a CUDA-only fast
+    path, which `fold` reads through), cannot be split at: its test calls something, or the reason
+    `attribute_problem` gives for its first refused read (for the finding). None otherwise: the body stops
+    being straight-line code somewhere else (OLMo's `with torch.autocast(...)`)."""
     for stmt in body_statements(fn.tree):
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            continue
         if not isinstance(stmt, ast.If):
+            return None
+        if cuda_only_tensor(stmt.test, fn) is not None:
             continue
         calls = [n for n in ast.walk(stmt.test) if isinstance(n, ast.Call)]
         if calls:
@@ -190,6 +197,7 @@ def refused_read(fn: Function) -> str | None:
                 problem = attribute_problem(fn, node)
                 if problem is not None:
                     return problem
+        return None
     return None
 
 
