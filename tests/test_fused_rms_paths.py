@@ -8,10 +8,15 @@ code) run before and after migration, with `_is_npu` forced true and the CPU ref
 bf16 / fp16 >= 0.99), calling the kernel once where its way fuses and never where it does not (no weight,
 a weight in another dtype than the input where that would promote, a float64 input); off the NPU the
 migrated code is bit-identical. Broken branches are caught: a wrong eps, gamma dropped, a cast missing or
-added, the branch taken on the wrong way.
+added, the branch taken on the wrong way. Whatever graph mode the original survives (TorchScript, FX,
+torch.compile), the migrated module survives too, bit for bit (off the NPU): a way's test is an `if` of its
+own, which TorchScript prunes on a None weight.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import sys
 
 import pytest
 import torch
@@ -63,12 +68,22 @@ def _texts(fixture: str) -> tuple[str, str]:
     return text, out
 
 
-def _module(text: str, name: str, kwargs: dict, w_dtype, *, forced: bool, mutate=()):
+def _module(text: str, name: str, kwargs: dict, w_dtype, *, forced: bool, mutate=(), file=None):
+    """The fixture's class built from `text`; from a real file when `file` is given (TorchScript reads the
+    source of what it compiles)."""
     for old, new in mutate:
         assert old in text, old
         text = text.replace(old, new)
-    namespace = {"__name__": "paths"}
-    exec(compile(text, "paths.py", "exec"), namespace)
+    if file is None:
+        namespace = {"__name__": "paths"}
+        exec(compile(text, "paths.py", "exec"), namespace)
+    else:
+        file.write_text(text)
+        spec = importlib.util.spec_from_file_location(file.stem, file)
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[file.stem] = loaded
+        spec.loader.exec_module(loaded)
+        namespace = vars(loaded)
     if forced:
         namespace["_is_npu"] = lambda x: True
         namespace["torch_npu"] = TORCH_NPU
@@ -154,8 +169,8 @@ MUTANTS = {
     "wrong-way": (
         _case("weight_dtype_cast", {}, BF16, BF16),
         [
-            ("self.weight.dtype in [torch.float16, torch.bfloat16]\n", "False\n"),
-            ("self.weight.dtype not in [torch.float16, torch.bfloat16]\n", "True\n"),
+            ("            if self.weight.dtype in [torch.float16, torch.bfloat16]:", "            if False:"),
+            ("            if self.weight.dtype not in [torch.float16, torch.bfloat16]:", "            if True:"),
         ],
     ),
 }
@@ -166,3 +181,34 @@ def test_a_broken_branch_is_caught(name):
     case, mutate = MUTANTS[name]
     assert _agrees(case)  # the check passes on the real rewrite ...
     assert not _agrees(case, mutate)  # ... and fails on the broken one
+
+
+def _script(module):
+    return torch.jit.script(module)
+
+
+def _trace(module):
+    return torch.fx.symbolic_trace(module)
+
+
+def _compile(module):
+    return torch.compile(module, backend="eager")
+
+
+GRAPH_CASES = sorted({(c[0], c[1], tuple(c[2].items())) for c in CASES})
+
+
+@pytest.mark.parametrize("mode", [_script, _trace, _compile], ids=["script", "fx", "compile"])
+@pytest.mark.parametrize("case", GRAPH_CASES, ids=[f"{c[0]}{dict(c[2])}" for c in GRAPH_CASES])
+def test_the_migrated_module_survives_every_graph_mode_the_original_does(case, mode, tmp_path):
+    fixture, name, kwargs = case
+    text, out = _texts(fixture)
+    x = _input(torch.float32)
+    stem = f"{fixture}_{mode.__name__[1:]}_{abs(hash(kwargs))}"
+    original = _module(text, name, dict(kwargs), torch.float32, forced=False, file=tmp_path / f"{stem}_in.py")
+    try:
+        expected = mode(original)(x)
+    except Exception as error:  # noqa: BLE001 -- the original does not survive this mode: nothing to keep
+        pytest.skip(f"the original fails too: {type(error).__name__}")
+    migrated = mode(_module(out, name, dict(kwargs), torch.float32, forced=False, file=tmp_path / f"{stem}_out.py"))(x)
+    assert torch.equal(migrated, expected)

@@ -66,7 +66,7 @@ def test_a_plain_flag_fuses_both_ways():
     text, out, findings = _migrate(FLAG_NORM)
     assert len(findings) == 1 and findings[0].fixed and "(2 of 2 ways)" in findings[0].message
     assert out.count("return _npu_rms_norm(") == 2
-    assert "                self.upcast\n" in out and "                not self.upcast\n" in out
+    assert "            if self.upcast:\n" in out and "            if not self.upcast:\n" in out
 
 
 @pytest.mark.parametrize(

@@ -518,9 +518,10 @@ def _ways_outcome(fn: Function) -> Outcome | None:
         path, outcome = declined[0]
         outcome.message = f"{outcome.message} (where {where(path)})"
         return outcome
-    branches = [
-        {**outcome.context, "guards": [*conditions(path), *outcome.context["guards"]]} for path, outcome in fused
-    ]
+    # Each of the way's tests is an `if` of its own, around the kernel's guards: TorchScript compiles the
+    # body of `if self.weight is not None:` only where the attribute is not None, but every operand of an
+    # `and` (`self.weight.shape` of a None weight fails to compile).
+    branches = [{**outcome.context, "tests": conditions(path)} for path, outcome in fused]
     message = (
         f"RMSNorm gets a fused `torch_npu.npu_rms_norm` branch per way through its `if`s ({len(fused)} of"
         f" {len(paths)} ways)"
