@@ -28,10 +28,12 @@ from npu_migrate.transforms.fused.symbolic import (
     fold,
     is_pure,
     method_call,
+    parameter_paths,
     same,
     source,
     walk_shared,
 )
+from npu_migrate.transforms.fused.ways import conditions, refused_read, split_ways, stable_reads, where
 
 RMS_NORM = Rule(
     id="NPU701",
@@ -48,14 +50,20 @@ RMS_NORM = Rule(
     weight), and k-diffusion's float32 factor `x * (w.to(dt) * torch.rsqrt(mean(x.to(dt) ** 2, -1,
     keepdim=True) + eps)).to(x.dtype)` (`dt` float32 or promoted with it: the kernel runs in float32). A
     CUDA-only fast path in front (`if fast_kernel is not None and x.is_cuda: return
-    fast_kernel(...)`) stays for CUDA: the NPU branch goes before it. A branch in front of the untouched
+    fast_kernel(...)`) stays for CUDA: the NPU branch goes before it. A body whose `if`s test parameters
+    or the module's own configuration (`if not self.force_fp32:`, `if self.weight is not None:`, T5's `if
+    self.weight.dtype in [torch.float16, torch.bfloat16]:`) gets a branch per way through them that is
+    RMSNorm, each guarded by its way's tests: an attribute of `self` only where the class binds it in
+    `__init__` alone, to plain data (no property, method or class attribute of that name), and of a tensor
+    attribute only its dtype, shape or ndim. A branch in front of the untouched
     body runs the fused kernel when the input is on an NPU and the kernel's constraints hold (gamma shape
     and dtype, at least 2 dims); otherwise the original code runs. The file gets, once, a guarded
     `import torch_npu` and `_is_npu`. Code that already calls `npu_rms_norm` gets no second branch.
 
     Declined, with a finding saying why: a reduction over another dim or without keepdim, mean
     subtraction (LayerNorm), no weight, `F.normalize(x) * sqrt(d)` (eps clamps the norm instead of adding
-    to the mean square), bodies with control flow. `F.rms_norm` without eps (or eps None) passes its
+    to the mean square), other control flow (a test that calls something, or reads an attribute
+    bound outside `__init__` or computed by a property). `F.rms_norm` without eps (or eps None) passes its
     default explicitly: float32's machine epsilon, which torch uses for fp16 and bf16 inputs too (it
     computes them in float32), not `torch.finfo(x.dtype).eps`.
     """,
@@ -472,8 +480,60 @@ def match(fn: Function) -> Outcome | None:
         result = fold(fn)
     except NotStraightLine as why:
         if sites(fn.tree, fn) or _functional_calls(fn.tree, fn) or _unfolded_sites(fn):
-            return Outcome(RMS_NORM, f"RMS normalisation not fused: {why}", remedy=STRAIGHT_LINE)
+            ways = _ways_outcome(fn)
+            if ways is not None:
+                return ways
+            refused = refused_read(fn)
+            message = f"RMS normalisation not fused: {why}" + (
+                f"; a branch in front cannot repeat its `if`'s test: {refused}" if refused else ""
+            )
+            return Outcome(RMS_NORM, message, remedy=STRAIGHT_LINE)
         return _normalize_decline(fn)
+    return _folded_outcome(fn, result)
+
+
+def _way_outcome(fn: Function) -> Outcome | None:
+    """What one way through the function's `if`s (`parameter_paths`) is: matched as straight-line code."""
+    try:
+        result = fold(fn)
+    except NotStraightLine as why:
+        return Outcome(RMS_NORM, f"RMS normalisation not fused: {why}", remedy=STRAIGHT_LINE)
+    return _folded_outcome(fn, result)
+
+
+def _ways_outcome(fn: Function) -> Outcome | None:
+    """A branch per way through the function's `if`s on parameters and the module's own configuration
+    (`not self.force_fp32`, `self.weight is not None`, T5's `self.weight.dtype in [torch.float16,
+    torch.bfloat16]`: `ways.stable_reads`) that is RMSNorm, each guarded by its way's tests, under one
+    `_is_npu`, in front of the untouched body. The tests are evaluated again where the original evaluates
+    them, and get the same answers: at most one way's guards hold, and where its kernel does not apply the
+    original runs. When no way fuses, the first way's decline, saying where; None when no way is RMSNorm."""
+    paths = parameter_paths(fn, reads=stable_reads(fn))
+    if paths is None:
+        return None
+    fused, declined = split_ways(paths, _way_outcome)
+    if not fused:
+        if not declined:
+            return None
+        path, outcome = declined[0]
+        outcome.message = f"{outcome.message} (where {where(path)})"
+        return outcome
+    # Each of the way's tests is an `if` of its own, around the kernel's guards: TorchScript compiles the
+    # body of `if self.weight is not None:` only where the attribute is not None, but every operand of an
+    # `and` (`self.weight.shape` of a None weight fails to compile).
+    branches = [{**outcome.context, "tests": conditions(path)} for path, outcome in fused]
+    message = (
+        f"RMSNorm gets a fused `torch_npu.npu_rms_norm` branch per way through its `if`s ({len(fused)} of"
+        f" {len(paths)} ways)"
+    )
+    if declined:
+        path, outcome = declined[0]
+        message += f"; not where {where(path)}: {outcome.message}"
+    return Outcome(RMS_NORM, message, TEMPLATE, {"x": fused[0][1].context["x"], "paths": branches})
+
+
+def _folded_outcome(fn: Function, result: ast.expr) -> Outcome | None:
+    """What the function is, given the one expression it folds to."""
     found = sites(result, fn)
     if not found:
         functional = _functional_calls(result, fn)
@@ -495,7 +555,12 @@ def match(fn: Function) -> Outcome | None:
 
 def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr) -> Outcome | None:
     core = next((n for n in walk_shared(result) if _core(n, site) is not None), None)
-    if core is None or not same(_core(core, site), squared):
+    # HuggingFace T5's `x * rsqrt(mean(x.float()²) + eps)`: a half x times a float32 root promotes to
+    # `x.float() * ...`, exactly (every fp16 / bf16 value is a float32); guarded to those dtypes below.
+    promoted = (
+        core is not None and upcast_base(squared, fn) is not None and same(_core(core, site), upcast_base(squared, fn))
+    )
+    if core is None or not (same(_core(core, site), squared) or promoted):
         factor = _match_factor(fn, result, site, squared)
         if factor is not None:
             return factor
@@ -526,6 +591,10 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
         for w, normed in ((result.left, result.right), (result.right, result.left)):
             if lift(normed) is core:
                 weight, cast_back, after_cast = w, lift(normed) is not normed, True
+                break
+            if is_pure(w) and downcast_inner(normed, w) is core:
+                # T5's `w * norm.to(w.dtype)`: the branch's guard `w.dtype == x.dtype` makes it the cast back
+                weight, cast_back, after_cast = w, True, True
                 break
     if weight is None:
         inner = lift(result)
@@ -568,12 +637,9 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
             remedy="to fuse it, multiply by a parameter or attribute (or `1 + parameter`)",
         )
     leaf, weight_fp32 = leaf
-    if upcast is not None and not cast_back:
-        return Outcome(
-            RMS_NORM,
-            "RMS normalisation not fused: the float32 result is never cast back to the input dtype",
-            remedy="to fuse it, cast the result back with `.to(x.dtype)`",
-        )
+    # Never cast back (T5 with a float32 weight: `w * (x * rsqrt(mean(x.float()²) + eps))`): the original
+    # returns float32 for every input and weight dtype the kernel takes, and so does the kernel on `x.float()`.
+    float_result = upcast is not None and not cast_back
 
     if not set(fn.fast_path_tensors) <= {x.id}:
         return Outcome(
@@ -586,12 +652,16 @@ def _match_output(fn: Function, result: ast.expr, site: Site, squared: ast.expr)
     guards = [f"2 <= {xs}.dim() <= 8", f"{source(leaf)}.shape == {xs}.shape[-1:]"]
     if site.dim is not None:
         guards.append(f"{source(site.dim)} in (-1, {xs}.dim() - 1)")
-    if upcast is not None and not after_cast:
-        # The original multiplies in float32 and casts back: so does the branch, with an fp32 gamma.
+    if promoted and (float_result or not after_cast):
+        # a float64 x would promote the original's product to float64, not float32
+        guards.append(f"{xs}.dtype in {KERNEL_DTYPES}")
+    if float_result or upcast is not None and not after_cast:
+        # The original multiplies in float32 (and casts back): so does the branch, with an fp32 gamma.
         gamma = weight if weight_fp32 else ast.Call(ast.Attribute(weight, "float", ast.Load()), [], [])
         if not weight_fp32:
             guards.append(f"{source(leaf)}.dtype in {KERNEL_DTYPES}")
-        context = {"x_arg": f"{xs}.float()", "gamma": source(gamma), "cast": f".to({xs}.dtype)"}
+        cast = "" if float_result else f".to({xs}.dtype)"
+        context = {"x_arg": f"{xs}.float()", "gamma": source(gamma), "cast": cast}
     else:
         if weight_fp32:
             return Outcome(
@@ -750,6 +820,9 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
     default_eps = eps is None or isinstance(eps, ast.Constant) and eps.value is None
     upcast = upcast_base(tensor, fn)
     x = upcast if upcast is not None else tensor
+    if upcast is not None and weight is not None and upcast_base(weight, fn) is not None:
+        # `rms_norm(x.float(), shape, w.float(), eps)`: the branch's gamma is `w.float()` as it is
+        weight = upcast_base(weight, fn)
     if not (isinstance(x, ast.Name) and x.id in fn.params):
         return Outcome(
             RMS_NORM,

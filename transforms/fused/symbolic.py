@@ -968,17 +968,21 @@ class Path:
 PATH_LIMIT = 8
 
 
-def parameter_paths(fn: Function) -> list[Path] | None:
+def parameter_paths(fn: Function, reads: Callable[[ast.expr], bool] | None = None) -> list[Path] | None:
     """The straight-line functions `fn` is, one per way through its `if`s whose tests read only parameters
     the body never rebinds, compared with constants (diffusers' `if use_real:`, `if sequence_dim == 2:`): a
     test a branch in front of the body may evaluate again, with the same outcome, and no side effect. A
     path that ends in `raise` is left out (the original raises there: nothing to fuse). None when no such
-    `if` is at the top level of the body or there are more than `PATH_LIMIT` paths."""
+    `if` is at the top level of the body or there are more than `PATH_LIMIT` paths.
+
+    `reads`, when given, says which attribute reads a test may make besides (`ways.stable_reads`: the
+    module's own flags, `self.weight.dtype`, `torch.float16`); without it a test reads no attribute."""
     args = fn.tree.args
     params = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} - {fn.self_name}
     rebound = {name for names in fn.stores for name in names}
     body = body_statements(fn.tree)
-    if not any(isinstance(s, ast.If) and _parameter_test(s.test, params - rebound) for s in body):
+    test_ok = functools.partial(_parameter_test, params=params - rebound, reads=reads)
+    if not any(isinstance(s, ast.If) and test_ok(s.test) for s in body):
         return None
     found: list[tuple[list[ast.expr], list[ast.stmt]]] = []
 
@@ -989,7 +993,7 @@ def parameter_paths(fn: Function) -> list[Path] | None:
             if isinstance(stmt, ast.Return):
                 statements = statements[: at + 1]
                 break
-            if isinstance(stmt, ast.If) and _parameter_test(stmt.test, params - rebound):
+            if isinstance(stmt, ast.If) and test_ok(stmt.test):
                 rest = statements[at + 1 :]
                 for side, test in ((stmt.body, stmt.test), (stmt.orelse, negated(stmt.test))):
                     if len(found) > PATH_LIMIT or not walk([*statements[:at], *side, *rest], [*conditions, test]):
@@ -1008,21 +1012,30 @@ def parameter_paths(fn: Function) -> list[Path] | None:
     return paths
 
 
-def _parameter_test(test: ast.expr, params: set[str]) -> bool:
+def _parameter_test(test: ast.expr, params: set[str], reads: Callable[[ast.expr], bool] | None = None) -> bool:
     """Names of `params`, constants, comparisons, `and` / `or` / `not` of them: nothing that calls or reads
-    an attribute, which could compute something else the second time."""
+    an attribute, which could compute something else the second time (but the attributes `reads` accepts)."""
     if isinstance(test, ast.Name):
         return test.id in params
     if isinstance(test, ast.Constant):
         return True
+    if isinstance(test, ast.Attribute):
+        return reads is not None and reads(test)
     if isinstance(test, ast.UnaryOp):
-        return isinstance(test.op, (ast.Not, ast.USub)) and _parameter_test(test.operand, params)
+        return isinstance(test.op, (ast.Not, ast.USub)) and _parameter_test(test.operand, params, reads)
     if isinstance(test, ast.BoolOp):
-        return all(_parameter_test(v, params) for v in test.values)
+        return all(_parameter_test(v, params, reads) for v in test.values)
     if isinstance(test, ast.Compare):
         parts = [test.left, *test.comparators]
-        return any(isinstance(p, ast.Name) for p in parts) and all(
-            _parameter_test(p, params) or isinstance(p, ast.Tuple) and all(isinstance(e, ast.Constant) for e in p.elts)
+        read = (ast.Name,) if reads is None else (ast.Name, ast.Attribute)
+        # a list of dtypes (`in [torch.float16, torch.bfloat16]`) only where attribute reads are allowed
+        literal = (ast.Tuple,) if reads is None else (ast.Tuple, ast.List)
+        return any(isinstance(p, read) for p in parts) and all(
+            _parameter_test(p, params, reads)
+            or isinstance(p, literal)
+            and all(
+                isinstance(e, ast.Constant) or reads is not None and _parameter_test(e, params, reads) for e in p.elts
+            )
             for p in parts
         )
     return False
