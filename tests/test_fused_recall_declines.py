@@ -111,7 +111,8 @@ CASES = {
         """,
         ["SwiGLU not fused: `a`, the activated value, is read besides the gate at line 7", "; to fuse it, "],
     ),
-    # local-attention / denoising-diffusion: einops' einsum for the scores, under a branch
+    # local-attention / denoising-diffusion: einops' einsum for the scores, under a branch (the 4-D spelling is
+    # fused now; heads folded into the batch are not)
     "einops_einsum_attention": (
         "NPU704",
         """
@@ -122,11 +123,11 @@ CASES = {
         def attend(q, k, v, memory=None):
             if memory is not None:
                 k = torch.cat((memory, k), dim=-2)
-            logits = einsum(q, k, "b h i d, b h j d -> b h i j") * q.shape[-1] ** -0.5
+            logits = einsum(q, k, "b i d, b j d -> b i j") * q.shape[-1] ** -0.5
             weights = logits.softmax(dim=-1)
-            return einsum(weights, v, "b h i j, b h j d -> b h i d")
+            return einsum(weights, v, "b i j, b j d -> b i d")
         """,
-        ["the scores are not `q @ k.transpose(-2, -1)`", "; to fuse it, "],
+        ["the scores are not `q @ k.transpose(-2, -1)` over (batch, heads, seq, dim) tensors", "; to fuse it, "],
     ),
 }
 

@@ -401,6 +401,44 @@ EAGER_CASES = {
         lambda dtype: (_additive(_keep(1, 1, 6, 6), dtype, torch.finfo(dtype).min),),
         ("(q, k, v, position_bias, None, 0.0, q.size(-1) ** (-0.5))", "(q, k, v, position_bias, None, 0.0, 1.0)"),
     ),
+    # Scores and output written as einsums (#23): torch's named axes in a module, one-letter axes with an
+    # additive mask, einops' einsum.
+    "einsum_module": (
+        "einsum_scores",
+        _module_call("EinsumAttention", 64, 4, 16),
+        lambda dtype: (),
+        ("(q, k, v, None, None, 0.0, self.scale)", "(q, k, v, None, None, 0.0, 1.0)"),
+    ),
+    "einsum_compact_additive_mask": (
+        "einsum_scores",
+        _function_call("compact_spelling", _bnsd),
+        lambda dtype: (_additive(_keep(2, 1, 6, 6), dtype),),
+        ("(q, k, v, bias, None,", "(q, v, k, bias, None,"),
+    ),
+    "einsum_channels_first": (
+        "einsum_scores",
+        _function_call("channels_first", lambda dtype: _bnsd(dtype, (2, 4, 16, 6))),
+        lambda dtype: (),
+        ("v.transpose(-2, -1),\n", "v.transpose(-2, -1).flip(-2),\n"),
+    ),
+    "einsum_sequence_first": (
+        "einsum_scores",
+        _function_call("sequence_first", lambda dtype: _bnsd(dtype, (2, 6, 4, 16))),
+        lambda dtype: (),
+        ("k.transpose(1, 2),\n", "k.transpose(1, 2).flip(-2),\n"),
+    ),
+    "einsum_any_leading_dims": (
+        "einsum_scores",
+        _function_call("any_leading_dims", _bnsd),
+        lambda dtype: (),
+        ("(q, k, v, None, None, 0.0,", "(q, k, k, None, None, 0.0,"),
+    ),
+    "einops_einsum": (
+        "einsum_scores",
+        _function_call("einops_spelling", _bnsd),
+        lambda dtype: (),
+        ("(q, k, v, None, None, 0.0, q.shape[-1] ** (-0.5))", "(q, k, v, None, None, 0.0, q.shape[-1] ** 0.5)"),
+    ),
 }
 
 
@@ -648,3 +686,13 @@ def test_a_long_quoted_expression_in_a_declined_finding_shows_its_start_and_end(
     quoted = cut.split("`")[1]
     assert len(quoted) <= QUOTE_LIMIT and quoted.startswith("a" * 20) and quoted.endswith("z" * 16)
     assert "MIDDLE" not in cut and cut.endswith("where `mask is not None`"), "short spans stay whole"
+
+
+def test_an_einsum_over_any_leading_dims_runs_the_original_on_3d_tensors():
+    """`... i d, ... j d -> ... i j` is read whatever the leading dims; the kernel takes 4-D alone."""
+    original = _load(RULES / "NPU704" / "einsum_scores.in.py", forced=False)
+    forced = _load(RULES / "NPU704" / "einsum_scores.out.py", forced=True)
+    q, k, v = (t[0] for t in _bnsd(torch.float16))  # (heads, seq, dim)
+    before = TORCH_NPU.calls["npu_fusion_attention"]
+    assert torch.equal(forced["any_leading_dims"](q, k, v), original["any_leading_dims"](q, k, v))
+    assert TORCH_NPU.calls["npu_fusion_attention"] == before

@@ -280,16 +280,96 @@ class Attention:
 
 
 def _matmul_operands(node: ast.AST, fn: Function) -> tuple[ast.expr, ast.expr] | None:
+    """(a, b) of `a @ b` / `torch.matmul(a, b)`, or of an einsum that computes it (`_Einsum`)."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
         return node.left, node.right
-    if (
-        isinstance(node, ast.Call)
-        and fn.qualname(node.func) == "torch.matmul"
-        and len(node.args) == 2
-        and not node.keywords
-    ):
+    if not isinstance(node, ast.Call):
+        return None
+    if fn.qualname(node.func) == "torch.matmul" and len(node.args) == 2 and not node.keywords:
         return node.args[0], node.args[1]
+    einsum = _Einsum.read(node, fn)
+    return None if einsum is None else (einsum.left(), einsum.arranged(1, einsum.summed, einsum.columns))
+
+
+@dataclass
+class _Einsum:
+    """An einsum of two 4-D operands that is a matmul over their last two axes once each is arranged as
+    (batch, heads, ...): `out[P, rows, columns] = sum(a[P, rows, summed] * b[P, summed, columns])`, the two
+    leading axes P those of the result, in its order. Scores and output of lucidrains' and vit-pytorch's
+    attention (`"b h i d, b h j d -> b h i j"`, `"b h i j, b h j d -> b h i d"`), a channel-first layout
+    (`"b h d i, b h d j -> b h i j"`), a sequence-first one (`"b i h d, b j h d -> b h i j"`). torch's
+    spelling (`"bhid,bhjd->bhij"`, the equation first) and einops' (axis names between spaces, the equation
+    last) alike. A 3-D layout, `...`, or a sum over any other axis is not read."""
+
+    operands: tuple[ast.expr, ast.expr]
+    axes: tuple[list[str], list[str]]
+    leading: list[str]
+    rows: str
+    summed: str
+    columns: str
+
+    @classmethod
+    def read(cls, node: ast.Call, fn: Function) -> _Einsum | None:
+        name = fn.qualname(node.func)
+        if name not in ("torch.einsum", "einops.einsum") or node.keywords:
+            return None
+        args = node.args
+        equation, operands = (args[0], args[1:]) if name == "torch.einsum" else (args[-1], args[:-1])
+        text = _constant_text(equation)
+        if text is None or len(operands) != 2 or any(isinstance(o, ast.Starred) for o in operands):
+            return None
+        if text.count("->") != 1 or text.count(",") != 1:
+            return None
+        inputs, output = text.split("->")
+
+        def axes(part: str) -> list[str]:
+            # `...` is one axis here: any leading dims, the same on every operand (the kernel's helper
+            # takes 4-D tensors only, and says None otherwise)
+            part = part.replace("...", " … ")
+            return part.split() if name == "einops.einsum" else [c for c in part if not c.isspace()]
+
+        a, b, out = (axes(part) for part in (*inputs.split(","), output))
+        named = ("…" not in a and all(len(x) == 4 for x in (a, b, out))) or all(
+            len(x) == 3 and x[0] == "…" for x in (a, b, out)
+        )
+        if not named or not all(
+            len(set(x)) == len(x) and all(n == "…" or n.isidentifier() for n in x) for x in (a, b, out)
+        ):
+            return None
+        leading, rows, columns = out[:-2], out[-2], out[-1]
+        summed = set(a) - set(out)
+        if len(summed) != 1 or set(a) != {*leading, rows, *summed} or set(b) != {*leading, columns, *summed}:
+            return None
+        return cls((operands[0], operands[1]), (a, b), leading, rows, summed.pop(), columns)
+
+    def arranged(self, which: int, *last: str) -> ast.expr:
+        """Operand `which` as a (batch, heads, *last) tensor: itself, or a view of it."""
+        operand, axes = self.operands[which], self.axes[which]
+        order = [axes.index(axis) for axis in (*self.leading, *last)]
+        n = len(order)
+        if order == list(range(n)):
+            return operand
+        if order == [*range(n - 2), n - 1, n - 2]:  # one swap: `transpose`, as people write it
+            return _method(operand, "transpose", [ast.UnaryOp(ast.USub(), ast.Constant(n)) for n in (2, 1)])
+        if order == [0, 2, 1, 3]:
+            return _method(operand, "transpose", [ast.Constant(1), ast.Constant(2)])
+        return _method(operand, "permute", [ast.Constant(i) for i in order])
+
+    def left(self) -> ast.expr:
+        return self.arranged(0, self.rows, self.summed)
+
+
+def _constant_text(node: ast.expr) -> str | None:
+    """The text of a string constant, or of an f-string without placeholders (`f"b h i d, ..."`)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and all(isinstance(v, ast.Constant) for v in node.values):
+        return "".join(v.value for v in node.values)
     return None
+
+
+def _method(value: ast.expr, name: str, args: list[ast.expr]) -> ast.Call:
+    return ast.Call(ast.Attribute(value, name, ast.Load()), args, [])
 
 
 def _transposed(node: ast.expr) -> ast.expr | None:
@@ -309,7 +389,11 @@ def _transposed(node: ast.expr) -> ast.expr | None:
 
 
 def _scores_matmul(node: ast.AST, fn: Function) -> tuple[ast.expr, ast.expr] | None:
-    """(q, k) for `q @ k.transpose(-2, -1)` or `torch.matmul(q, k.transpose(-2, -1))`."""
+    """(q, k) for `q @ k.transpose(-2, -1)` or `torch.matmul(q, k.transpose(-2, -1))`, or an einsum that
+    computes it (q and k arranged as (batch, heads, seq, dim))."""
+    einsum = _Einsum.read(node, fn) if isinstance(node, ast.Call) else None
+    if einsum is not None:
+        return einsum.left(), einsum.arranged(1, einsum.columns, einsum.summed)
     operands = _matmul_operands(node, fn)
     if operands is None:
         return None
@@ -870,7 +954,8 @@ def fuse(fn: Function) -> Fusion | None:
     )
     if start is None:
         raise Declined(
-            "the scores are not `q @ k.transpose(-2, -1)` (einsum, bmm or a 3-D layout)",
+            "the scores are not `q @ k.transpose(-2, -1)` over (batch, heads, seq, dim) tensors (bmm, a 3-D layout,"
+            " or an einsum over other axes)",
             remedy="to fuse it, compute the scores as q @ k.transpose(-2, -1) on (batch, heads, seq, dim)",
         )
     env: dict[str, ast.expr] = {}
