@@ -111,8 +111,8 @@ CASES = {
         """,
         ["SwiGLU not fused: `a`, the activated value, is read besides the gate at line 7", "; to fuse it, "],
     ),
-    # local-attention / denoising-diffusion: einops' einsum for the scores, under a branch (the 4-D spelling is
-    # fused now; heads folded into the batch are not)
+    # local-attention / denoising-diffusion: einops' einsum for the scores, under a branch (fused now, 4-D or with
+    # the heads folded into the batch; not with a mask of a layout not known there)
     "einops_einsum_attention": (
         "NPU704",
         """
@@ -120,14 +120,14 @@ CASES = {
         from einops import einsum
 
 
-        def attend(q, k, v, memory=None):
+        def attend(q, k, v, bias, memory=None):
             if memory is not None:
                 k = torch.cat((memory, k), dim=-2)
             logits = einsum(q, k, "b i d, b j d -> b i j") * q.shape[-1] ** -0.5
-            weights = logits.softmax(dim=-1)
+            weights = (logits + bias).softmax(dim=-1)
             return einsum(weights, v, "b i j, b j d -> b i d")
         """,
-        ["the scores are not `q @ k.transpose(-2, -1)` over (batch, heads, seq, dim) tensors", "; to fuse it, "],
+        ["the heads are folded into the batch and a mask is applied: its layout is not known here", "; to fuse it, "],
     ),
 }
 

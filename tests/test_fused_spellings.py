@@ -433,6 +433,19 @@ EAGER_CASES = {
         lambda dtype: (),
         ("(q, k, v, None, None, 0.0,", "(q, k, k, None, None, 0.0,"),
     ),
+    # Heads folded into the batch, (batch * heads, seq, dim): one head each for the kernel.
+    "einsum_heads_folded": (
+        "einsum_scores",
+        _function_call("heads_folded", lambda dtype: _bnsd(dtype, (8, 6, 16))),
+        lambda dtype: (),
+        ("v.unsqueeze(1), None", "v.unsqueeze(1).flip(-2), None"),
+    ),
+    "bmm_heads_folded": (
+        "einsum_scores",
+        _function_call("batched_matmuls_unmasked", lambda dtype: _bnsd(dtype, (8, 6, 16))),
+        lambda dtype: (),
+        ("return fused_attention.squeeze(1)", "return fused_attention.squeeze(1).flip(0)"),
+    ),
     "einops_einsum": (
         "einsum_scores",
         _function_call("einops_spelling", _bnsd),

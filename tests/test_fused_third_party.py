@@ -56,6 +56,9 @@ EXPECTED_SITES = {
     # x-transformers' `nn.RMSNorm(...)` constructions (NPU706).
     ("torch_npu.npu_rms_norm", "applied"): 4,
     ("torch_npu.npu_scaled_masked_softmax", "candidate"): 1,
+    # x-transformers' GLU: `self.act` bound to a constructor argument, checked `_is_silu` at run time; the
+    # halves joined, as a softclamp may rebind `up` in between (#23).
+    ("torch_npu.npu_swiglu", "applied"): 1,
 }
 #: The rotary sites, by file: its status and what its finding must say.
 EXPECTED_ROTARY = {

@@ -269,6 +269,9 @@ class Attention:
     guards: list[str] = field(default_factory=list)
     #: Where the branch is skipped as the scores get a learned bias there: (test, the parameter), for the finding.
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    #: The heads are folded into the batch: q, k and v are (batch * heads, seq, dim) (`torch.bmm`, a 3-D
+    #: einsum). The kernel gets them as one head each, its output squeezed back to 3-D.
+    folded: bool = False
 
     def scale_source(self) -> str:
         """The kernel's scale: the product of the factors (1 / divisor for a division), 1.0 without one."""
@@ -285,7 +288,7 @@ def _matmul_operands(node: ast.AST, fn: Function) -> tuple[ast.expr, ast.expr] |
         return node.left, node.right
     if not isinstance(node, ast.Call):
         return None
-    if fn.qualname(node.func) == "torch.matmul" and len(node.args) == 2 and not node.keywords:
+    if fn.qualname(node.func) in ("torch.matmul", "torch.bmm") and len(node.args) == 2 and not node.keywords:
         return node.args[0], node.args[1]
     einsum = _Einsum.read(node, fn)
     return None if einsum is None else (einsum.left(), einsum.arranged(1, einsum.summed, einsum.columns))
@@ -329,9 +332,9 @@ class _Einsum:
             return part.split() if name == "einops.einsum" else [c for c in part if not c.isspace()]
 
         a, b, out = (axes(part) for part in (*inputs.split(","), output))
-        named = ("…" not in a and all(len(x) == 4 for x in (a, b, out))) or all(
-            len(x) == 3 and x[0] == "…" for x in (a, b, out)
-        )
+        named = (
+            "…" not in a and (all(len(x) == 4 for x in (a, b, out)) or all(len(x) == 3 for x in (a, b, out)))
+        ) or all(len(x) == 3 and x[0] == "…" for x in (a, b, out))
         if not named or not all(
             len(set(x)) == len(x) and all(n == "…" or n.isidentifier() for n in x) for x in (a, b, out)
         ):
@@ -372,8 +375,9 @@ def _method(value: ast.expr, name: str, args: list[ast.expr]) -> ast.Call:
     return ast.Call(ast.Attribute(value, name, ast.Load()), args, [])
 
 
-def _transposed(node: ast.expr) -> ast.expr | None:
-    """`k` for `k.transpose(-2, -1)` (either order), `k.transpose(2, 3)` (4-D: the helper checks) or `k.mT`."""
+def _transposed(node: ast.expr, folded: bool = False) -> ast.expr | None:
+    """`k` for `k.transpose(-2, -1)` (either order), `k.transpose(2, 3)` (4-D: the helper checks) or `k.mT`;
+    `k.transpose(1, 2)` too for `folded` (3-D) tensors."""
     if isinstance(node, ast.Attribute) and node.attr == "mT":
         return node.value
     call = method_call(node, "transpose")
@@ -385,7 +389,18 @@ def _transposed(node: ast.expr) -> ast.expr | None:
             dims.add(-arg.operand.value)
         elif isinstance(arg, ast.Constant):
             dims.add(arg.value)
-    return call.func.value if dims in ({-1, -2}, {2, 3}) else None
+    return call.func.value if dims in ({-1, -2}, {1, 2} if folded else {2, 3}) else None
+
+
+def _folded(node: ast.AST, fn: Function) -> bool:
+    """Whether the matmul `node` multiplies (batch * heads, rows, columns) tensors: `torch.bmm`, or an einsum
+    over three named axes."""
+    if not isinstance(node, ast.Call):
+        return False
+    if fn.qualname(node.func) == "torch.bmm":
+        return True
+    einsum = _Einsum.read(node, fn)
+    return einsum is not None and len(einsum.leading) == 1 and einsum.leading[0] != "…"
 
 
 def _scores_matmul(node: ast.AST, fn: Function) -> tuple[ast.expr, ast.expr] | None:
@@ -397,7 +412,7 @@ def _scores_matmul(node: ast.AST, fn: Function) -> tuple[ast.expr, ast.expr] | N
     operands = _matmul_operands(node, fn)
     if operands is None:
         return None
-    key = _transposed(operands[1])
+    key = _transposed(operands[1], folded=_folded(node, fn))
     return None if key is None else (operands[0], key)
 
 
@@ -554,6 +569,12 @@ def _scores(node: ast.expr, fn: Function, attention: Attention) -> None:
         base = _scores_matmul(node, fn)
         if base is not None:
             attention.query, attention.key = base
+            if _folded(node, fn) != attention.folded:
+                raise Declined(
+                    "the scores and the output multiply tensors of different ranks (one folds the heads into"
+                    " the batch, the other does not)",
+                    remedy="to fuse it, use one layout for both",
+                )
             return
         if isinstance(node, ast.IfExp):
             found = _conditional_step(node)
@@ -773,7 +794,7 @@ def _output(stmt: ast.stmt, env: dict[str, ast.expr], fn: Function) -> tuple[ast
         operands = _matmul_operands(node, fn)
         if operands is None:
             continue
-        attention = Attention(query=None, key=None, value=substitute(operands[1], env))
+        attention = Attention(query=None, key=None, value=substitute(operands[1], env), folded=_folded(node, fn))
         try:
             scores = _probabilities(substitute(operands[0], env), fn, attention)
         except _NotProbabilities:
@@ -909,9 +930,11 @@ class Fusion:
         a = self.attention
         return {
             "tensor": source(_device_tensor(a)),
-            "query": source(a.query),
-            "key": source(a.key),
-            "value": source(a.value),
+            # (batch * heads, seq, dim) as (batch * heads, 1, seq, dim): one head each
+            **{
+                role: source(_method(tensor, "unsqueeze", [ast.Constant(1)]) if a.folded else tensor)
+                for role, tensor in (("query", a.query), ("key", a.key), ("value", a.value))
+            },
             "additive_mask": self.bound.get("additive_mask")
             or (source(a.additive_mask) if a.additive_mask is not None else "None"),
             "masked_out": self.bound.get("masked_out")
@@ -993,7 +1016,15 @@ def fuse(fn: Function) -> Fusion | None:
     # Of those, the scores and what is computed from them (the probabilities) are what the kernel does not
     # return: only they may become None; any other (a cache built beside them) declines where it is used.
     from_scores = {name for name, value in env.items() if _contains_scores(value, fn)}
-    tail = [replace_nodes(stmt, {id(matmul): ast.Name(FUSED, ast.Load())}), *body[index + 1 :]]
+    output: ast.expr = ast.Name(FUSED, ast.Load())
+    if attention.folded:
+        if attention.additive_mask is not None or attention.masked_out is not None:
+            raise Declined(
+                "the heads are folded into the batch and a mask is applied: its layout is not known here",
+                remedy="to fuse it, keep the heads a dim of their own, (batch, heads, seq, dim)",
+            )
+        output = _method(output, "squeeze", [ast.Constant(1)])  # the kernel's one head, dropped again
+    tail = [replace_nodes(stmt, {id(matmul): output}), *body[index + 1 :]]
     if not isinstance(tail[-1], ast.Return):
         raise Declined(
             "the function does not end with a `return` after the attention",
