@@ -38,7 +38,7 @@ from npu_migrate.transforms.fused.imported import (
     why_unfollowed_call,
 )
 from npu_migrate.transforms.fused.rotary_screen import Runs, may_be_rotation, may_hold_site, may_rotate
-from npu_migrate.transforms.fused.rotary_window import bind_windows, in_order
+from npu_migrate.transforms.fused.rotary_window import bind_windows, in_order, sized_window
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
     STRAIGHT_LINE,
@@ -1004,8 +1004,9 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     bindings: list[tuple[str, ast.expr]] = []
     for table, name in ((cos, _NAMES[0]), (sin, _NAMES[1])):
         # A negated table (`-sin`, the rotation by -theta) too: the checks and the kernel read one tensor.
+        # So is a window of a cache sized by x (torchtitan's `rope_cache[..., :head_dim]`), written once.
         negated = isinstance(table, ast.UnaryOp)
-        if contains_call(table) or negated or any(table is p for p in found[0].products):
+        if contains_call(table) or negated or sized_window(table) or any(table is p for p in found[0].products):
             replacements[id(table)] = ast.Name(name, ast.Load())
             bindings.append((name, table))
     r1, r2 = (replacements.get(id(t), t) for t in (cos, sin))
@@ -1035,7 +1036,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     # A width read from elsewhere and its window are bound once, and a size a view states is read from it
     # (`rotary_window`): the branch writes neither five times, nor reshapes x to read a size.
     before = {name for name, _ in bindings}
-    bindings, (rewritten, *xs) = bind_windows(found, bindings, [rewritten, *xs], _size_expression)
+    bindings, (rewritten, *xs) = bind_windows(found, bindings, [rewritten, *xs], _size_expression, xs)
     first = [name for name, _ in bindings if name not in before]
     count = 0
     for _ in range(4):
@@ -1172,6 +1173,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
                 tensors.append(check)
     # A rotated width read from elsewhere (ChatGLM's `rope_cache.shape[-2] * 2`) was taken to be the width of
     # the window `x[..., :width]`: so it is where it lies within x's last dim, checked before anything reads it.
+    windows = 0  # q's check before k's, as the original slices them
     for site in found:
         if site.window is None:
             continue
@@ -1185,7 +1187,8 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             )
         check = f"0 <= {source(width)} <= {source(base)}.shape[-1]"
         if check not in tensors:
-            tensors.insert(0, check)
+            tensors.insert(windows, check)
+            windows += 1
     # What the branch states of an imported helper's body (a `torch.cat` of the tables, a constant) must
     # mean here what it meant there: `torch` imported in both, not a name only the sibling binds.
     foreign = unbound_name(
