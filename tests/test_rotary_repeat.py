@@ -25,6 +25,10 @@ BRANCHES = [
     ("einops_interleaved", "rotate_window"),
     ("qwen_partial_rotary", "apply_rotary_pos_emb"),
     ("width_from_table", "rotate_table_width"),
+    # q and k rotated by one helper (test_rotary_qk_helper runs their numbers)
+    ("qk_window_helper", "_rot"),
+    ("qk_window_helper", "apply_rotary_pos_emb"),
+    ("qk_window_helper", "apply_rotary_cached"),
 ]
 
 
@@ -37,22 +41,21 @@ def _branch(text: str, function: str) -> ast.If:
 
 
 def repeated(branch: ast.If) -> dict[str, int]:
-    """What the branch's body computes more than once: subscripts, size reads, arithmetic, calls other than
-    the kernel and its check (one per rotated tensor), and an entry of a name (`freqs[0]`, a table passed in
-    as a pair), which reads what is there as a name does. The guard is left out: it checks a width read from
-    elsewhere before the body binds it (`0 <= cache.shape[-2] * 2 <= x.shape[-1]`)."""
-    kinds = (ast.Subscript, ast.BinOp, ast.Call)
-    counts = Counter(
-        ast.unparse(node)
-        for stmt in branch.body
-        for node in ast.walk(stmt)
-        if (isinstance(node, kinds) or isinstance(node, ast.Attribute) and node.attr == "shape")
-        and not (
-            isinstance(node, ast.Subscript)
-            and isinstance(node.value, ast.Name)
-            and isinstance(node.slice, ast.Constant)
-        )
-    )
+    """What the branch's body computes more than once: subscripts, size reads, arithmetic and calls (the
+    kernel and its check differ by the tensor they rotate). Not counted: an entry of a name (`freqs[0]`, a
+    table passed in as a pair), which reads what is there as a name does, and arithmetic of a name and a
+    number (`_npu_w // 2` in q's and k's views), which a name for it would not make shorter. The guard is
+    left out: it checks a width read from elsewhere before the body binds it (`0 <= cache.shape[-2] * 2 <=
+    x.shape[-1]`)."""
+
+    def counted(node: ast.AST) -> bool:
+        if isinstance(node, ast.Subscript):
+            return not (isinstance(node.value, ast.Name) and isinstance(node.slice, ast.Constant))
+        if isinstance(node, ast.BinOp):
+            return {type(node.left), type(node.right)} != {ast.Name, ast.Constant}
+        return isinstance(node, ast.Call) or isinstance(node, ast.Attribute) and node.attr == "shape"
+
+    counts = Counter(ast.unparse(node) for stmt in branch.body for node in ast.walk(stmt) if counted(node))
     return {text: count for text, count in counts.items() if count > 1}
 
 
@@ -66,6 +69,17 @@ def test_the_width_and_its_windows_are_written_once(case, function):
     assert len(bound) == 1, code
     kernel = [n for n in ast.walk(branch) if isinstance(n, ast.Call) and ast.unparse(n.func) == "_npu_rotary_mul"]
     assert kernel and not any(".shape" in ast.unparse(call) for call in kernel), code
+
+
+def test_tables_of_their_own_for_q_and_k_are_built_once_each():
+    """The helper cuts the cache to each tensor's length (q's and k's tables differ) or xpos scales them
+    differently: what both tables of a tensor read (the cut view, `freqs.cos()`, `scale ** -1`) is bound
+    once, as where one function spells it once."""
+    text = (NPU703 / "qk_window_helper.out.py").read_text()
+    for function in ("apply_rotary_cached", "apply_xpos"):
+        branch = _branch(text, function)
+        assert not repeated(branch), (repeated(branch), ast.unparse(branch))
+        assert "_npu_cos1" in ast.unparse(branch) and "_npu_sin1" in ast.unparse(branch)
 
 
 def test_the_check_catches_a_branch_that_still_repeats():

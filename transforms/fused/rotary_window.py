@@ -17,7 +17,7 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
-from npu_migrate.transforms.fused.symbolic import replace_nodes, walk_shared
+from npu_migrate.transforms.fused.symbolic import replace_nodes, substitute_children, walk_shared
 
 #: Views whose positional arguments are the sizes of their result.
 _VIEWS = ("reshape", "view")
@@ -80,6 +80,26 @@ def bind_windows(
     return _placed(list(zip(names, values)), added), roots
 
 
+def unify_copies(exprs: list[ast.expr], pure: Callable[[ast.expr], bool]) -> list[ast.expr]:
+    """`exprs` with each call that is a copy of another (by what it spells) made one node, when `pure` says
+    it computes a value and nothing else: a helper inlined once for q and once for k builds its tables in
+    two copies (`cache[:q.size(0)].view(...)` for cos and for sin), which the branch binds once
+    (`_repeated_calls` reads calls by identity) as it does for a function that spells them once. Inner
+    calls first, so that copies of a call are copies of one node all the way down."""
+    one: dict[str, ast.AST] = {}
+    memo: dict[int, ast.AST] = {}
+
+    def visit(node: ast.AST) -> ast.AST:
+        if id(node) not in memo:
+            new = substitute_children(node, visit)
+            if isinstance(node, ast.Call) and pure(node):
+                new = one.setdefault(ast.dump(new), new)
+            memo[id(node)] = new
+        return memo[id(node)]
+
+    return [visit(expr) for expr in exprs]
+
+
 def _placed(kept: list[tuple[str, ast.expr]], added: list[tuple[str, ast.expr]]) -> list[tuple[str, ast.expr]]:
     """`kept` with `added` put first, as the original reads a width first, except those that read a binding
     of `kept` (`_npu_cos.shape[-1]`, a window of a bound upcast `_npu_x0[..., :_npu_w]`), or read one that
@@ -127,11 +147,6 @@ def _widths(found: list[Any], roots: list[ast.expr], sized: Callable[[ast.AST], 
                 if not isinstance(bound, (ast.Name, ast.Constant)) and sized(bound) and _reads_size(bound):
                     keys.append(ast.dump(bound))
     return list(dict.fromkeys(keys))
-
-
-def sized_window(node: ast.AST) -> bool:
-    """`node` is a window `base[..., lo:hi]` with a bound read from a size (`rope_cache[..., :q.shape[-1]]`)."""
-    return any(_reads_size(b) for b in _bounds(node))
 
 
 def _bounds(node: ast.AST) -> list[ast.expr]:
