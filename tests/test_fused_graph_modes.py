@@ -124,6 +124,19 @@ CASES = [
         lambda: (_rotary()[0], _pick(_rotary(), 2, 3, head=1), True),
     ),
     ("NPU703", "einops_conditional", lambda ns: ns["rotate_when"], lambda: (_rotary()[0], _angles(), True)),
+    # q and k rotated by a helper, each with tables of its own (the cache cut to its length, xpos' scales).
+    (
+        "NPU703",
+        "qk_window_helper",
+        lambda ns: ns["apply_rotary_cached"],
+        lambda: (_width_from_table()[0], _width_from_table()[0][:3], _width_from_table()[1]),
+    ),
+    (
+        "NPU703",
+        "qk_window_helper",
+        lambda ns: ns["apply_xpos"],
+        lambda: (*_rotary()[:2], _rotary()[2], _rotary()[3] + 1),
+    ),
     (
         "NPU707",
         "sdpa_functional",

@@ -368,7 +368,7 @@ FIXTURE_CASES = {
         "einops_interleaved",
         _fixture("rotate_window"),
         lambda fn, x: fn(_angles(8, x.dtype), _bsnd(x), offset=4, scale=1.0),
-        ("t[..., offset:offset + angles.shape[-1]], _npu_cos", "t[..., :angles.shape[-1]], _npu_cos"),
+        ("_npu_x0 = t[..., offset:_npu_w]", "_npu_x0 = t[..., :angles.shape[-1]]"),
     ),
     "after_an_if": (
         "einops_conditional",

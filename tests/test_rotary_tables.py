@@ -196,10 +196,10 @@ def test_a_starred_unpack_of_a_shape_is_read_and_the_scaled_window_fused(dtype, 
 @pytest.mark.parametrize(
     "broken",
     [
-        ("_npu_sin = _npu_t0.sin() * scale", "_npu_sin = -_npu_t0.sin() * scale"),  # the sign
+        ("_npu_sin = _npu_t2.sin() * scale", "_npu_sin = -_npu_t2.sin() * scale"),  # the sign
         ('rotary_mode="interleave"', 'rotary_mode="half"'),  # the pairing
-        ("_npu_cos = _npu_t0.cos() * scale", "_npu_cos = _npu_t0.cos()"),  # the scale dropped
-        ("_npu_x0 = t[..., start:start", "_npu_x0 = t[..., start - 2:start - 2"),  # the window moved
+        ("_npu_cos = _npu_t2.cos() * scale", "_npu_cos = _npu_t2.cos()"),  # the scale dropped
+        ("_npu_x0 = t[..., start:_npu_t1]", "_npu_x0 = t[..., start - 2:_npu_t1 - 2]"),  # the window moved
     ],
     ids=["sign", "pairing", "scale", "window"],
 )

@@ -38,7 +38,7 @@ from npu_migrate.transforms.fused.imported import (
     why_unfollowed_call,
 )
 from npu_migrate.transforms.fused.rotary_screen import Runs, may_be_rotation, may_hold_site, may_rotate
-from npu_migrate.transforms.fused.rotary_window import bind_windows, in_order
+from npu_migrate.transforms.fused.rotary_window import bind_windows, in_order, unify_copies
 from npu_migrate.transforms.fused.rotation import Declined, meaning, pure_rotation
 from npu_migrate.transforms.fused.symbolic import (
     STRAIGHT_LINE,
@@ -102,10 +102,13 @@ ROTARY = Rule(
     one; code naming dims computes something else at a lower rank), one dtype for x, cos and sin, cos/sin broadcasting into x in a layout the kernel accepts (BNSD: 11SD/B1SD/BNSD,
     BSND: 1S1D/BS1D/BSND, SBND: S11D/SB1D/SBND), an even head dim below 896; tables of lower rank (QwenImage's `(S, 1, D/2)`
     complex table) broadcast as with leading 1s, and the kernel gets them so. What the original computes
-    once (the unsqueezed tables, an upcast `q.float()`, a cache view both tables slice) is bound once, in
-    the branch. When the tables are prepared under `if`s or asserts and only the rest of the body is
-    straight-line code, the branch goes in front of that rest, reading the values the names hold there
-    (assignments before the `if`s that still hold, as litgpt's `rotated`, are read as computed). When
+    once (the unsqueezed tables, an upcast `q.float()`, a cache view both tables slice, a rotated width and
+    its window `q[..., :cos.shape[-1]]`) is bound once, in the branch. Tensors rotated with tables of their
+    own (a helper called for q and for k that cuts the cache to each one's length, xpos scaling k's tables
+    by the inverse of q's scale) are each checked and rotated with their own. When the tables are
+    prepared under `if`s or asserts and only the rest of the body is straight-line code, the branch goes
+    in front of that rest, reading the values the names hold there (assignments before the `if`s that
+    still hold, as litgpt's `rotated`, are read as computed). When
     `if`s on parameters choose the rotation (diffusers' `apply_rotary_emb`: `if use_real:`, `if
     use_real_unbind_dim == -1:`, complex numbers in the `else`), each way through them is read as
     straight-line code and fused on its own, in one branch per way under the tests that select it (tests
@@ -118,7 +121,8 @@ ROTARY = Rule(
     x cast to a dtype read from elsewhere (`x.to(self.dtype)`: read as kept only to say so), elements not
     rotated, a computation that differs at another head dim (a fixed-width slice), interleaved rotary
     where the torch_npu version has no rotary_mode, a rotation under other control flow, rotations with
-    different tables in one function, 3-D activations [B, S, D] rotated over the whole last dim as one head
+    different tables in one function where a table's trailing shape must be checked (a rotation matrix per
+    pair), 3-D activations [B, S, D] rotated over the whole last dim as one head
     (LTX: the kernel takes 4-D x and a head dim below 896), a view of x by a size read from an attribute
     (torchtune's vision `self.max_num_tiles`: read where it is 1 only), a branch that would call anything but a tensor operation
     (`self.bn(x)`, dropout) before `_npu_rotary_fits` decides, where no later placement avoids it (the
@@ -981,17 +985,30 @@ def _unmodelled_argument(call: ast.Call, fn: Function) -> ast.expr | None:
 
 
 def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Outcome:
-    # One cos and one sin for every site, as in every known implementation: binding them once keeps
-    # each evaluated exactly once, as in the original.
-    cos, sin = found[0].cos, found[0].sin
-    for site in found[1:]:
-        for mine, first in ((site.cos, cos), (site.sin, sin)):
-            if not (mine is first or (same(mine, first) and not contains_call(mine))):
+    # One cos and one sin for every site, as in most implementations: binding them once keeps each
+    # evaluated exactly once, as in the original. A helper that builds the tables from the tensor it
+    # rotates (ChatGLM's `cache[:x.size(0)]`), called for q and for k, or xpos (k's tables scaled by the
+    # inverse of q's scale) gives each its own: a pair of tables per rotated tensor then, each checked with
+    # its tensor and bound once (`_npu_cos1`, `_npu_sin1`).
+    pairs: list[tuple[ast.expr, ast.expr]] = []
+    of_site: list[int] = []
+    for site in found:
+        at = next(
+            (at for at, (c, s) in enumerate(pairs) if _same_table(site.cos, c, fn) and _same_table(site.sin, s, fn)),
+            None,
+        )
+        if at is None:
+            if pairs and any(site.shapes for site in found):
                 return Outcome(
                     ROTARY,
-                    "rotary embedding not fused: its rotations use different cos/sin tables",
+                    "rotary embedding not fused: its rotations use different cos/sin tables, and the shape of a "
+                    "table must be checked (its trailing sizes are read as a rotation per pair)",
                     remedy="to fuse it, rotate each tensor with its own tables in a function of its own",
                 )
+            at = len(pairs)
+            pairs.append((site.cos, site.sin))
+        of_site.append(at)
+    factors = [p for site in found for p in site.products]
     if any(isinstance(n, ast.Name) and n.id.startswith("_npu_") for n in fn.nodes):
         return Outcome(
             ROTARY,
@@ -1002,16 +1019,20 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     # What the guard and the kernel share and the original computes by a call (`cos.unsqueeze(1)`,
     # `q.float()`) is bound once, first thing in the branch, in the original's order.
     bindings: list[tuple[str, ast.expr]] = []
-    for table, name in ((cos, _NAMES[0]), (sin, _NAMES[1])):
-        # A negated table (`-sin`, the rotation by -theta) too: the checks and the kernel read one tensor.
-        negated = isinstance(table, ast.UnaryOp)
-        if contains_call(table) or negated or any(table is p for p in found[0].products):
-            replacements[id(table)] = ast.Name(name, ast.Load())
-            bindings.append((name, table))
-    r1, r2 = (replacements.get(id(t), t) for t in (cos, sin))
+    for at, pair in enumerate(pairs):
+        for table, name in zip(pair, _NAMES):
+            # A negated table (`-sin`, the rotation by -theta) too: the checks and the kernel read one tensor.
+            # So is a table that computes anything (torchtitan's `rope_cache[..., :query.shape[-1]]`, ESM's
+            # `cos[:, :x.shape[-2], :]`): written once, not in every check and kernel call.
+            negated = isinstance(table, ast.UnaryOp)
+            if contains_call(table) or negated or not _plain(table) or any(table is p for p in factors):
+                name = f"{name}{at}" if at else name
+                replacements[id(table)] = ast.Name(name, ast.Load())
+                bindings.append((name, table))
+    tables = [tuple(replacements.get(id(t), t) for t in pair) for pair in pairs]
     xs = []  # the tensors the guard checks: each rotated tensor, or its binding
     fused: dict[int, ast.AST] = {}
-    for site in found:
+    for site, at in zip(found, of_site):
         base = site.x
         while isinstance(base, ast.Subscript):
             base = base.value
@@ -1029,14 +1050,16 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
                 bindings.append((name, x))
             x = replacements[id(site.x)]
         xs.append(x)
-        fused[id(site.node)] = _kernel_call(x, r1, r2, mode)
+        fused[id(site.node)] = _kernel_call(x, *tables[at], mode)
     rewritten = replace_nodes(result, {**replacements, **fused})
     originals = dict(bindings)
     # A width read from elsewhere and its window are bound once, and a size a view states is read from it
     # (`rotary_window`): the branch writes neither five times, nor reshapes x to read a size.
     before = {name for name, _ in bindings}
-    bindings, (rewritten, *xs) = bind_windows(found, bindings, [rewritten, *xs], _size_expression)
+    bindings, (rewritten, *xs) = bind_windows(found, bindings, [rewritten, *xs], _size_expression, xs)
     first = [name for name, _ in bindings if name not in before]
+    *values, rewritten = unify_copies([*(value for _, value in bindings), rewritten], lambda c: not _user_calls(c, fn))
+    bindings = [(name, value) for (name, _), value in zip(bindings, values)]
     count = 0
     for _ in range(4):
         shared = _repeated_calls([*(value for _, value in bindings), rewritten])
@@ -1067,6 +1090,11 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             )
             bindings = [(name, replace_nodes(value, uses)) for name, value in bindings if name not in aliases]
             rewritten = replace_nodes(rewritten, uses)
+    # A rotated tensor bound as what two bindings share (`_npu_x0 = _npu_t4` of `x.float()`) is bound
+    # once, under the rotated tensor's name, where the shared one was.
+    for name, value in list(bindings):
+        if name.startswith("_npu_x") and isinstance(value, ast.Name) and value.id.startswith("_npu_t"):
+            bindings, rewritten = _renamed(bindings, rewritten, value.id, name)
     # The width and window stay first, as the original reads them first: what this loop bound reads them.
     bindings = in_order(bindings, first)
     evaluated = [value for _, value in bindings]
@@ -1125,19 +1153,19 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             remedy="to fuse it, test the tensor it rotates in the fast path's condition",
         )
     # Tables passed in as arguments may be Python numbers or lists: the kernel needs tensors.
-    tensors = [f"isinstance({source(t)}, torch.Tensor)" for t in _unique(list(found[0].source_tables)) if is_pure(t)]
+    sources = _unique([t for site in found for t in site.source_tables])
+    tensors = [f"isinstance({source(t)}, torch.Tensor)" for t in sources if is_pure(t)]
     # One check per rotated tensor, in the order the original computes them.
-    products = [name for name, _ in bindings if any(originals.get(name) is p for p in found[0].products)]
-    checks = [f"isinstance({name}, torch.Tensor)" for name in products] + [
-        source(
+    products = [name for name, _ in bindings if any(originals.get(name) is p for p in factors)]
+    checks = [f"isinstance({name}, torch.Tensor)" for name in products]
+    for x, at in zip(xs, of_site):
+        check = source(
             ast.Call(
-                ast.Name("_npu_rotary_fits", ast.Load()),
-                [r1, r2, x],
-                [ast.keyword("mode", ast.Constant(mode))],
+                ast.Name("_npu_rotary_fits", ast.Load()), [*tables[at], x], [ast.keyword("mode", ast.Constant(mode))]
             )
         )
-        for x in _unique(xs)
-    ]
+        if check not in checks:
+            checks.append(check)
     # A table read at a size the evaluator assumed (`rot[..., 0]` of a 2x2 rotation per pair) is checked
     # to have it: at another size the kernel tables would be built from the wrong entries, or fail.
     # Checked first, before the branch builds the kernel tables from it.
@@ -1158,7 +1186,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
     # it multiplies a complex tensor; a real one scales both parts instead (liger's Llama4 reference says
     # a cast may have dropped the imaginary part), and `.imag` of it raises. Checked first, on the table
     # the code passes in, through steps that keep the dtype.
-    for part in _complex_parts(cos, sin):
+    for part in _complex_parts(*(t for pair in pairs for t in pair)):
         base = _dtype_kept_base(part)
         if base is None:
             return Outcome(
@@ -1172,6 +1200,7 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
                 tensors.append(check)
     # A rotated width read from elsewhere (ChatGLM's `rope_cache.shape[-2] * 2`) was taken to be the width of
     # the window `x[..., :width]`: so it is where it lies within x's last dim, checked before anything reads it.
+    windows = 0  # q's check before k's, as the original slices them
     for site in found:
         if site.window is None:
             continue
@@ -1185,11 +1214,13 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
             )
         check = f"0 <= {source(width)} <= {source(base)}.shape[-1]"
         if check not in tensors:
-            tensors.insert(0, check)
+            tensors.insert(windows, check)
+            windows += 1
     # What the branch states of an imported helper's body (a `torch.cat` of the tables, a constant) must
     # mean here what it meant there: `torch` imported in both, not a name only the sibling binds.
     foreign = unbound_name(
-        fn, [*evaluated, rewritten, r1, r2, *xs, *found[0].source_tables, *(t for t, _ in found[0].shapes)]
+        fn,
+        [*evaluated, rewritten, *(t for pair in tables for t in pair), *xs, *sources, *(t for t, _ in found[0].shapes)],
     )
     if foreign is not None:
         name, where = foreign
@@ -1208,6 +1239,26 @@ def _rewrite(fn: Function, result: ast.expr, found: list[Site], mode: str) -> Ou
         "result": source(rewritten),
     }
     return Outcome(ROTARY, f"{what} gets a fused `torch_npu.npu_rotary_mul` branch", TEMPLATE, context, (HELPER,))
+
+
+def _renamed(
+    bindings: list[tuple[str, ast.expr]], rewritten: ast.expr, old: str, new: str
+) -> tuple[list[tuple[str, ast.expr]], ast.expr]:
+    """`bindings` and `rewritten` with the binding of `old` named `new`, and `new = old` dropped."""
+
+    def rename(expr: ast.expr) -> ast.expr:
+        uses = {id(n): ast.Name(new, ast.Load()) for n in walk_shared(expr) if isinstance(n, ast.Name) and n.id == old}
+        return replace_nodes(expr, uses)
+
+    kept = [(new if name == old else name, rename(value)) for name, value in bindings if name != new]
+    return kept, rename(rewritten)
+
+
+def _same_table(mine: ast.expr, first: ast.expr, fn: Function) -> bool:
+    """Whether the kernel may read `first` for `mine`: the same node, or the same expression computed by
+    tensor operations only (`cos.unsqueeze(1)` in a helper inlined for q and again for k), which give the
+    same tensor each time; a call of anything else (a module, a random draw) may not."""
+    return mine is first or (same(mine, first) and not _user_calls(mine, fn))
 
 
 def _complex_parts(*tables: ast.expr) -> list[ast.expr]:
@@ -1300,16 +1351,18 @@ def _user_calls(expr: ast.expr, fn: Function) -> list[ast.Call]:
 
 
 def _repeated_calls(exprs: list[ast.expr]) -> list[ast.expr]:
-    """The outermost calls that occur (by identity) more than once in `exprs`, first occurrence first."""
+    """The outermost calls, and arithmetic (xpos' `scale ** -1` of both of k's tables), that occur (by
+    identity) more than once in `exprs`, first occurrence first."""
+    kinds = (ast.Call, ast.BinOp)
     seen: dict[int, int] = {}
     for expr in exprs:
         for node in walk_shared(expr):
-            if isinstance(node, ast.Call):
+            if isinstance(node, kinds):
                 seen[id(node)] = seen.get(id(node), 0) + 1
     found: list[ast.expr] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.Call) and seen.get(id(node), 0) > 1:
+        if isinstance(node, kinds) and seen.get(id(node), 0) > 1:
             if not any(node is f for f in found):
                 found.append(node)
             return
