@@ -366,10 +366,11 @@ def _one_a_line(call: cst.Call) -> cst.Call:
     return call.with_changes(whitespace_before_args=_own_line("        "), args=args)
 
 
-def _statement_index(node: ast.FunctionDef, statement: ast.stmt) -> int:
-    """The position of the top-level body `statement` (which starts its line) among libcst's statements,
-    where simple statements sharing a line are one."""
-    return len({s.lineno for s in node.body if s.lineno < statement.lineno})
+def _statement_index(statements: list[ast.stmt], statement: ast.stmt, starts_line) -> int:
+    """The position of `statement` of the block `statements` (one that starts its line) among libcst's
+    statements, where simple statements joined by `;` are one: those before it that start a line (a
+    statement after `x = f(\n    y); ` shares the line the one before it ends on)."""
+    return sum(1 for s in statements[: next(i for i, s in enumerate(statements) if s is statement)] if starts_line(s))
 
 
 def with_called_helpers(templates) -> list[str]:
@@ -432,18 +433,18 @@ def _insert_within(updated: cst.FunctionDef, branch: cst.BaseStatement, outer: i
     return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
-def _steps_to(statements: list[ast.stmt], target: ast.stmt) -> list[tuple[int, str | None]]:
+def _steps_to(statements: list[ast.stmt], target: ast.stmt, starts_line) -> list[tuple[int, str | None]]:
     """The way from a block to `target` (which is alone on its line) in libcst's terms: (the statement's
-    index among the block's lines, the field of it holding the next block) ..., then (its index, None)."""
+    index among the block's statements, the field of it holding the next block) ..., then (its index, None)."""
     for stmt in statements:
-        index = len({s.lineno for s in statements if s.lineno < stmt.lineno})
         if stmt is target:
-            return [(index, None)]
+            return [(_statement_index(statements, stmt, starts_line), None)]
         for name in IN_PLACE_BLOCKS.get(type(stmt), ()):
             try:
-                return [(index, name), *_steps_to(getattr(stmt, name), target)]
+                rest = _steps_to(getattr(stmt, name), target, starts_line)
             except LookupError:
                 continue
+            return [(_statement_index(statements, stmt, starts_line), name), *rest]
     raise LookupError(target)
 
 
@@ -473,8 +474,8 @@ def _replace_in_place(updated: cst.FunctionDef, replacements) -> cst.FunctionDef
         (index, name), rest = steps[0], steps[1:]
         block = list(block)
         stmt = block[index]
-        if name is None and branch.orelse is None:
-            return _in_front(block, index, branch)
+        if name is None and branch.orelse is None:  # a `return`: the branch goes in front of it
+            return _in_front(block, index, _with_directive(branch, stmt))
         if name is None:
             run = block[index : index + count]
             branch = _with_directive(branch, run[-1])
@@ -760,8 +761,11 @@ class FusedOpsChecker(TreeChecker):
 
             replacements, codes = [], []
             for run, context in outcome.in_place:
+                # No room is kept for the linter comment the fused statement carries over (`_with_directive`):
+                # line-length checks (ruff's E501, pycodestyle's) leave such pragmas out of the count.
                 codes.append(self._laid_out(node, render(outcome.template, **context), at=run[0]))
-                replacements.append((_steps_to(node.body, run[0]), len(run), cst.parse_statement(codes[-1])))
+                steps = _steps_to(node.body, run[0], self.source.starts_line)
+                replacements.append((steps, len(run), cst.parse_statement(codes[-1])))
             code = "\n".join(codes)
             kernels = _kernel_helpers(code, outcome.template)
             helpers += kernels
@@ -779,9 +783,10 @@ class FusedOpsChecker(TreeChecker):
             named = names_in(code)
             called = [PRELUDE, *(t for t in outcome.helpers if HELPER_NAMES[t] in named), *kernels]
             branch = cst.parse_statement(code)
-            index = None if outcome.before is None else _statement_index(block or node, outcome.before)
+            starts = self.source.starts_line
+            index = None if outcome.before is None else _statement_index((block or node).body, outcome.before, starts)
             if block is not None:
-                outer = _statement_index(node, block)
+                outer = _statement_index(node.body, block, starts)
                 fix = lambda updated: _insert_within(updated, branch, outer, index)  # noqa: E731
             else:
                 fix = lambda updated: _insert_branch(updated, branch, index)  # noqa: E731

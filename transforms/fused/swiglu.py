@@ -160,6 +160,38 @@ def _second_chunk(check: str | None) -> Outcome:
     )
 
 
+#: Annotations of a parameter that is no tensor.
+_SCALARS = ("int", "float", "bool", "complex", "str")
+
+
+def _annotation(name: str, fn: Function) -> str | None:
+    """The annotation of parameter `name`, as written, if it has one."""
+    args = fn.tree.args
+    arg = next((a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs) if a.arg == name), None)
+    return source(arg.annotation) if arg is not None and arg.annotation is not None else None
+
+
+def _scalar(node: ast.expr, fn: Function) -> bool:
+    """Whether `node` is a number rather than a tensor: `silu(h) * 0.5` scales, it does not gate. A constant,
+    an attribute of constants (`self.scale`), a parameter annotated as a number."""
+    if isinstance(node, ast.UnaryOp):
+        node = node.operand
+    if isinstance(node, ast.Constant) or (isinstance(node, ast.Attribute) and is_pure(node)):
+        return True
+    return isinstance(node, ast.Name) and _annotation(node.id, fn) in _SCALARS
+
+
+def _own_scope_nodes(node: ast.AST):
+    """The nodes of `node` outside lambdas and comprehensions, whose names are their own."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, _OWN_SCOPES):
+            continue
+        yield current
+        stack.extend(ast.iter_child_nodes(current))
+
+
 def _chunk_half(node: ast.expr) -> tuple[ast.Call, int] | None:
     """(the shared `t.chunk(2, dim)` call, which half) for a name bound by tuple-unpacking a chunk."""
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.value, ast.Call):
@@ -180,11 +212,13 @@ def match(fn: Function) -> Outcome | None:
     try:
         result = fold(fn)
     except NotStraightLine as why:
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "_is_npu" for n in fn.nodes):
+            # A branch of ours is there (a second run): a `return` fused in place stays after its branch,
+            # where it would be fused again.
+            return None
         in_place = _in_place_outcome(fn)
         if in_place is not None:
             return in_place
-        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "_is_npu" for n in fn.nodes):
-            return None  # its statements have their branches already (a second run)
         # The activation bound to a name first counts too (`h = F.silu(h)` then `h = h * up`: llama-models'
         # multimodal FeedForward, torchtitan's GroupedExperts): a SwiGLU that deserves a finding.
         activated = {
@@ -210,7 +244,7 @@ def match(fn: Function) -> Outcome | None:
             for act, other in ((node.left, node.right), (node.right, node.left)):
                 found = _activation(act, fn)
                 # `silu(h) * self.scale`: an activation scaled by a parameter, not gated by a tensor.
-                if found is not None and not (isinstance(other, ast.Attribute) and is_pure(other)):
+                if found is not None and not _scalar(other, fn):
                     gates[id(node)] = (node, found[0], other, found[1])
                     break
     gates = list(gates.values())
@@ -279,18 +313,14 @@ _OWN_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.Generato
 def _gates(expr: ast.expr, fn: Function) -> list[tuple[ast.BinOp, ast.expr, ast.expr, str | None]]:
     """(product, gate, up, runtime check) for each `act(gate) * up` of `expr` outside lambdas and
     comprehensions."""
-    found, stack = [], [expr]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, _OWN_SCOPES):
-            continue
+    found = []
+    for node in _own_scope_nodes(expr):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             for act, other in ((node.left, node.right), (node.right, node.left)):
                 activation = _activation(act, fn)
-                if activation is not None and not (isinstance(other, ast.Attribute) and is_pure(other)):
+                if activation is not None and not _scalar(other, fn):
                     found.append((node, activation[0], other, activation[1]))
                     break
-        stack.extend(ast.iter_child_nodes(node))
     return found
 
 
@@ -344,15 +374,23 @@ def _activated_gate(stmt: ast.stmt, before: ast.stmt, fn: Function):
     product = next(
         (
             (node, up)
-            for node in ast.walk(stmt.value)
+            # not in a lambda or comprehension: a name there may be another, and the branch's test is
+            # evaluated outside it
+            for node in _own_scope_nodes(stmt.value)
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
             for act, up in ((node.left, node.right), (node.right, node.left))
-            if isinstance(act, ast.Name) and act.id == name
+            if isinstance(act, ast.Name) and act.id == name and not _scalar(up, fn)
         ),
         None,
     )
     if product is None:
         return None
+    declared = [n for n in fn.nodes if isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names]
+    if declared:
+        kind = type(declared[0]).__name__.lower()
+        return f"`{name}`, the activated value, is declared `{kind}`: code elsewhere may read it"
+    if _reads_locals(fn):
+        return f"`{name}`, the activated value, may be read through `locals()` or `vars()`"
     if _binds(stmt, name):
         # `h = h * up`: after it `h` holds the product on both ways, so only this statement reads the
         # activated value, and must do so once.
@@ -363,6 +401,15 @@ def _activated_gate(stmt: ast.stmt, before: ast.stmt, fn: Function):
         # the fused way never binds it: nothing else may read it
         return f"`{name}`, the activated value, is read besides the gate at line {stmt.lineno}"
     return product[0], activation[0], product[1], activation[1]
+
+
+def _reads_locals(fn: Function) -> bool:
+    """Whether the function reads its names by `locals()` or `vars()` (a log line's `%(gate)s`): a branch
+    that skips binding one changes what they see."""
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("locals", "vars") and not n.args
+        for n in fn.nodes
+    )
 
 
 def _read_once(fn: Function, names: tuple[str, ...], stmt: ast.stmt, before: ast.stmt | None = None) -> bool:
@@ -382,19 +429,36 @@ def _read_once(fn: Function, names: tuple[str, ...], stmt: ast.stmt, before: ast
     return not any(isinstance(n, (ast.Nonlocal, ast.Global)) for n in fn.nodes)
 
 
-def _tested_tensor(gate: ast.expr, up: ast.expr) -> ast.Name | None:
-    """A name that holds a tensor in front of the statement: an operand itself, or the input of the call
-    that computes one (`self.w1(x)`, `F.linear(x[rows], w)`)."""
+def _tested_tensor(gate: ast.expr, up: ast.expr, fn: Function) -> ast.Name | None:
+    """A name that provably holds a tensor in front of the statement, for `_is_npu` (TorchScript types
+    it a Tensor; on an NPU host it reads `.device`): the activation's own input, or the first argument of
+    the torch function, `torch.nn` module or matmul that computes an operand (`F.linear(x, w)`,
+    `self.w1(x)` for an `nn.Linear`, `x @ w`); never a parameter annotated as something else, nor the
+    list an element is taken from (`xs[i]`). None where there is none."""
+
+    def tensor(node: ast.expr) -> ast.Name | None:
+        annotation = _annotation(node.id, fn) if isinstance(node, ast.Name) else ""
+        return node if annotation is None or (annotation or "").endswith("Tensor") else None
+
+    if isinstance(gate, ast.Name):
+        return tensor(gate)
     for operand in (gate, up):
-        if isinstance(operand, ast.Name):
-            return operand
-    for operand in (gate, up):
-        if isinstance(operand, ast.Call) and operand.args:
-            tensor = operand.args[0]
-            while isinstance(tensor, ast.Subscript):  # `x[rows]`: rows of the tensor `x`, on its device
-                tensor = tensor.value
-            if isinstance(tensor, ast.Name):
-                return tensor
+        if isinstance(operand, ast.BinOp) and isinstance(operand.op, ast.MatMult):  # `x @ w`: both tensors
+            found = tensor(operand.left) or tensor(operand.right)
+            if found is not None:
+                return found
+        if not (isinstance(operand, ast.Call) and operand.args):
+            continue
+        func = operand.func
+        torch_function = (fn.qualname(func) or "").startswith("torch.")
+        origin = (
+            fn.attribute_source(func.attr)
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == fn.self_name
+            else None
+        )
+        module = isinstance(origin, ast.Call) and (fn.qualname(origin.func) or "").startswith("torch.nn.")
+        if (torch_function or module) and tensor(operand.args[0]) is not None:
+            return operand.args[0]
     return None
 
 
@@ -438,26 +502,36 @@ def _in_place_outcome(fn: Function) -> Outcome | None:
                     remedy="to fuse it, put each statement of the body on its own line",
                 )
             product, gate, up, check = gates[0]
-            tested = _tested_tensor(gate, up)
+            tested = _tested_tensor(gate, up, fn)
             chunked = _chunked(gate, up, block, at, fn)
             if chunked is not None and not chunked.gate_first:
                 return _second_chunk(check)
             run = [block[at - 1], stmt] if activated is not None else [stmt]
             if chunked is not None and isinstance(chunked.tensor, ast.Name):
-                if any(_binds(s, chunked.tensor.id) for s in block[chunked.at : at]):
-                    chunked = None  # the name holds another tensor by now
-            elif chunked is not None and chunked.at == at - 1 and _read_once(fn, (gate.id, up.id), stmt):
+                # what the split read must still be there, or the branch would split another tensor
+                read = {
+                    n.id for part in (chunked.tensor, chunked.dim) for n in ast.walk(part) if isinstance(n, ast.Name)
+                }
+                if any(_binds(s, name) for s in block[chunked.at + 1 : at] for name in read):
+                    chunked = None
+            elif (
+                chunked is not None
+                and chunked.at == at - 1
+                and not _reads_locals(fn)
+                and _read_once(fn, (gate.id, up.id), stmt)
+            ):
                 # `gate, up = proj(x).chunk(2, -1)` right in front, its halves read only here (transformers'
                 # MoE experts): one branch over both statements passes the projection itself, no copy.
                 run = [block[at - 1], stmt]
-                tested = _tested_tensor(chunked.tensor, chunked.tensor)
+                tested = _tested_tensor(chunked.tensor, chunked.tensor, fn)
             else:
                 chunked = None
-            if tested is None:  # a parameter the statements read: the function's input (`x`), as a front branch's
+            if tested is None:  # a parameter annotated as a tensor that the statements read
                 read = {
                     n.id for s in run for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
                 }
-                tested = next((ast.Name(p, ast.Load()) for p in fn.params if p in read), None)
+                annotated = [p for p in fn.params if p in read and (_annotation(p, fn) or "").endswith("Tensor")]
+                tested = ast.Name(annotated[0], ast.Load()) if annotated else None
             if tested is None:
                 return Outcome(
                     SWIGLU,
