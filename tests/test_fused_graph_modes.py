@@ -162,6 +162,10 @@ CASES = [
     ("NPU704", "eager_masks", lambda ns: ns["additive_mask"], lambda: (*_attention(), _float_mask(2, 1, 6, 6))),
     ("NPU704", "eager_bias", lambda ns: ns["attend_with_bias"], lambda: (*_attention(), torch.randn(1, 4, 6, 6))),
     ("NPU704", "hand_written_reasons", lambda ns: ns["attend_output_only"], lambda: (*_attention(), _float_mask(6, 6))),
+    # Attention written with einsums, 4-D and with the heads folded into the batch (#23).
+    ("NPU704", "einsum_scores", lambda ns: ns["compact_spelling"], lambda: (*_attention(), _float_mask(2, 1, 6, 6))),
+    ("NPU704", "einsum_scores", lambda ns: ns["heads_folded"], lambda: tuple(t.flatten(0, 1) for t in _attention())),
+    ("NPU704", "einsum_scores", lambda ns: ns["batched_matmuls_unmasked"], lambda: tuple(t[0] for t in _attention())),
 ]
 
 
