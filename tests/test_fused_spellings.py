@@ -446,6 +446,25 @@ EAGER_CASES = {
         lambda dtype: (),
         ("return fused_attention.squeeze(1)", "return fused_attention.squeeze(1).flip(0)"),
     ),
+    # A mask under lucidrains' `exists(mask)`, filled with `max_neg_value(sim)` / `-finfo.max` (#23).
+    "exists_mask_helper": (
+        "exists_mask",
+        _function_call("attend", _bnsd),
+        lambda dtype: (_keep(2, 1, 6, 6),),
+        ("~mask if exists(mask) else None", "mask if exists(mask) else None"),
+    ),
+    "exists_mask_finfo_max": (
+        "exists_mask",
+        _function_call("attend_finfo_max", _bnsd),
+        lambda dtype: (_keep(2, 1, 6, 6),),
+        ("~mask if exists(mask) else None", "None"),
+    ),
+    "exists_key_padding_rearranged": (
+        "exists_mask",
+        _function_call("attend_key_padding", _bnsd),
+        lambda dtype: (torch.arange(6).expand(2, 6) < torch.tensor([[6], [4]]),),
+        ('~rearrange(mask, "b j -> b 1 1 j") if', '~rearrange(mask.flip(-1), "b j -> b 1 1 j") if'),
+    ),
     "einops_einsum": (
         "einsum_scores",
         _function_call("einops_spelling", _bnsd),

@@ -55,7 +55,9 @@ _VIEW_METHODS = frozenset(
     "transpose permute contiguous view reshape size dim float half bfloat16 to type_as unsqueeze squeeze "
     "expand bool logical_not".split()
 )
-_PURE_FUNCTIONS = ("math.sqrt", "torch.finfo")
+#: Functions the branch may call again: their value depends on their arguments alone (einops' `rearrange` is a
+#: view or a copy of its input, laid out anew).
+_PURE_FUNCTIONS = ("math.sqrt", "torch.finfo", "einops.rearrange")
 _PURE_BUILTINS = ("float", "int", "len", "min", "max")
 #: Statements with a body: their own expressions are checked apart from their body's statements.
 _COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match)
@@ -213,6 +215,7 @@ def _reevaluable(node: ast.AST | None, fn: Function) -> bool:
                 and fn.qualname(node.func) is None
                 and _reevaluable(node.func.value, fn)
             )
+            or _pure_helper(node.func, fn)
         )
         return (
             pure
@@ -220,6 +223,20 @@ def _reevaluable(node: ast.AST | None, fn: Function) -> bool:
             and all(k.arg is not None and _reevaluable(k.value, fn) for k in node.keywords)
         )
     return False
+
+
+def _pure_helper(func: ast.expr, fn: Function) -> bool:
+    """Whether `func` names a function of this module whose body is one `return` of what the branch may
+    evaluate again, calling nothing: lucidrains' `exists(val)` (`return val is not None`). Only a def the
+    module binds once (`Function.functions`), so the name cannot mean another one at run time."""
+    helper = fn.functions.get(func.id) if isinstance(func, ast.Name) else None
+    if helper is None or helper.args.vararg or helper.args.kwarg or helper.decorator_list:
+        return False
+    body = [s for s in helper.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return False
+    value = body[0].value
+    return not any(isinstance(n, ast.Call) for n in ast.walk(value)) and _reevaluable(value, fn)
 
 
 def _builtin(func: ast.expr, fn: Function) -> str | None:
@@ -230,10 +247,19 @@ def _builtin(func: ast.expr, fn: Function) -> str | None:
 
 
 def _lowest_value(node: ast.expr, fn: Function) -> bool:
-    """-inf (`float("-inf")`, `-math.inf`, `-torch.inf`) or a dtype's lowest (`torch.finfo(t.dtype).min`)."""
+    """-inf (`float("-inf")`, `-math.inf`, `-torch.inf`) or a dtype's lowest (`torch.finfo(t.dtype).min`,
+    or `-torch.finfo(t.dtype).max`, the same number: IEEE floats are symmetric), also as what a helper of
+    the module returns (lucidrains' `max_neg_value(t)`)."""
+    helper = fn.functions.get(node.func.id) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+    if helper is not None and not helper.decorator_list:
+        body = [s for s in helper.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
+            return not isinstance(body[0].value, ast.Call) and _lowest_value(body[0].value, fn)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         inner = node.operand
         if fn.qualname(inner) in ("math.inf", "torch.inf", "numpy.inf"):
+            return True
+        if _finfo(inner, "max", fn):
             return True
         return (
             isinstance(inner, ast.Call)
@@ -244,9 +270,14 @@ def _lowest_value(node: ast.expr, fn: Function) -> bool:
         )
     if isinstance(node, ast.Call) and _builtin(node.func, fn) == "float" and len(node.args) == 1:
         return isinstance(node.args[0], ast.Constant) and str(node.args[0].value).lower() in ("-inf", "-infinity")
+    return _finfo(node, "min", fn)
+
+
+def _finfo(node: ast.expr, attr: str, fn: Function) -> bool:
+    """`torch.finfo(...).<attr>`."""
     return (
         isinstance(node, ast.Attribute)
-        and node.attr == "min"
+        and node.attr == attr
         and isinstance(node.value, ast.Call)
         and fn.qualname(node.value.func) == "torch.finfo"
     )
