@@ -178,6 +178,13 @@ CASES = {
         lambda experts, x: experts(x.reshape(-1, 16), torch.tensor([2, 0, 2, 1, 0, 2, 2, 0, 1, 2])),
         ("F.linear(x[rows], self.gate_up[expert]), -1)", "F.linear(x[rows], self.gate_up[expert]).flip(-1), -1)"),
     ),
+    "in_place_gate_read_twice": (
+        "NPU702",
+        "fp32_gate_reads_dtype",
+        _module("Fp32GateMLP", 16, 24),
+        _forward,
+        ("_npu_silu_mul(gate.float(), up.float())", "_npu_silu_mul(up.float(), gate.float())"),
+    ),
     "in_place_activated_first": (
         "NPU702",
         "control_flow_in_place",

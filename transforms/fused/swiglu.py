@@ -148,6 +148,15 @@ def _activation(call: ast.expr, fn: Function) -> tuple[ast.expr, str | None] | N
     return None
 
 
+def _self_gated(gate: ast.expr) -> Outcome:
+    return Outcome(
+        SWIGLU,
+        f"SwiGLU not fused: `{source(gate)}` gates itself; npu_swiglu would take it joined to itself, a copy the"
+        " two operators it replaces do not make",
+        remedy="nothing in the code needs to change: the fused kernel would not be faster here",
+    )
+
+
 def _second_chunk(check: str | None) -> Outcome:
     """The decline of a gate on the second half of a split: where the activation is configurable, only
     when it is SiLU is this a SwiGLU at all."""
@@ -160,6 +169,8 @@ def _second_chunk(check: str | None) -> Outcome:
     )
 
 
+#: Methods of a tensor that nothing else a gate could be has: `x.float()` proves `x` a tensor.
+_TENSOR_METHODS = frozenset(("float", "half", "bfloat16", "double", "type_as"))
 #: Annotations of a parameter that is no tensor.
 _SCALARS = ("int", "float", "bool", "complex", "str")
 
@@ -251,12 +262,17 @@ def match(fn: Function) -> Outcome | None:
     if not gates:
         return None
     if len(gates) > 1:
-        return Outcome(
-            SWIGLU,
-            "SwiGLU not fused: the function gates more than once",
-            remedy="to fuse it, give each gate its own function",
+        return _in_place_or(
+            fn,
+            Outcome(
+                SWIGLU,
+                "SwiGLU not fused: the function gates more than once",
+                remedy="to fuse it, give each gate a statement of its own",
+            ),
         )
     product, gate, up, check = gates[0]
+    if source(gate) == source(up):
+        return _self_gated(gate)
     x = next((p for p in fn.params if any(isinstance(n, ast.Name) and n.id == p for n in walk_shared(result))), None)
     if x is None:
         return Outcome(
@@ -297,10 +313,15 @@ def match(fn: Function) -> Outcome | None:
 
     rewritten = replace(result)
     if evaluates_twice(rewritten):
-        return Outcome(
-            SWIGLU,
-            "SwiGLU not fused: the branch would evaluate a projection twice",
-            remedy="to fuse it, give the projection's result a name used once",
+        # Folded, a name read twice is its projection twice (`(act(gate.float()) * up.float()).to(gate.dtype)`):
+        # in place of its statement, the branch reads the names as they are.
+        return _in_place_or(
+            fn,
+            Outcome(
+                SWIGLU,
+                "SwiGLU not fused: the branch would evaluate a projection twice",
+                remedy="to fuse it, give the projection's result a name used once",
+            ),
         )
     context = {"x": x, "guards": guards, "result": source(rewritten)}
     return Outcome(SWIGLU, "SwiGLU gets a fused `torch_npu.npu_swiglu` branch", TEMPLATE, context, helpers)
@@ -443,6 +464,13 @@ def _tested_tensor(gate: ast.expr, up: ast.expr, fn: Function) -> ast.Name | Non
     if isinstance(gate, ast.Name):
         return tensor(gate)
     for operand in (gate, up):
+        if (
+            isinstance(operand, ast.Call)
+            and isinstance(operand.func, ast.Attribute)
+            and operand.func.attr in _TENSOR_METHODS
+            and tensor(operand.func.value) is not None
+        ):
+            return operand.func.value  # `gate.float()`: a method only a tensor has
         if isinstance(operand, ast.BinOp) and isinstance(operand.op, ast.MatMult):  # `x @ w`: both tensors
             found = tensor(operand.left) or tensor(operand.right)
             if found is not None:
@@ -460,6 +488,12 @@ def _tested_tensor(gate: ast.expr, up: ast.expr, fn: Function) -> ast.Name | Non
         if (torch_function or module) and tensor(operand.args[0]) is not None:
             return operand.args[0]
     return None
+
+
+def _in_place_or(fn: Function, declined: Outcome) -> Outcome:
+    """The branches in place of the gating statements where they fuse, else `declined`."""
+    in_place = _in_place_outcome(fn)
+    return in_place if in_place is not None and in_place.template is not None else declined
 
 
 def _in_place_outcome(fn: Function) -> Outcome | None:
@@ -502,6 +536,8 @@ def _in_place_outcome(fn: Function) -> Outcome | None:
                     remedy="to fuse it, put each statement of the body on its own line",
                 )
             product, gate, up, check = gates[0]
+            if source(gate) == source(up):
+                return _self_gated(gate)
             tested = _tested_tensor(gate, up, fn)
             chunked = _chunked(gate, up, block, at, fn)
             if chunked is not None and not chunked.gate_first:
