@@ -561,7 +561,7 @@ def test_the_remedied_spelling_agrees_with_the_original_and_a_broken_branch_is_c
 def test_switching_the_screen_off_changes_nothing_on_these_spellings(source):
     from unittest import mock
 
-    from npu_migrate.transforms.fused import rotary
+    from npu_migrate.transforms.fused import rotary, rotary_tail
 
     def run():
         text, findings = migrate_text(source, path="rotate.py", select=["NPU703"])
@@ -571,7 +571,7 @@ def test_switching_the_screen_off_changes_nothing_on_these_spellings(source):
     assert any(m for _, m, _ in screened[1] if "rotary" in m)  # not vacuous: each gets a finding
     with (
         mock.patch.object(rotary, "may_rotate", lambda fn: True),
-        mock.patch.object(rotary, "may_hold_site", lambda fn: True),
+        mock.patch.object(rotary_tail, "may_hold_site", lambda fn: True),
     ):
         assert run() == screened
 

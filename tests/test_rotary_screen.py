@@ -11,7 +11,7 @@ import pytest
 from conftest import FIXTURES
 
 from npu_migrate.engine.pipeline import migrate_text
-from npu_migrate.transforms.fused import rotary, rotary_screen
+from npu_migrate.transforms.fused import rotary, rotary_screen, rotary_sites, rotary_tail
 from npu_migrate.transforms.fused.symbolic import Function
 
 CASES = sorted(
@@ -27,7 +27,7 @@ def _run(source: str, path: str):
 
 
 def test_the_screen_knows_the_joins_sites_runs_on():
-    assert rotary_screen.JOINS == frozenset(rotary._JOINS)
+    assert rotary_screen.JOINS == frozenset(rotary_sites._JOINS)
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -36,9 +36,9 @@ def test_switching_the_screen_off_changes_nothing(path):
     screened = _run(source, path.name)
     with (
         mock.patch.object(rotary, "may_rotate", lambda fn: True),
-        mock.patch.object(rotary, "may_hold_site", lambda fn: True),
+        mock.patch.object(rotary_tail, "may_hold_site", lambda fn: True),
         mock.patch.object(rotary_screen.Runs, "cannot_run", lambda self, node, x: False),
-        mock.patch.object(rotary, "may_be_rotation", lambda expr, fn: True),
+        mock.patch.object(rotary_sites, "may_be_rotation", lambda expr, fn: True),
     ):
         assert _run(source, path.name) == screened
 
@@ -156,9 +156,9 @@ def test_switching_the_screen_off_changes_nothing_across_sibling_modules(tmp_pat
     screened = _run(source, str(model))
     with (
         mock.patch.object(rotary, "may_rotate", lambda fn: True),
-        mock.patch.object(rotary, "may_hold_site", lambda fn: True),
+        mock.patch.object(rotary_tail, "may_hold_site", lambda fn: True),
         mock.patch.object(rotary_screen.Runs, "cannot_run", lambda self, node, x: False),
-        mock.patch.object(rotary, "may_be_rotation", lambda expr, fn: True),
+        mock.patch.object(rotary_sites, "may_be_rotation", lambda expr, fn: True),
     ):
         assert _run(source, str(model)) == screened
     if name == "nested":  # not vacuous: both tensors fused at the call of the imported helper

@@ -8,11 +8,11 @@ the function and of the functions it could inline (module-level functions it cal
 calls as attributes, transitively), and is a necessary condition for every outcome `match` can return,
 so it drops no site and no finding:
 
-* a fused site, a decline of a close miss, or a rotation multiplied by something (`sites`,
-  `_unmatched_rotation`): `sites` only runs a subexpression holding a product (`*`) and a sum, a
-  difference or a join (`rotary._JOINS`), so both must be there;
-* a `rotate*` helper multiplied by a table (`_rotate_helper_outcome`): a product and a call named
-  `rotate...`;
+* a fused site, a decline of a close miss, or a rotation multiplied by something (`rotary_sites.sites`,
+  `rotary_declines.unmatched_rotation`): `sites` only runs a subexpression holding a product (`*`) and a
+  sum, a difference or a join (`rotary_sites._JOINS`), so both must be there;
+* a `rotate*` helper multiplied by a table (`rotary_declines.rotate_helper_outcome`): a product and a
+  call named `rotate...`;
 * a complex rotation on one side of an `if` (`_complex_only_in_a_branch`): `view_as_complex` / `polar`;
 * a call that is a rotation in a function that is not straight-line (`pure_rotation` of a call): a
   rotation pairs elements by a join of the halves or pairs (a sum, a difference or a join call) and
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from npu_migrate.transforms.fused.evaluator import KNOWN_FUNCTIONS, KNOWN_METHODS, Evaluation
 from npu_migrate.transforms.fused.symbolic import Function, nodes_of
 
-#: Calls that join two terms: `rotary._JOINS` (tests/test_rotary_screen.py checks they agree).
+#: Calls that join two terms: `rotary_sites._JOINS` (tests/test_rotary_screen.py checks they agree).
 JOINS = frozenset({"cat", "concat", "concatenate", "stack", "view_as_real", "rearrange", "flatten", "reshape", "view"})
 #: `torch.add` / `.sub`: what the evaluator reads as `+` / `-`, which join terms too.
 _SUMS = frozenset({"add", "sub"})
@@ -83,8 +83,8 @@ def may_rotate(fn: Function) -> bool:
 
 
 def may_hold_site(fn: Function) -> bool:
-    """False when `rotary.sites` can find nothing in the folded `fn`, helpers inlined: no product, or
-    nothing that sums or joins (the straight tails of a function, `rotary._straight_tail_outcome`)."""
+    """False when `rotary_sites.sites` can find nothing in the folded `fn`, helpers inlined: no product, or
+    nothing that sums or joins (the straight tails of a function, `rotary_tail.straight_tail_outcome`)."""
     flags = _reach(fn)
     return bool(flags & _PRODUCT and flags & _JOIN)
 
@@ -92,7 +92,7 @@ def may_hold_site(fn: Function) -> bool:
 def may_be_rotation(expr: ast.expr, fn: Function) -> bool:
     """False when `rotation.pure_rotation` of `expr` (helpers already inlined into it) is None for every x:
     a rotation joins the halves or pairs and negates one of each pair (the last case of the module's
-    docstring, asked of one call of a function that is not straight-line: `rotary._rotates`, #26)."""
+    docstring, asked of one call of a function that is not straight-line: `rotary_sites.rotates`, #26)."""
     flags = _scan(fn, nodes_of(expr), {})[0]
     return flags & (_JOIN | _NEGATION) == _JOIN | _NEGATION
 
@@ -174,7 +174,7 @@ def _scan(
 class Runs:
     """Whether the evaluator's run of a subexpression, with x as the rotated tensor, is certain to fail, so
     that `rotation.meaning` and `rotation.pure_rotation` are None without running it (#26: most of what
-    `rotary.sites` asks of a big function's folded expression fails on a call the evaluator does not
+    `rotary_sites.sites` asks of a big function's folded expression fails on a call the evaluator does not
     model, `self.proj(x)`, on the way to x). Read from the evaluator's own dispatch (`Evaluation.run`,
     its `_<node type>` methods, its tables of functions and methods), and only where that fails whatever
     the values are: a node that reads x and is no table (`_sized_table`) which it has no method for, a

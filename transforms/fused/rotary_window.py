@@ -227,8 +227,9 @@ def _stated(view: ast.expr, at: ast.AST | None, sized: Callable[[ast.AST], bool]
 
 
 def in_order(bindings: list[tuple[str, ast.expr]], first: list[str]) -> list[tuple[str, ast.expr]]:
-    """`bindings` with those named in `first` (the width and windows `bind_windows` bound) moved before the `_npu_t*` bindings that `_rewrite`'s later rounds put in
-    front, which may read them; from the first that reads another binding on, they stay where they are."""
+    """`bindings` with those named in `first` (the width and windows `bind_windows` bound) moved before
+    the `_npu_t*` bindings that `rotary_branch.rewrite`'s later rounds put in front, which may read them;
+    from the first that reads another binding on, they stay where they are."""
     moved: list[tuple[str, ast.expr]] = []
     for name, value in bindings:
         if name not in first:
