@@ -317,6 +317,8 @@ def _compare_function(torch, original, migrated) -> int:
 def _identical(torch, a, b) -> bool:
     if isinstance(a, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and all(_identical(torch, x, y) for x, y in zip(a, b))
+    if not isinstance(a, torch.Tensor):  # a fixture's helper (`exists(val)`): a plain value
+        return type(a) is type(b) and a == b
     return torch.equal(a, b)
 
 

@@ -39,6 +39,8 @@ class Idiom:
     match: Callable[[Function], Outcome | None]
     #: The template of the branch `match` injects, if it injects one.
     template: str | None = None
+    #: Other branch templates `match` may return (NPU702's branch in place of a statement).
+    templates: tuple[str, ...] = ()
     #: Helper template -> the module-level name it defines: what the branch calls besides the prelude,
     #: inserted once per file, and recognised as present by that name.
     helpers: Mapping[str, str] = field(default_factory=dict)

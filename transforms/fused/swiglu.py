@@ -615,5 +615,6 @@ IDIOM = Idiom(
     kernels=("npu_swiglu",),
     match=match,
     template=TEMPLATE,
+    templates=(IN_PLACE_TEMPLATE,),
     helpers={IS_SILU: "_is_silu", SILU_MUL: "_npu_silu_mul", SWIGLU_HALVES: "_npu_swiglu_halves"},
 )

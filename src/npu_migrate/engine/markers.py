@@ -60,6 +60,8 @@ ANY_MARKER = (
     "act_fn",
     "activation_fn",
     "ACT2FN",
+    "self.act(",  # an activation attribute bound to a constructor argument (NPU702)
+    "self.activation(",
     "cos",
     "sin",
     "rotate",
