@@ -124,6 +124,13 @@ CASES = {
         lambda fn, x: fn(x),
         ("x.new_ones(x.shape[-1:])", "x.new_ones(x.shape[-1:]).cumsum(0)"),
     ),
+    "functional_tuple_of_an_attribute_shape": (
+        "NPU701",
+        "functional_attribute_shape",
+        _module("TupleShapeNorm", 16),
+        _forward,
+        ("npu_rms_norm(x, self.weight, epsilon=self.eps)", "npu_rms_norm(x, self.weight.flip(0), epsilon=self.eps)"),
+    ),
     "configurable_dim_unit_offset": (
         "NPU701",
         "configurable_dim",

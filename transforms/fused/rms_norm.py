@@ -837,7 +837,12 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
         )
     for part, what in ((shape, "the shape"), (weight, "the weight"), (None if default_eps else eps, "eps")):
         if part is not None and not (isinstance(part, ast.Constant) and part.value is None):
-            if not is_pure(part) and not (part is shape and _is_last_dim_shape(shape, x)):
+            constant_shape = (
+                part is shape
+                and isinstance(shape, (ast.Tuple, ast.List))
+                and all(is_pure(e) and not _mentions(e, x.id) for e in shape.elts)
+            )  # `(self.dim,)`: the guards below pin it to the last dim
+            if not (is_pure(part) or constant_shape) and not (part is shape and _is_last_dim_shape(shape, x)):
                 return Outcome(
                     RMS_NORM,
                     f"RMS normalisation not fused: {what} is computed, not a constant or attribute",
@@ -850,6 +855,14 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
                     remedy="nothing in the code can: npu_rms_norm takes it as a fixed value",
                 )
     has_weight = weight is not None and not (isinstance(weight, ast.Constant) and weight.value is None)
+    if has_weight and not isinstance(weight, (ast.Name, ast.Attribute)):
+        # `weight=self.weight + 1.0` (Krea 2): the branch reads the weight in its guards and its call, so it
+        # would compute it three times, where the original does once.
+        return Outcome(
+            RMS_NORM,
+            f"RMS normalisation not fused: the weight `{source(weight)}` is computed in the call",
+            remedy="to fuse it, pass a parameter or attribute as the weight (an offset folded into it at load time)",
+        )
     inner = downcast_inner(result, x)
     if result is not call and not (upcast is not None and inner is call):
         return Outcome(
