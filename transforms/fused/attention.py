@@ -48,8 +48,16 @@ ATTENTION = Rule(
     is skipped where it is added, and the finding says so. Declined, with the reason: such a bias added on
     every call, an additive term computed by a call the branch cannot repeat (ALiBi, relative position)
     or two terms, masked scores set to a value other than -inf or
-    the lowest, a scale applied after the mask, probabilities used or possibly needed, einsum or 3-D
-    layouts, softcapping, code interleaved with the attention.
+    the lowest, a scale applied after the mask, probabilities used or possibly needed, a mask on heads
+    folded into the batch, multi-query einsums (k with no heads axis), softcapping, code interleaved with
+    the attention.
+
+    Matmuls are read by what they compute: an einsum of two operands (torch's or einops' spelling, `...`
+    leading dims) is the matmul it equals once each operand is arranged as (batch, heads, ...), so
+    channel-first or sequence-first layouts pass the kernel transposed views; `torch.bmm` or a 3-D einsum
+    on (batch * heads, seq, dim) passes one head each (`unsqueeze(1)`, the output squeezed back). A mask
+    applied under a one-line predicate of the module (`exists(mask)`: `return val is not None`) is
+    tested again by the branch; `-torch.finfo(t.dtype).max` is the dtype's lowest.
 
     Calls of `torch.nn.functional.scaled_dot_product_attention` (however imported, `from
     torch.nn.functional import scaled_dot_product_attention` too) are left as they are and reported

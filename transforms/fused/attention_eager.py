@@ -225,11 +225,31 @@ def _reevaluable(node: ast.AST | None, fn: Function) -> bool:
     return False
 
 
+def _module_helper(func: ast.expr, fn: Function) -> ast.FunctionDef | None:
+    """The module-level def a call's name reaches, unless the function binds that name itself (a
+    parameter `exists=exists`, a local `max_neg_value = self.fill`, an import in its body)."""
+    if not isinstance(func, ast.Name) or func.id not in fn.functions:
+        return None
+    args = fn.tree.args
+    params = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a}
+    local = any(
+        isinstance(n, ast.Name)
+        and n.id == func.id
+        and isinstance(n.ctx, ast.Store)
+        or isinstance(n, ast.alias)
+        and (n.asname or n.name).split(".")[0] == func.id
+        or isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and n.name == func.id
+        for n in fn.nodes
+    )
+    return None if func.id in params or local else fn.functions[func.id]
+
+
 def _pure_helper(func: ast.expr, fn: Function) -> bool:
     """Whether `func` names a function of this module whose body is one `return` of what the branch may
     evaluate again, calling nothing: lucidrains' `exists(val)` (`return val is not None`). Only a def the
     module binds once (`Function.functions`), so the name cannot mean another one at run time."""
-    helper = fn.functions.get(func.id) if isinstance(func, ast.Name) else None
+    helper = _module_helper(func, fn)
     if helper is None or helper.args.vararg or helper.args.kwarg or helper.decorator_list:
         return False
     body = [s for s in helper.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
@@ -250,7 +270,7 @@ def _lowest_value(node: ast.expr, fn: Function) -> bool:
     """-inf (`float("-inf")`, `-math.inf`, `-torch.inf`) or a dtype's lowest (`torch.finfo(t.dtype).min`,
     or `-torch.finfo(t.dtype).max`, the same number: IEEE floats are symmetric), also as what a helper of
     the module returns (lucidrains' `max_neg_value(t)`)."""
-    helper = fn.functions.get(node.func.id) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+    helper = _module_helper(node.func, fn) if isinstance(node, ast.Call) else None
     if helper is not None and not helper.decorator_list:
         body = [s for s in helper.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
         if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None:
@@ -1008,8 +1028,8 @@ def fuse(fn: Function) -> Fusion | None:
     )
     if start is None:
         raise Declined(
-            "the scores are not `q @ k.transpose(-2, -1)` over (batch, heads, seq, dim) tensors (bmm, a 3-D layout,"
-            " or an einsum over other axes)",
+            "the scores are not `q @ k.transpose(-2, -1)` of (batch, heads, seq, dim) or (batch * heads, seq, dim)"
+            " tensors (an einsum or matmul over other axes, or its operands the other way round)",
             remedy="to fuse it, compute the scores as q @ k.transpose(-2, -1) on (batch, heads, seq, dim)",
         )
     env: dict[str, ast.expr] = {}

@@ -48,10 +48,16 @@ SWIGLU = Rule(
     statement>` (a `return` needs no `else:`), so everything around it runs as written; a linter's
     comment on the statement (noqa, type: ignore) is carried to its fused copy.
 
+    Where the branch in front of the body would evaluate a projection twice (a name read twice once
+    folded: `(act(gate.float()) * up.float()).to(gate.dtype)`) or the function gates twice, each gating
+    statement gets its branch in place, reading the names as they are. The branch tests a name that
+    provably holds a tensor and that the statement computes whatever happens (never a gate in the sides
+    of `... if ... else ...`).
+
     Declined, with a finding: `up, gate = x.chunk(2, -1)` with SiLU on the second half (the kernel
-    activates the first half; swapping would copy the whole tensor), code that would evaluate a
-    projection twice, a statement that gates twice or shares its line. GELU gates are not SwiGLU and
-    are left alone.
+    activates the first half; swapping would copy the whole tensor), a tensor gating itself
+    (`silu(h) * h`: the kernel would need it joined to itself), a statement that gates twice or shares
+    its line, no tensor to test. GELU gates are not SwiGLU and are left alone.
     """,
     why="""
     `torch_npu.npu_swiglu` computes the activation and the product in one kernel instead of two
@@ -169,6 +175,11 @@ def _second_chunk(check: str | None) -> Outcome:
     )
 
 
+def _tensor_first(name: str) -> bool:
+    """Whether the torch function `name` takes a tensor first (not `torch.cat`'s list, `torch.full`'s size)."""
+    return name.startswith("torch.nn.functional.") or name in ("torch.matmul", "torch.mm", "torch.bmm")
+
+
 #: Methods of a tensor that nothing else a gate could be has: `x.float()` proves `x` a tensor.
 _TENSOR_METHODS = frozenset(("float", "half", "bfloat16", "double", "type_as"))
 #: Annotations of a parameter that is no tensor.
@@ -193,14 +204,21 @@ def _scalar(node: ast.expr, fn: Function) -> bool:
 
 
 def _own_scope_nodes(node: ast.AST):
-    """The nodes of `node` outside lambdas and comprehensions, whose names are their own."""
+    """The nodes of `node` that are evaluated whenever it is: not in lambdas and comprehensions (their names
+    are their own), nor in the sides of an `... if ... else ...` or past the first operand of `and` / `or`
+    (a branch in front would test what the statement may never compute: `gate` where `gate is not None`)."""
     stack = [node]
     while stack:
         current = stack.pop()
         if isinstance(current, _OWN_SCOPES):
             continue
         yield current
-        stack.extend(ast.iter_child_nodes(current))
+        if isinstance(current, ast.IfExp):
+            stack.append(current.test)
+        elif isinstance(current, ast.BoolOp):
+            stack.append(current.values[0])
+        else:
+            stack.extend(ast.iter_child_nodes(current))
 
 
 def _chunk_half(node: ast.expr) -> tuple[ast.Call, int] | None:
@@ -478,7 +496,7 @@ def _tested_tensor(gate: ast.expr, up: ast.expr, fn: Function) -> ast.Name | Non
         if not (isinstance(operand, ast.Call) and operand.args):
             continue
         func = operand.func
-        torch_function = (fn.qualname(func) or "").startswith("torch.")
+        torch_function = _tensor_first(fn.qualname(func) or "")
         origin = (
             fn.attribute_source(func.attr)
             if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == fn.self_name

@@ -1,0 +1,315 @@
+"""Where a fused branch tests or passes something the original may never compute, or computes otherwise:
+a gate bound under a condition or in the sides of `... if ... else ...`, the list `torch.cat` takes taken
+for a tensor, a module helper shadowed by a local or a parameter, a number added to the scores, a bias that
+trains. Each case runs where the original runs and computes what it computes (each failed on the first
+version of #23's NPU702 in-place and NPU704 einsum work, found by a review).
+
+Modes as in test_fused_swiglu_in_place.py: "forced" = `_is_npu` forced true and the CPU reference kernels as
+`torch_npu` (an NPU run); "npu host" = `torch_npu` importable and the real `_is_npu`, tensors on the CPU (what
+an Ascend host does with a value the branch tests).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from npu_migrate.verify import reference
+
+pytestmark = pytest.mark.integration
+TORCH_NPU = reference.torch_npu_module()
+CLI = [sys.executable, "-m", "npu_migrate"]
+
+
+def _apply(tmp_path: Path, source: str) -> tuple[str, str]:
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir(exist_ok=True)
+    text = textwrap.dedent(source).lstrip()
+    (src / "case.py").write_text(text, encoding="utf-8")
+    done = subprocess.run([*CLI, "apply", str(src), "-o", str(out)], capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr
+    return text, (out / "case.py").read_text(encoding="utf-8")
+
+
+def _load(text: str, mode: str | None):
+    namespace = {"__name__": "case"}
+    exec(compile(text, "case.py", "exec"), namespace)
+    if mode == "forced":
+        namespace["_is_npu"] = lambda x: True
+        namespace["torch_npu"] = TORCH_NPU
+    elif mode == "npu host":
+        namespace["torch_npu"] = TORCH_NPU
+    return namespace
+
+
+# -- NPU702 ---------------------------------------------------------------------------------------------
+
+# 1. (new in 8996680) A straight-line MLP whose gate is optional, read in a conditional expression: folded,
+#    `up` is its projection twice, so `_in_place_or` puts the branch in place of the statement and
+#    `_TENSOR_METHODS` picks `gate` (from `gate.float()`) to test: `_is_npu(gate)` runs in front of the
+#    statement, where `gate` may be None (the `.float()` is evaluated only when it is not). On an NPU host
+#    `None.device` raises; the original (and CUDA) runs.
+OPTIONAL_GATE = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up_proj = nn.Linear(8, 12, bias=False)
+
+    def forward(self, x, gate=None):
+        up = self.up_proj(x)
+        out = (F.silu(gate.float()) * up.float()).to(up.dtype) if gate is not None else up
+        return out
+"""
+
+
+@pytest.mark.parametrize("mode", ["npu host", "forced"])
+def test_npu702_optional_gate_tested_in_front_of_its_condition(tmp_path, mode):
+    original, migrated = _apply(tmp_path, OPTIONAL_GATE)
+    x = torch.randn(3, 8)
+    torch.manual_seed(0)
+    expected = _load(original, None)["M"]()(x)
+    torch.manual_seed(0)
+    got = _load(migrated, mode)["M"]()(x)  # npu host: AttributeError: 'NoneType' object has no attribute 'device'
+    assert torch.equal(got, expected)
+
+
+# 2. (pre-existing, same cause) The control-flow in-place path with the gate a plain name under a condition.
+OPTIONAL_GATE_WITH_CONTROL_FLOW = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up_proj = nn.Linear(8, 12, bias=False)
+
+    def forward(self, x, gate=None):
+        up = self.up_proj(x)
+        if self.training:
+            up = up * 2
+        out = F.silu(gate) * up if gate is not None else up
+        return out
+"""
+
+
+def test_npu702_in_place_gate_under_a_condition_control_flow(tmp_path):
+    original, migrated = _apply(tmp_path, OPTIONAL_GATE_WITH_CONTROL_FLOW)
+    x = torch.randn(3, 8)
+    torch.manual_seed(0)
+    expected = _load(original, None)["M"]()(x)
+    torch.manual_seed(0)
+    got = _load(migrated, "npu host")["M"]()(x)
+    assert torch.equal(got, expected)
+
+
+# 3. (newly reachable through `_in_place_or`: this straight-line function gating twice was declined before)
+#    `_tested_tensor` takes the first argument of any `torch.*` function as a tensor: `torch.cat(parts, -1)`
+#    gets `_is_npu(parts)`, a list. On an NPU host `list.device` raises.
+CAT_OF_A_LIST = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w2 = nn.Linear(16, 16, bias=False)
+        self.w3 = nn.Linear(16, 12, bias=False)
+        self.w4 = nn.Linear(16, 12, bias=False)
+
+    def forward(self, parts):
+        a = F.silu(torch.cat(parts, -1)) * self.w2(torch.cat(parts, -1))
+        return F.silu(self.w3(a)) * self.w4(a)
+"""
+
+
+def test_npu702_first_argument_of_a_torch_function_is_no_proof_of_a_tensor(tmp_path):
+    original, migrated = _apply(tmp_path, CAT_OF_A_LIST)
+    parts = [torch.randn(3, 8), torch.randn(3, 8)]
+    torch.manual_seed(0)
+    expected = _load(original, None)["M"]()(parts)
+    torch.manual_seed(0)
+    got = _load(migrated, "npu host")["M"]()(parts)  # AttributeError: 'list' object has no attribute 'device'
+    assert torch.equal(got, expected)
+
+
+# -- NPU704 ---------------------------------------------------------------------------------------------
+
+# 4. (new in aed4f4f) `_lowest_value` reads `max_neg_value(sim)` through the module's def of that name
+#    (`Function.functions`), without asking whether the function binds the name itself: here a local (a
+#    parameter does the same) fills with -10, which the kernel does not compute (it drops those keys).
+SHADOWED_FILL = """
+import torch
+from torch import einsum, nn
+
+
+def exists(val):
+    return val is not None
+
+
+def max_neg_value(t):
+    return -torch.finfo(t.dtype).max
+
+
+class Attend(nn.Module):
+    def forward(self, q, k, v, mask=None):
+        max_neg_value = self.fill_value  # a local that shadows the module's helper
+        sim = einsum("b h i d, b h j d -> b h i j", q, k)
+        if exists(mask):
+            sim = sim.masked_fill(~mask, max_neg_value(sim))
+        return einsum("b h i j, b h j d -> b h i d", sim.softmax(dim=-1), v)
+
+    def fill_value(self, t):
+        return -1.0
+"""
+
+
+def test_npu704_fill_helper_shadowed_by_a_local(tmp_path):
+    original, migrated = _apply(tmp_path, SHADOWED_FILL)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = ((0.25 * torch.randn(2, 4, 6, 16, generator=g)).half() for _ in range(3))
+    keep = torch.rand(2, 1, 6, 6, generator=g) > 0.4
+    keep[..., 0] = True
+    expected = _load(original, None)["Attend"]()(q, k, v, keep)
+    before = TORCH_NPU.calls["npu_fusion_attention"]
+    got = _load(migrated, "forced")["Attend"]()(q, k, v, keep)
+    ran = TORCH_NPU.calls["npu_fusion_attention"] - before
+    cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
+    assert ran == 0 or cosine >= 0.999, f"kernel ran, cosine {cosine.item():.4f}"
+
+
+# 5. (new in aed4f4f) `_pure_helper` proves `exists(mask)` repeatable from the module's def, but here the
+#    name is a parameter: the branch calls the caller's predicate, and where the kernel declines (fp32) the
+#    original calls it again. A predicate with an effect (this one counts) runs twice per forward.
+SHADOWED_PREDICATE = """
+import torch
+from torch import einsum
+
+
+def exists(val):
+    return val is not None
+
+
+def attend(q, k, v, mask=None, exists=exists):
+    sim = einsum("b h i d, b h j d -> b h i j", q, k)
+    if exists(mask):
+        sim = sim.masked_fill(~mask, -torch.finfo(sim.dtype).max)
+    return einsum("b h i j, b h j d -> b h i d", sim.softmax(dim=-1), v)
+"""
+
+
+def test_npu704_predicate_helper_shadowed_by_a_parameter(tmp_path):
+    original, migrated = _apply(tmp_path, SHADOWED_PREDICATE)
+    q, k, v = (torch.randn(2, 4, 6, 16) for _ in range(3))  # fp32: the kernel declines, the original runs
+    keep = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    counts = []
+
+    def predicate(m):
+        counts.append(m)
+        return m is not None
+
+    expected = _load(original, None)["attend"](q, k, v, keep, predicate)
+    calls_original = len(counts)
+    counts.clear()
+    got = _load(migrated, "forced")["attend"](q, k, v, keep, predicate)
+    assert torch.equal(got, expected)
+    assert len(counts) == calls_original, f"the caller's predicate ran {len(counts)} times, {calls_original} before"
+
+
+# 6. (new in 8996680, same cause as 1, worse) The gate bound only under `if self.gated:` and read under the same
+#    condition: `_is_npu(gate)` in front of the statement reads an unbound local on EVERY host, CUDA included
+#    (UnboundLocalError). Before 8996680 this was declined (no tensor to test); with `F.silu(gate) * up` (a
+#    plain name) it already failed that way before this release.
+GATE_BOUND_UNDER_A_CONDITION = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g = nn.Linear(8, 12, bias=False)
+        self.u = nn.Linear(8, 12, bias=False)
+        self.gated = False
+
+    def forward(self, x):
+        up = self.u(x)
+        if self.gated:
+            gate = self.g(x)
+        return (F.silu(gate.float()) * up.float()).to(up.dtype) if self.gated else up
+"""
+
+
+def test_npu702_gate_bound_under_a_condition_is_tested_unbound(tmp_path):
+    original, migrated = _apply(tmp_path, GATE_BOUND_UNDER_A_CONDITION)
+    x = torch.randn(3, 8)
+    torch.manual_seed(0)
+    expected = _load(original, None)["M"]()(x)
+    torch.manual_seed(0)
+    got = _load(migrated, None)["M"]()(x)  # plain (a CUDA host): UnboundLocalError
+    assert torch.equal(got, expected)
+
+
+# 7. (pre-existing in `_npu_eager_attention`, reached by the einsum reading too) A number added to the scores
+#    (`bias: float = 0.0`) is read as an additive mask; the helper calls `additive_mask.is_floating_point()` on
+#    it: AttributeError on an NPU, where the original runs (softmax ignores the shift).
+SCALAR_BIAS = """
+import torch
+from torch import einsum
+
+
+def scalar_bias(q, k, v, bias: float = 0.0):
+    sim = einsum("b h i d, b h j d -> b h i j", q, k)
+    return einsum("b h i j, b h j d -> b h i d", (sim + bias).softmax(dim=-1), v)
+"""
+
+
+def test_npu704_number_added_to_the_scores_is_no_mask_tensor(tmp_path):
+    original, migrated = _apply(tmp_path, SCALAR_BIAS)
+    q, k, v = (torch.randn(2, 4, 6, 16).half() for _ in range(3))
+    expected = _load(original, None)["scalar_bias"](q, k, v)
+    got = _load(migrated, "forced")["scalar_bias"](q, k, v)  # AttributeError: 'float' ... 'is_floating_point'
+    cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
+    assert cosine >= 0.999
+
+
+# 8. (pre-existing in `_npu_eager_attention`, reached by the einsum reading too) An additive term that is 0
+#    everywhere converts to "no mask", but it may be a learned bias that requires grad (BEiT's shared relative
+#    position bias table is zero-initialised and passed into each block's attention as an argument): on the
+#    kernel path it gets no gradient, so on an NPU it never trains. The original gives it one.
+LEARNED_BIAS_ARGUMENT = """
+import torch
+
+
+def attend(q, k, v, rel_pos_bias=None):
+    sim = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if rel_pos_bias is not None:
+        sim = sim + rel_pos_bias
+    return sim.softmax(dim=-1) @ v
+"""
+
+
+def test_npu704_additive_term_that_requires_grad_keeps_its_gradient(tmp_path):
+    original, migrated = _apply(tmp_path, LEARNED_BIAS_ARGUMENT)
+    q, k, v = (torch.randn(2, 4, 6, 16).half().requires_grad_() for _ in range(3))
+    grads = []
+    for text, mode in ((original, None), (migrated, "forced")):
+        table = torch.zeros(1, 4, 6, 6, dtype=torch.half, requires_grad=True)
+        out = _load(text, mode)["attend"](q, k, v, table)
+        (out.float() * torch.arange(out.numel()).view_as(out)).sum().backward()
+        grads.append(table.grad)
+    assert grads[0] is not None and grads[1] is not None, "the bias gets no gradient on the kernel path"
