@@ -479,6 +479,12 @@ EAGER_CASES = {
         lambda dtype: (torch.arange(6).expand(2, 6) < torch.tensor([[6], [4]]),),
         ('~rearrange(mask, "b j -> b 1 1 j") if', '~rearrange(mask.flip(-1), "b j -> b 1 1 j") if'),
     ),
+    "einsum_keys_first": (
+        "einsum_scores",
+        _function_call("keys_first", _bnsd),
+        lambda dtype: (),
+        ("fused_attention = _npu_eager_attention(q, k, v,", "fused_attention = _npu_eager_attention(k, q, v,"),
+    ),
     "einops_einsum": (
         "einsum_scores",
         _function_call("einops_spelling", _bnsd),

@@ -391,10 +391,13 @@ class _Einsum:
         ):
             return None
         leading, rows, columns = out[:-2], out[-2], out[-1]
+        first, second = operands[0], operands[1]
+        if rows in b and columns in a:  # `einsum("b h j d, b h i d -> b h i j", k, q)`: a product commutes
+            a, b, first, second = b, a, second, first
         summed = set(a) - set(out)
         if len(summed) != 1 or set(a) != {*leading, rows, *summed} or set(b) != {*leading, columns, *summed}:
             return None
-        return cls((operands[0], operands[1]), (a, b), leading, rows, summed.pop(), columns)
+        return cls((first, second), (a, b), leading, rows, summed.pop(), columns)
 
     def arranged(self, which: int, *last: str) -> ast.expr:
         """Operand `which` as a (batch, heads, *last) tensor: itself, or a view of it."""
