@@ -159,7 +159,7 @@ def _self_gated(gate: ast.expr) -> Outcome:
         SWIGLU,
         f"SwiGLU not fused: `{source(gate)}` gates itself; npu_swiglu would take it joined to itself, a copy the"
         " two operators it replaces do not make",
-        remedy="nothing in the code needs to change: the fused kernel would not be faster here",
+        remedy="nothing in the code can: the fused kernel would not be faster here",
     )
 
 
