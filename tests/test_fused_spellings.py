@@ -485,6 +485,12 @@ EAGER_CASES = {
         lambda dtype: (),
         ("fused_attention = _npu_eager_attention(q, k, v,", "fused_attention = _npu_eager_attention(k, q, v,"),
     ),
+    "einsum_multi_query": (
+        "einsum_scores",
+        _function_call("multi_query", lambda dtype: (_bnsd(dtype)[0], *(t[:, 0] for t in _bnsd(dtype)[1:]))),
+        lambda dtype: (),
+        ("k.unsqueeze(1), v.unsqueeze(1)", "k.unsqueeze(1).flip(-2), v.unsqueeze(1)"),
+    ),
     "einops_einsum": (
         "einsum_scores",
         _function_call("einops_spelling", _bnsd),

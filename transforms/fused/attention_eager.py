@@ -351,7 +351,8 @@ class _Einsum:
     (batch, heads, ...): `out[P, rows, columns] = sum(a[P, rows, summed] * b[P, summed, columns])`, the two
     leading axes P those of the result, in its order. Scores and output of lucidrains' and vit-pytorch's
     attention (`"b h i d, b h j d -> b h i j"`, `"b h i j, b h j d -> b h i d"`), a channel-first layout
-    (`"b h d i, b h d j -> b h i j"`), a sequence-first one (`"b i h d, b j h d -> b h i j"`). torch's
+    (`"b h d i, b h d j -> b h i j"`), a sequence-first one (`"b i h d, b j h d -> b h i j"`), one shared
+    kv head (`"b h i d, b j d -> b h i j"`: the second operand gets a heads axis of 1). torch's
     spelling (`"bhid,bhjd->bhij"`, the equation first) and einops' (axis names between spaces, the equation
     last) alike. A 3-D layout, `...`, or a sum over any other axis is not read."""
 
@@ -383,6 +384,12 @@ class _Einsum:
             return part.split() if name == "einops.einsum" else [c for c in part if not c.isspace()]
 
         a, b, out = (axes(part) for part in (*inputs.split(","), output))
+        first, second = operands[0], operands[1]
+        # Multi-query attention (PaLM's `"b h i d, b j d -> b h i j"`): k and v share one head, which
+        # broadcasts over q's heads as the kernel's grouped-query attention does with one kv head.
+        if len(out) == 4 and "…" not in out and len(a) == 4 and len(b) == 3 and b[0] == out[0] and out[1] not in b:
+            b = [b[0], out[1], *b[1:]]
+            second = _method(second, "unsqueeze", [ast.Constant(1)])
         named = (
             "…" not in a and (all(len(x) == 4 for x in (a, b, out)) or all(len(x) == 3 for x in (a, b, out)))
         ) or all(len(x) == 3 and x[0] == "…" for x in (a, b, out))
@@ -391,7 +398,6 @@ class _Einsum:
         ):
             return None
         leading, rows, columns = out[:-2], out[-2], out[-1]
-        first, second = operands[0], operands[1]
         if rows in b and columns in a:  # `einsum("b h j d, b h i d -> b h i j", k, q)`: a product commutes
             a, b, first, second = b, a, second, first
         summed = set(a) - set(out)
