@@ -49,13 +49,13 @@ ATTENTION = Rule(
     every call, an additive term computed by a call the branch cannot repeat (ALiBi, relative position)
     or two terms, masked scores set to a value other than -inf or
     the lowest, a scale applied after the mask, probabilities used or possibly needed, a mask on heads
-    folded into the batch, multi-query einsums (k with no heads axis), softcapping, code interleaved with
-    the attention.
+    folded into the batch, softcapping, code interleaved with the attention.
 
     Matmuls are read by what they compute: an einsum of two operands (torch's or einops' spelling, `...`
     leading dims) is the matmul it equals once each operand is arranged as (batch, heads, ...), so
     channel-first or sequence-first layouts pass the kernel transposed views; `torch.bmm` or a 3-D einsum
-    on (batch * heads, seq, dim) passes one head each (`unsqueeze(1)`, the output squeezed back). A mask
+    on (batch * heads, seq, dim) passes one head each (`unsqueeze(1)`, the output squeezed back); one kv
+    head shared by every query head (`"b h i d, b j d -> b h i j"`) is grouped-query attention. A mask
     applied under a one-line predicate of the module (`exists(mask)`: `return val is not None`) is
     tested again by the branch; `-torch.finfo(t.dtype).max` is the dtype's lowest.
 
