@@ -225,10 +225,22 @@ def _reevaluable(node: ast.AST | None, fn: Function) -> bool:
     return False
 
 
+def _at_module_level(fn: Function) -> bool:
+    """Whether `fn` is a def of the module or a method of one of its classes: a function nested in another
+    reads the names of the one around it first (a `max_neg_value` of its own), which is not looked at."""
+    module = fn.module
+    if module is None:
+        return False
+    return any(
+        node is fn.tree or isinstance(node, ast.ClassDef) and any(item is fn.tree for item in node.body)
+        for node in module.body
+    )
+
+
 def _module_helper(func: ast.expr, fn: Function) -> ast.FunctionDef | None:
     """The module-level def a call's name reaches, unless the function binds that name itself (a
     parameter `exists=exists`, a local `max_neg_value = self.fill`, an import in its body)."""
-    if not isinstance(func, ast.Name) or func.id not in fn.functions:
+    if not isinstance(func, ast.Name) or func.id not in fn.functions or not _at_module_level(fn):
         return None
     args = fn.tree.args
     params = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a}
@@ -238,7 +250,7 @@ def _module_helper(func: ast.expr, fn: Function) -> ast.FunctionDef | None:
         and isinstance(n.ctx, ast.Store)
         or isinstance(n, ast.alias)
         and (n.asname or n.name).split(".")[0] == func.id
-        or isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        or isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler))
         and n.name == func.id
         for n in fn.nodes
     )

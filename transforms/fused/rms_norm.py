@@ -839,9 +839,10 @@ def _match_functional(fn: Function, result: ast.expr, calls: list[ast.Call]) -> 
         if part is not None and not (isinstance(part, ast.Constant) and part.value is None):
             constant_shape = (
                 part is shape
-                and isinstance(shape, (ast.Tuple, ast.List))
+                and isinstance(shape, ast.Tuple)
                 and all(is_pure(e) and not _mentions(e, x.id) for e in shape.elts)
-            )  # `(self.dim,)`: the guards below pin it to the last dim
+            )  # `(self.dim,)`: the guards below pin it to the last dim (not a list: TorchScript cannot size
+            # `tuple([self.dim])` in the guard)
             if not (is_pure(part) or constant_shape) and not (part is shape and _is_last_dim_shape(shape, x)):
                 return Outcome(
                     RMS_NORM,

@@ -586,6 +586,9 @@ def _in_place_outcome(fn: Function) -> Outcome | None:
                 }
                 annotated = [p for p in fn.params if p in read and (_annotation(p, fn) or "").endswith("Tensor")]
                 tested = ast.Name(annotated[0], ast.Load()) if annotated else None
+            walrus = {n.target.id for part in run for n in ast.walk(part) if isinstance(n, ast.NamedExpr)}
+            if tested is not None and tested.id in walrus:
+                tested = None  # `self.w1(h := x * 2)`: bound by the statement, unbound in front of it
             if tested is None:
                 return Outcome(
                     SWIGLU,
