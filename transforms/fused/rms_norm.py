@@ -33,7 +33,7 @@ from npu_migrate.transforms.fused.symbolic import (
     source,
     walk_shared,
 )
-from npu_migrate.transforms.fused.ways import conditions, refused_read, split_ways, stable_reads, where
+from npu_migrate.transforms.fused.ways import conditions, first_decline, refused_read, split_ways, stable_reads, where
 
 RMS_NORM = Rule(
     id="NPU701",
@@ -513,11 +513,7 @@ def _ways_outcome(fn: Function) -> Outcome | None:
         return None
     fused, declined = split_ways(paths, _way_outcome)
     if not fused:
-        if not declined:
-            return None
-        path, outcome = declined[0]
-        outcome.message = f"{outcome.message} (where {where(path)})"
-        return outcome
+        return first_decline(declined)
     # Each of the way's tests is an `if` of its own, around the kernel's guards: TorchScript compiles the
     # body of `if self.weight is not None:` only where the attribute is not None, but every operand of an
     # `and` (`self.weight.shape` of a None weight fails to compile).

@@ -51,7 +51,7 @@ from npu_migrate.transforms.fused.symbolic import (
     parameter_paths,
     source,
 )
-from npu_migrate.transforms.fused.ways import conditions, split_ways, where
+from npu_migrate.transforms.fused.ways import conditions, first_decline, split_ways, where
 
 
 def _calls(fn: Function, names: tuple[str, ...]) -> bool:
@@ -163,11 +163,7 @@ def _paths_outcome(fn: Function, covered: ast.stmt | None = None) -> Outcome | N
     if fused and covered is not None and all(any(s is covered for s in p.function.tree.body) for p, _ in fused):
         return None
     if not fused:
-        if not declined:
-            return None
-        path, outcome = declined[0]
-        outcome.message = f"{outcome.message} (where {where(path)})"
-        return outcome
+        return first_decline(declined)
     branches = []
     for path, outcome in fused:
         context = outcome.context

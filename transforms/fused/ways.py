@@ -234,3 +234,12 @@ def split_ways(
                 continue
         declined.append((path, outcome))
     return fused, declined
+
+
+def first_decline(declined: list[tuple[Path, Outcome]]) -> Outcome | None:
+    """Where no way fused: the first way's decline, saying where it holds; None when no way is the idiom."""
+    if not declined:
+        return None
+    path, outcome = declined[0]
+    outcome.message = f"{outcome.message} (where {where(path)})"
+    return outcome
