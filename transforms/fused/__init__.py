@@ -433,6 +433,14 @@ def _insert_within(updated: cst.FunctionDef, branch: cst.BaseStatement, outer: i
     return updated.with_changes(body=updated.body.with_changes(body=body))
 
 
+def _branch_helpers(code: str, outcome: Outcome) -> tuple[list[str], list[str]]:
+    """(the kernel functions a branch's `code` calls, every helper it calls: the prelude, the declared
+    helpers it names, those kernels): what a package's file imports for it."""
+    kernels = _kernel_helpers(code, outcome.template)
+    named = names_in(code)
+    return kernels, [PRELUDE, *(t for t in outcome.helpers if HELPER_NAMES[t] in named), *kernels]
+
+
 def _steps_to(statements: list[ast.stmt], target: ast.stmt, starts_line) -> list[tuple[int, str | None]]:
     """The way from a block to `target` (which is alone on its line) in libcst's terms: (the statement's
     index among the block's statements, the field of it holding the next block) ..., then (its index, None)."""
@@ -767,10 +775,8 @@ class FusedOpsChecker(TreeChecker):
                 steps = _steps_to(node.body, run[0], self.source.starts_line)
                 replacements.append((steps, len(run), cst.parse_statement(codes[-1])))
             code = "\n".join(codes)
-            kernels = _kernel_helpers(code, outcome.template)
+            kernels, called = _branch_helpers(code, outcome)
             helpers += kernels
-            named = names_in(code)
-            called = [PRELUDE, *(t for t in outcome.helpers if HELPER_NAMES[t] in named), *kernels]
             fix = lambda updated: _replace_in_place(updated, replacements)  # noqa: E731
         elif fix is None:
             from npu_migrate.engine.templating import render  # jinja2 costs 30 ms of start-up; most runs never render
@@ -778,10 +784,8 @@ class FusedOpsChecker(TreeChecker):
             # A branch may go first inside a top-level block (NPU703: an autocast-disabled `with`).
             block = next((b for b in node.body if outcome.before in getattr(b, "body", ())), None)
             code = self._laid_out(node, render(outcome.template, **outcome.context), block is not None)
-            kernels = _kernel_helpers(code, outcome.template)
+            kernels, called = _branch_helpers(code, outcome)
             helpers += kernels
-            named = names_in(code)
-            called = [PRELUDE, *(t for t in outcome.helpers if HELPER_NAMES[t] in named), *kernels]
             branch = cst.parse_statement(code)
             starts = self.source.starts_line
             index = None if outcome.before is None else _statement_index((block or node).body, outcome.before, starts)

@@ -516,10 +516,11 @@ def _in_place_or(fn: Function, declined: Outcome) -> Outcome:
 
 def _in_place_outcome(fn: Function) -> Outcome | None:
     """A function with control flow (`if self.do_reduce:` after the MLP, an expert loop, a logging call)
-    whose SwiGLU is one statement: each statement holding one gate gets a branch of its own in its
-    place, `if _is_npu(x): <the statement, fused> else: <the statement>`, so everything around it runs as
-    written. None where no statement holds a gate, or one cannot be fused (the caller's finding stands)."""
-    sites: list[tuple[ast.stmt, dict[str, object]]] = []
+    whose SwiGLU is one statement (with the split or the activation in front, where only it reads them):
+    each such run of statements gets a branch of its own in its place, `if _is_npu(x): <the statement,
+    fused> else: <the statements>`, so everything around it runs as written. None where no statement
+    gates; a declined outcome, saying why, where one cannot be fused (then none is)."""
+    sites: list[tuple[list[ast.stmt], dict[str, object]]] = []
     helpers: tuple[str, ...] = ()
     for block in statement_blocks(body_statements(fn.tree)):
         lines = [s.lineno for s in block]
