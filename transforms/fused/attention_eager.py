@@ -359,14 +359,16 @@ def _matmul_operands(node: ast.AST, fn: Function) -> tuple[ast.expr, ast.expr] |
 
 @dataclass
 class _Einsum:
-    """An einsum of two 4-D operands that is a matmul over their last two axes once each is arranged as
-    (batch, heads, ...): `out[P, rows, columns] = sum(a[P, rows, summed] * b[P, summed, columns])`, the two
-    leading axes P those of the result, in its order. Scores and output of lucidrains' and vit-pytorch's
+    """An einsum of two operands that is a matmul over their last two axes once each is arranged as
+    (batch, heads, ...): `out[P, rows, columns] = sum(a[P, rows, summed] * b[P, summed, columns])`, the
+    leading axes P those of the result, in its order: two named axes (4-D tensors), one (heads folded into
+    the batch: 3-D) or `...` (any; the kernel's helper takes 4-D alone and runs the original otherwise). Scores and output of lucidrains' and vit-pytorch's
     attention (`"b h i d, b h j d -> b h i j"`, `"b h i j, b h j d -> b h i d"`), a channel-first layout
     (`"b h d i, b h d j -> b h i j"`), a sequence-first one (`"b i h d, b j h d -> b h i j"`), one shared
     kv head (`"b h i d, b j d -> b h i j"`: the second operand gets a heads axis of 1). torch's
     spelling (`"bhid,bhjd->bhij"`, the equation first) and einops' (axis names between spaces, the equation
-    last) alike. A 3-D layout, `...`, or a sum over any other axis is not read."""
+    last) alike, the operands either way round. A sum over any other axis, or `...` anywhere but in front,
+    is not read."""
 
     operands: tuple[ast.expr, ast.expr]
     axes: tuple[list[str], list[str]]
