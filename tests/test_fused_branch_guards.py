@@ -26,6 +26,13 @@ from npu_migrate.verify import reference
 pytestmark = pytest.mark.integration
 TORCH_NPU = reference.torch_npu_module()
 CLI = [sys.executable, "-m", "npu_migrate"]
+#: What each case that defines a module imports.
+MODULE_IMPORTS = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+"""
 
 
 def _apply(tmp_path: Path, source: str) -> tuple[str, str]:
@@ -51,17 +58,11 @@ def _load(text: str, mode: str | None):
 
 # -- NPU702 ---------------------------------------------------------------------------------------------
 
-# 1. (new in 8996680) A straight-line MLP whose gate is optional, read in a conditional expression: folded,
-#    `up` is its projection twice, so `_in_place_or` puts the branch in place of the statement and
-#    `_TENSOR_METHODS` picks `gate` (from `gate.float()`) to test: `_is_npu(gate)` runs in front of the
-#    statement, where `gate` may be None (the `.float()` is evaluated only when it is not). On an NPU host
-#    `None.device` raises; the original (and CUDA) runs.
-OPTIONAL_GATE = """
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
+# An optional gate read in a conditional expression (`... if gate is not None else up`): a branch in place of
+# the statement must not test `gate`, which may be None there (`None.device` on an NPU host).
+OPTIONAL_GATE = (
+    MODULE_IMPORTS
+    + """
 class M(nn.Module):
     def __init__(self):
         super().__init__()
@@ -72,6 +73,7 @@ class M(nn.Module):
         out = (F.silu(gate.float()) * up.float()).to(up.dtype) if gate is not None else up
         return out
 """
+)
 
 
 @pytest.mark.parametrize("mode", ["npu host", "forced"])
@@ -85,13 +87,10 @@ def test_npu702_optional_gate_tested_in_front_of_its_condition(tmp_path, mode):
     assert torch.equal(got, expected)
 
 
-# 2. (pre-existing, same cause) The control-flow in-place path with the gate a plain name under a condition.
-OPTIONAL_GATE_WITH_CONTROL_FLOW = """
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
+# The same with control flow around the statement and the gate a plain name.
+OPTIONAL_GATE_WITH_CONTROL_FLOW = (
+    MODULE_IMPORTS
+    + """
 class M(nn.Module):
     def __init__(self):
         super().__init__()
@@ -104,6 +103,7 @@ class M(nn.Module):
         out = F.silu(gate) * up if gate is not None else up
         return out
 """
+)
 
 
 def test_npu702_in_place_gate_under_a_condition_control_flow(tmp_path):
@@ -116,15 +116,10 @@ def test_npu702_in_place_gate_under_a_condition_control_flow(tmp_path):
     assert torch.equal(got, expected)
 
 
-# 3. (newly reachable through `_in_place_or`: this straight-line function gating twice was declined before)
-#    `_tested_tensor` takes the first argument of any `torch.*` function as a tensor: `torch.cat(parts, -1)`
-#    gets `_is_npu(parts)`, a list. On an NPU host `list.device` raises.
-CAT_OF_A_LIST = """
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
+# `torch.cat(parts, -1)` takes a list first: not a tensor to test (`list.device` on an NPU host).
+CAT_OF_A_LIST = (
+    MODULE_IMPORTS
+    + """
 class M(nn.Module):
     def __init__(self):
         super().__init__()
@@ -136,6 +131,7 @@ class M(nn.Module):
         a = F.silu(torch.cat(parts, -1)) * self.w2(torch.cat(parts, -1))
         return F.silu(self.w3(a)) * self.w4(a)
 """
+)
 
 
 def test_npu702_first_argument_of_a_torch_function_is_no_proof_of_a_tensor(tmp_path):
@@ -150,9 +146,8 @@ def test_npu702_first_argument_of_a_torch_function_is_no_proof_of_a_tensor(tmp_p
 
 # -- NPU704 ---------------------------------------------------------------------------------------------
 
-# 4. (new in aed4f4f) `_lowest_value` reads `max_neg_value(sim)` through the module's def of that name
-#    (`Function.functions`), without asking whether the function binds the name itself: here a local (a
-#    parameter does the same) fills with -10, which the kernel does not compute (it drops those keys).
+# `max_neg_value` bound by the function itself (a local filling with -10) is not the module's helper of that
+# name (the dtype's lowest): the kernel, which drops those keys, would compute something else.
 SHADOWED_FILL = """
 import torch
 from torch import einsum, nn
@@ -193,9 +188,8 @@ def test_npu704_fill_helper_shadowed_by_a_local(tmp_path):
     assert ran == 0 or cosine >= 0.999, f"kernel ran, cosine {cosine.item():.4f}"
 
 
-# 5. (new in aed4f4f) `_pure_helper` proves `exists(mask)` repeatable from the module's def, but here the
-#    name is a parameter: the branch calls the caller's predicate, and where the kernel declines (fp32) the
-#    original calls it again. A predicate with an effect (this one counts) runs twice per forward.
+# `exists` passed as a parameter is the caller's predicate, not the module's one-line helper: a branch that
+# tests it again runs it twice per forward where the kernel declines (this one counts its calls).
 SHADOWED_PREDICATE = """
 import torch
 from torch import einsum
@@ -231,16 +225,11 @@ def test_npu704_predicate_helper_shadowed_by_a_parameter(tmp_path):
     assert len(counts) == calls_original, f"the caller's predicate ran {len(counts)} times, {calls_original} before"
 
 
-# 6. (new in 8996680, same cause as 1, worse) The gate bound only under `if self.gated:` and read under the same
-#    condition: `_is_npu(gate)` in front of the statement reads an unbound local on EVERY host, CUDA included
-#    (UnboundLocalError). Before 8996680 this was declined (no tensor to test); with `F.silu(gate) * up` (a
-#    plain name) it already failed that way before this release.
-GATE_BOUND_UNDER_A_CONDITION = """
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
+# A gate bound only under `if self.gated:` and read under the same condition: testing it in front of the
+# statement reads an unbound local on every host, CUDA included.
+GATE_BOUND_UNDER_A_CONDITION = (
+    MODULE_IMPORTS
+    + """
 class M(nn.Module):
     def __init__(self):
         super().__init__()
@@ -254,6 +243,7 @@ class M(nn.Module):
             gate = self.g(x)
         return (F.silu(gate.float()) * up.float()).to(up.dtype) if self.gated else up
 """
+)
 
 
 def test_npu702_gate_bound_under_a_condition_is_tested_unbound(tmp_path):
@@ -266,9 +256,8 @@ def test_npu702_gate_bound_under_a_condition_is_tested_unbound(tmp_path):
     assert torch.equal(got, expected)
 
 
-# 7. (pre-existing in `_npu_eager_attention`, reached by the einsum reading too) A number added to the scores
-#    (`bias: float = 0.0`) is read as an additive mask; the helper calls `additive_mask.is_floating_point()` on
-#    it: AttributeError on an NPU, where the original runs (softmax ignores the shift).
+# A number added to the scores (`bias: float = 0.0`) is no mask tensor: `_npu_eager_attention` must run the
+# original, not ask it `is_floating_point()`.
 SCALAR_BIAS = """
 import torch
 from torch import einsum
@@ -289,10 +278,8 @@ def test_npu704_number_added_to_the_scores_is_no_mask_tensor(tmp_path):
     assert cosine >= 0.999
 
 
-# 8. (pre-existing in `_npu_eager_attention`, reached by the einsum reading too) An additive term that is 0
-#    everywhere converts to "no mask", but it may be a learned bias that requires grad (BEiT's shared relative
-#    position bias table is zero-initialised and passed into each block's attention as an argument): on the
-#    kernel path it gets no gradient, so on an NPU it never trains. The original gives it one.
+# An additive term that is 0 everywhere may still be a learned bias that requires grad (BEiT's shared
+# relative-position table is zero-initialised): through the kernel it would get no gradient and never train.
 LEARNED_BIAS_ARGUMENT = """
 import torch
 
@@ -317,7 +304,7 @@ def test_npu704_additive_term_that_requires_grad_keeps_its_gradient(tmp_path):
     assert grads[0] is not None and grads[1] is not None, "the bias gets no gradient on the kernel path"
 
 
-# -- found by a third review: names bound by the statement itself, lists in guards, enclosing scopes ------
+# -- names bound by the statement itself, lists in guards, enclosing scopes ---------------------------------
 
 
 def _import(path: Path, name: str):
@@ -328,16 +315,11 @@ def _import(path: Path, name: str):
     return module
 
 
-# 1. (newly reachable through 8996680's `_in_place_or`: this straight-line function gating twice was declined
-#    before; the same holds on the control-flow path) `_tested_tensor` takes `h` from `self.w3(h)`, but `h` is
-#    bound by a walrus inside the very statement the branch goes in front of: `if _is_npu(h):` raises
-#    UnboundLocalError on every host, CUDA included.
-WALRUS = """
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
+# `h` bound by a walrus in the gating statement itself: testing it in front of the statement reads an unbound
+# local on every host, CUDA included.
+WALRUS = (
+    MODULE_IMPORTS
+    + """
 class M(nn.Module):
     def __init__(self):
         super().__init__()
@@ -350,6 +332,7 @@ class M(nn.Module):
         a = F.silu(self.w1(h := x * 2)) * self.w3(h)
         return F.silu(self.w4(a)) * self.w5(a)
 """
+)
 
 
 def test_npu702_tested_name_bound_by_the_statement_itself(tmp_path):
@@ -362,16 +345,11 @@ def test_npu702_tested_name_bound_by_the_statement_itself(tmp_path):
     assert torch.equal(got, expected)
 
 
-# 2. (new in 69260a7) A normalised shape that is a *list* of pure elements (`[self.dim]`, or `[8]`) is now
-#    accepted; without a weight the branch guards it as `tuple([self.dim]) == x.shape[-1:]`, which TorchScript
-#    cannot compile ("cannot statically infer the expected size of a list"). The original scripts; before
-#    69260a7 the site was declined. (`(self.dim,)` scripts: `tuple((self.dim,))` is fine.)
-LIST_SHAPE = """
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-
+# A normalised shape that is a list (`[self.dim]`) with no weight: a guard `tuple([self.dim]) == ...` does not
+# compile under TorchScript ("cannot statically infer the expected size of a list"), where the original does.
+LIST_SHAPE = (
+    MODULE_IMPORTS
+    + """
 class Norm(nn.Module):
     def __init__(self, dim, eps=1e-6):
         super().__init__()
@@ -381,22 +359,21 @@ class Norm(nn.Module):
     def forward(self, x):
         return F.rms_norm(x, [self.dim], eps=self.eps)
 """
+)
 
 
 def test_npu701_list_shape_without_weight_keeps_torchscript(tmp_path):
     _apply(tmp_path, LIST_SHAPE)
-    original = _import(tmp_path / "in" / "case.py", "review3_list_shape_in")
+    original = _import(tmp_path / "in" / "case.py", "list_shape_in")
     torch.jit.script(original.Norm(8))  # the original scripts
-    migrated = _import(tmp_path / "out" / "case.py", "review3_list_shape_out")
+    migrated = _import(tmp_path / "out" / "case.py", "list_shape_out")
     scripted = torch.jit.script(migrated.Norm(8))  # RuntimeError: cannot statically infer ... size of a list
     x = torch.randn(3, 8)
     assert torch.equal(scripted(x), original.Norm(8)(x))
 
 
-# 3. (b41dd8b's `_module_helper` looks at the function's own scope only) A function nested in another whose
-#    enclosing scope binds `max_neg_value` (a closure over a fill value) is read as calling the module's
-#    `max_neg_value` (the dtype's lowest): the branch drops the masked keys, where the original gives them a
-#    score of `fill` (-1.0 here): on an NPU it computes something else.
+# A function nested in another that binds `max_neg_value` (a closure over a fill value) reads that one first,
+# not the module's: the kernel would drop keys the original scores at `fill`.
 ENCLOSING_FILL = """
 import torch
 
