@@ -24,8 +24,10 @@ a subclass or another module may keep them); the branch returns None in their pl
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass, field
 
+from npu_migrate.program.names import local_rebinding
 from npu_migrate.transforms.fused.symbolic import (
     Function,
     body_statements,
@@ -225,36 +227,27 @@ def _reevaluable(node: ast.AST | None, fn: Function) -> bool:
     return False
 
 
-def _at_module_level(fn: Function) -> bool:
-    """Whether `fn` is a def of the module or a method of one of its classes: a function nested in another
-    reads the names of the one around it first (a `max_neg_value` of its own), which is not looked at."""
-    module = fn.module
-    if module is None:
-        return False
-    return any(
-        node is fn.tree or isinstance(node, ast.ClassDef) and any(item is fn.tree for item in node.body)
-        for node in module.body
-    )
-
-
 def _module_helper(func: ast.expr, fn: Function) -> ast.FunctionDef | None:
-    """The module-level def a call's name reaches, unless the function binds that name itself (a
-    parameter `exists=exists`, a local `max_neg_value = self.fill`, an import in its body)."""
-    if not isinstance(func, ast.Name) or func.id not in fn.functions or not _at_module_level(fn):
+    """The module-level def a call's name reaches, by Python's scoping (`program.names.local_rebinding`):
+    not where the function, or one it is nested in, binds the name itself (a parameter `exists=exists`, a
+    local `max_neg_value = self.fill`, an `except ... as`, a closure's own helper), nor for a call with no
+    place in the file (built by a rule)."""
+    if not isinstance(func, ast.Name) or func.id not in fn.functions or fn.module is None:
         return None
-    args = fn.tree.args
-    params = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a}
-    local = any(
-        isinstance(n, ast.Name)
-        and n.id == func.id
-        and isinstance(n.ctx, ast.Store)
-        or isinstance(n, ast.alias)
-        and (n.asname or n.name).split(".")[0] == func.id
-        or isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler))
-        and n.name == func.id
-        for n in fn.nodes
-    )
-    return None if func.id in params or local else fn.functions[func.id]
+    if getattr(func, "lineno", None) is None:
+        return None
+    # (`fn.functions` holds only a def the module binds once: the module scope's own binding is that def.)
+    at = (func.lineno, func.col_offset)
+    if any((s[0], s[1]) <= at < (s[2], s[3]) for s in _hidden(fn.module, func.id)):
+        return None
+    return fn.functions[func.id]
+
+
+@functools.lru_cache(maxsize=4)
+def _hidden(module: ast.Module, name: str) -> tuple[tuple[int, int, int, int], ...]:
+    """Where a local binding hides the module's `name` (`local_rebinding`), once per file and name (trees
+    hash by identity; the last few are kept)."""
+    return tuple(local_rebinding(module, {name})[1].get(name, ()))
 
 
 def _pure_helper(func: ast.expr, fn: Function) -> bool:
