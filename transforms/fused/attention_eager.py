@@ -31,6 +31,7 @@ from npu_migrate.program.names import local_rebinding
 from npu_migrate.transforms.fused.symbolic import (
     Function,
     body_statements,
+    evaluated_nodes,
     method_call,
     replace_nodes,
     same,
@@ -879,19 +880,11 @@ BOUND_ARGUMENTS = {"additive_mask": "fused_mask", "masked_out": "fused_masked_ou
 #: Sub-expressions the branch may bind to a name: ones that compute something (a name, an attribute or a
 #: constant reads as well as its binding would).
 _BINDABLE = (ast.Call, ast.Subscript, ast.BinOp, ast.Compare)
-#: Where a sub-expression is evaluated only under a condition of its own: never bound ahead of it.
-_CONDITIONAL = (ast.IfExp, ast.BoolOp, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
 def _bindable(node: ast.AST):
-    """The sub-expressions of `node` evaluated whenever it is: not those under an `if` / `and` / `or` of its own."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, _BINDABLE):
-            yield n
-        if n is node or not isinstance(n, _CONDITIONAL):
-            stack.extend(ast.iter_child_nodes(n))
+    """The sub-expressions of `node` evaluated whenever it is (`evaluated_nodes`) that compute something."""
+    return (n for n in evaluated_nodes(node) if isinstance(n, _BINDABLE))
 
 
 def _replace_same(node: ast.AST, target: str, name: str) -> ast.AST:

@@ -21,6 +21,7 @@ from npu_migrate.transforms.fused.symbolic import (
     Outcome,
     argument,
     body_statements,
+    evaluated_nodes,
     evaluates_twice,
     fold,
     is_pure,
@@ -203,24 +204,6 @@ def _scalar(node: ast.expr, fn: Function) -> bool:
     return isinstance(node, ast.Name) and _annotation(node.id, fn) in _SCALARS
 
 
-def _own_scope_nodes(node: ast.AST):
-    """The nodes of `node` that are evaluated whenever it is: not in lambdas and comprehensions (their names
-    are their own), nor in the sides of an `... if ... else ...` or past the first operand of `and` / `or`
-    (a branch in front would test what the statement may never compute: `gate` where `gate is not None`)."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, _OWN_SCOPES):
-            continue
-        yield current
-        if isinstance(current, ast.IfExp):
-            stack.append(current.test)
-        elif isinstance(current, ast.BoolOp):
-            stack.append(current.values[0])
-        else:
-            stack.extend(ast.iter_child_nodes(current))
-
-
 def _chunk_half(node: ast.expr) -> tuple[ast.Call, int] | None:
     """(the shared `t.chunk(2, dim)` call, which half) for a name bound by tuple-unpacking a chunk."""
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.value, ast.Call):
@@ -345,15 +328,11 @@ def match(fn: Function) -> Outcome | None:
     return Outcome(SWIGLU, "SwiGLU gets a fused `torch_npu.npu_swiglu` branch", TEMPLATE, context, helpers)
 
 
-#: Where a name in an expression is bound by the expression itself: no statement in front can test it.
-_OWN_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-
-
 def _gates(expr: ast.expr, fn: Function) -> list[tuple[ast.BinOp, ast.expr, ast.expr, str | None]]:
     """(product, gate, up, runtime check) for each `act(gate) * up` of `expr` outside lambdas and
     comprehensions."""
     found = []
-    for node in _own_scope_nodes(expr):
+    for node in evaluated_nodes(expr):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
             for act, other in ((node.left, node.right), (node.right, node.left)):
                 activation = _activation(act, fn)
@@ -415,7 +394,7 @@ def _activated_gate(stmt: ast.stmt, before: ast.stmt, fn: Function):
             (node, up)
             # not in a lambda or comprehension: a name there may be another, and the branch's test is
             # evaluated outside it
-            for node in _own_scope_nodes(stmt.value)
+            for node in evaluated_nodes(stmt.value)
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)
             for act, up in ((node.left, node.right), (node.right, node.left))
             if isinstance(act, ast.Name) and act.id == name and not _scalar(up, fn)

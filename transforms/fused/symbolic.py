@@ -75,6 +75,28 @@ def statement_blocks(statements: list[ast.stmt]):
             yield from statement_blocks(getattr(stmt, name))
 
 
+#: Where a name in an expression is the expression's own: no code in front of it can read it.
+OWN_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def evaluated_nodes(node: ast.AST):
+    """The nodes of `node` evaluated whenever it is: not in lambdas and comprehensions (their names are their
+    own), nor in the sides of an `... if ... else ...` or past the first operand of `and` / `or`; what a
+    branch in front of a statement may test or compute again."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, OWN_SCOPES):
+            continue
+        yield current
+        if isinstance(current, ast.IfExp):
+            stack.append(current.test)
+        elif isinstance(current, ast.BoolOp):
+            stack.append(current.values[0])
+        else:
+            stack.extend(ast.iter_child_nodes(current))
+
+
 def nodes_of(tree: ast.AST) -> list[ast.AST]:
     """Every node under `tree`, in `ast.walk`'s order, at half its cost (no nested generators)."""
     found = [tree]
